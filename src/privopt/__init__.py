@@ -1,0 +1,3 @@
+"""privopt: differentially private optimization of robust and non-convex objectives on PyTorch."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Optimisation algorithms; importing this package registers the built-ins."""

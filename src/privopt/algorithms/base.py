@@ -1,0 +1,133 @@
+"""The algorithm contract: a short composition of an estimator, an update and a privacy inventory.
+
+The shared training loop (:mod:`privopt.training`) owns everything else: data sampling seeds,
+evaluation, logging, checkpoints, the privacy ledger and the budget guard. An algorithm
+
+1. declares its *planned* noisy steps (:meth:`Algorithm.inventory`) so noise can be calibrated
+   exactly from a target (epsilon, delta) before any data is touched;
+2. receives a :class:`RunContext` in :meth:`Algorithm.setup` (model, loss, data, engine, ledger,
+   calibrated noise multipliers, seeded generators);
+3. performs one iteration per :meth:`Algorithm.step`, recording every release in ``ctx.ledger``
+   through :class:`privopt.grads.release.PrivateBatch` BEFORE drawing its noise;
+4. exposes its resumable state (:meth:`state_dict` / :meth:`load_state_dict`).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+from torch import nn
+
+from privopt.errors import ConfigError
+
+__all__ = ["Algorithm", "RunContext", "register_algorithm", "get_algorithm", "available_algorithms"]
+
+
+@dataclass
+class RunContext:
+    """What the training loop hands an algorithm.
+
+    Attributes:
+        model: the ``nn.Module`` being trained (already validated for DP use).
+        loss_fn: per-sample loss ``(outputs, targets) -> [B]``.
+        x_train, y_train: the private training set (tensors; indices are sampled by the algorithm
+            through ``ctx.sampler_rng``).
+        engine: the per-sample gradient engine (:func:`privopt.grads.get_engine`).
+        ledger: the run's :class:`privopt.privacy.PrivacyLedger` (``None`` for non-private runs).
+        noise: calibrated noise multipliers by mechanism name (from the inventory).
+        noise_rng: dedicated generator for privacy noise (never used for anything else).
+        sampler_rng: generator for batch sampling and data-independent random choices.
+    """
+
+    model: nn.Module
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    engine: Any
+    ledger: Any
+    noise: dict[str, float]
+    noise_rng: torch.Generator
+    sampler_rng: torch.Generator
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return int(self.x_train.shape[0])
+
+
+class Algorithm(abc.ABC):
+    """Base class of every optimiser. Subclasses set ``name`` and register with
+    :func:`register_algorithm`; their hyper-parameters are keyword-only constructor arguments."""
+
+    name: ClassVar[str] = "abstract"
+    private: ClassVar[bool] = True
+    summary: ClassVar[str] = ""
+
+    @abc.abstractmethod
+    def inventory(self, *, n: int) -> Any:
+        """Planned noisy steps for a dataset of ``n`` records (a :class:`privopt.privacy.Inventory`);
+        ``None`` for non-private algorithms."""
+
+    @abc.abstractmethod
+    def setup(self, ctx: RunContext) -> None:
+        """Bind to a run (called once, before :meth:`step` or :meth:`load_state_dict`)."""
+
+    @abc.abstractmethod
+    def num_steps(self) -> int:
+        """Total number of iterations the loop will call :meth:`step` for."""
+
+    @abc.abstractmethod
+    def step(self, t: int) -> dict[str, float]:
+        """Iteration ``t`` (0-based). Returns scalars to log (e.g. ``{"train_loss": ...}``);
+        they must be data-independent or already privatised for private algorithms."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Estimator state to checkpoint (model parameters are saved by the loop)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    def finalize(self) -> None:
+        """Called once after the last step (e.g. load a randomly selected iterate into the model)."""
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """All hyper-parameters, for the run record."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_") and _jsonable(v)}
+
+
+def _jsonable(v: Any) -> bool:
+    return isinstance(v, (int, float, str, bool, type(None), list, tuple, dict))
+
+
+_ALGORITHMS: dict[str, type[Algorithm]] = {}
+
+
+def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
+    """Class decorator: make an algorithm available by ``cls.name`` to configs and the CLI."""
+    if cls.name in _ALGORITHMS and _ALGORITHMS[cls.name] is not cls:
+        raise ConfigError(f"algorithm name {cls.name!r} registered twice")
+    _ALGORITHMS[cls.name] = cls
+    return cls
+
+
+def available_algorithms() -> dict[str, type[Algorithm]]:
+    import privopt.algorithms  # noqa: F401  (registers the built-ins)
+
+    return dict(sorted(_ALGORITHMS.items()))
+
+
+def get_algorithm(name: str, **hparams: Any) -> Algorithm:
+    """Build a registered algorithm; unknown names and unknown hyper-parameters fail clearly."""
+    algos = available_algorithms()
+    if name not in algos:
+        raise ConfigError(f"unknown algorithm {name!r}; available: {', '.join(algos)}")
+    cls = algos[name]
+    try:
+        return cls(**hparams)
+    except TypeError as e:
+        raise ConfigError(f"bad hyper-parameters for algorithm {name!r}: {e}") from None
+

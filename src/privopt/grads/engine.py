@@ -1,0 +1,222 @@
+"""The gradient-engine interface and its reference implementation (``torch.func.vmap``).
+
+Every private algorithm in privopt asks one question of the model: *the sum over a batch of
+per-sample (optionally weighted, optionally differenced) gradients, each clipped in L2 norm to C*.
+An engine answers it. The reference :class:`VmapEngine` materialises per-sample gradients with
+``torch.func``; faster engines (ghost norms, book-keeping) register under another name and must
+return the same numbers.
+
+Conventions shared by all engines:
+
+* ``loss_fn(outputs, targets)`` returns **per-sample** losses, shape ``[B]`` (``reduction="none"``).
+* Gradients are flattened over the model's trainable parameters in ``model.named_parameters()``
+  order (see :func:`flat_param_names`), so one sample's gradient is one vector of length ``d``.
+* ``params`` / ``params_prev`` map parameter names to tensors; ``None`` means the model's current
+  parameters. The module itself is never modified.
+* ``weights`` scale each sample's gradient *before* clipping (the DRO chain rule
+  ``a_i * grad l_i``): a tensor ``[B]`` or a callable from the per-sample losses ``[B]`` (evaluated
+  at the same point, without gradient) to weights ``[B]``.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Mapping, Optional, Union
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from privopt.errors import ConfigError
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Weights = Union[None, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
+Params = Mapping[str, torch.Tensor]
+
+__all__ = [
+    "ClippedSum",
+    "GradEngine",
+    "VmapEngine",
+    "register_engine",
+    "get_engine",
+    "available_engines",
+    "flat_param_names",
+    "current_params",
+    "clip_factors",
+    "resolve_weights",
+]
+
+
+@dataclass
+class ClippedSum:
+    """Result of a clipped-sum query on one batch.
+
+    Attributes:
+        total: ``sum_i min(1, C/||h_i||) * h_i``, flat, shape ``[d]``. Its add/remove-one
+            sensitivity is ``clip`` (a record moves at most one clipped term).
+        norms: pre-clipping per-sample norms ``||h_i||``, shape ``[B]`` (diagnostics only:
+            data-dependent, never to be released).
+        losses: per-sample losses at ``params``, shape ``[B]``.
+        losses_prev: per-sample losses at ``params_prev`` for difference queries, else ``None``.
+        clip: the threshold used.
+    """
+
+    total: torch.Tensor
+    norms: torch.Tensor
+    losses: torch.Tensor
+    losses_prev: Optional[torch.Tensor]
+    clip: float
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.norms.shape[0])
+
+
+def flat_param_names(model: nn.Module) -> list[str]:
+    """Names of the trainable parameters, in the order used for flat gradients."""
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+def current_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Detached copy-free view of the model's trainable parameters, by name."""
+    return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
+    """Per-sample factors ``min(1, C/||h||)``; zero vectors keep factor 1."""
+    if not clip > 0:
+        raise ConfigError(f"clip threshold must be > 0, got {clip}")
+    return torch.clamp(clip / norms.clamp_min(1e-12), max=1.0)
+
+
+def resolve_weights(weights: Weights, losses: torch.Tensor) -> Optional[torch.Tensor]:
+    """Turn ``weights`` (None, tensor or callable of the losses) into a ``[B]`` tensor or None."""
+    if weights is None:
+        return None
+    w = weights(losses.detach()) if callable(weights) else weights
+    w = torch.as_tensor(w, dtype=losses.dtype, device=losses.device)
+    if w.shape != losses.shape:
+        raise ConfigError(f"per-sample weights have shape {tuple(w.shape)}, expected {tuple(losses.shape)}")
+    return w
+
+
+class GradEngine(abc.ABC):
+    """Interface of a per-sample gradient engine. Subclasses register with :func:`register_engine`."""
+
+    name: ClassVar[str] = "abstract"
+
+    @abc.abstractmethod
+    def per_sample_grads(
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        *,
+        params: Optional[Params] = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-sample losses ``[B]`` and flat per-sample gradients ``[B, d]``."""
+
+    @abc.abstractmethod
+    def clipped_sum(
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        *,
+        clip: float,
+        params: Optional[Params] = None,
+        weights: Weights = None,
+        params_prev: Optional[Params] = None,
+        weights_prev: Weights = None,
+    ) -> ClippedSum:
+        """Sum of per-sample terms clipped to ``clip``.
+
+        The term is ``w_i * grad l(params; x_i)`` or, when ``params_prev`` is given, the difference
+        ``w_i * grad l(params; x_i) - w'_i * grad l(params_prev; x_i)`` clipped as one vector.
+        """
+
+
+class VmapEngine(GradEngine):
+    """Reference engine: materialises ``[B, d]`` per-sample gradients with ``vmap(grad(.))``.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from privopt.grads import get_engine
+        >>> model = nn.Linear(3, 2)
+        >>> loss = lambda out, y: nn.functional.cross_entropy(out, y, reduction="none")
+        >>> x, y = torch.randn(5, 3), torch.tensor([0, 1, 0, 1, 1])
+        >>> res = get_engine("vmap").clipped_sum(model, loss, x, y, clip=1.0)
+        >>> bool(res.total.norm() <= 5 * 1.0 + 1e-6)
+        True
+    """
+
+    name = "vmap"
+
+    def per_sample_grads(self, model, loss_fn, inputs, targets, *, params=None):
+        params = dict(params) if params is not None else current_params(model)
+        names = list(params)
+        buffers = {n: b for n, b in model.named_buffers()}
+
+        def one_loss(p, x, y):
+            out = functional_call(model, ({**p}, buffers), (x.unsqueeze(0),))
+            return loss_fn(out, y.unsqueeze(0)).squeeze(0)
+
+        def one_with_loss(p, x, y):
+            def f(pp):
+                v = one_loss(pp, x, y)
+                return v, v
+
+            g, v = grad(f, has_aux=True)(p)
+            return g, v
+
+        grads, losses = vmap(one_with_loss, in_dims=(None, 0, 0), randomness="different")(params, inputs, targets)
+        flat = torch.cat([grads[n].reshape(inputs.shape[0], -1) for n in names], dim=1)
+        return losses.detach(), flat.detach()
+
+    def clipped_sum(
+        self, model, loss_fn, inputs, targets, *, clip, params=None, weights=None, params_prev=None, weights_prev=None
+    ):
+        losses, g = self.per_sample_grads(model, loss_fn, inputs, targets, params=params)
+        w = resolve_weights(weights, losses)
+        if w is not None:
+            g = g * w.unsqueeze(1)
+        losses_prev = None
+        if params_prev is not None:
+            losses_prev, g_prev = self.per_sample_grads(model, loss_fn, inputs, targets, params=params_prev)
+            w_prev = resolve_weights(weights_prev, losses_prev)
+            if w_prev is not None:
+                g_prev = g_prev * w_prev.unsqueeze(1)
+            g = g - g_prev
+        norms = g.norm(dim=1)
+        total = (g * clip_factors(norms, clip).unsqueeze(1)).sum(dim=0)
+        return ClippedSum(total=total, norms=norms, losses=losses, losses_prev=losses_prev, clip=float(clip))
+
+
+_ENGINES: dict[str, type[GradEngine]] = {}
+
+
+def register_engine(cls: type[GradEngine]) -> type[GradEngine]:
+    """Class decorator: make an engine selectable by its ``name`` (e.g. ``engine: ghost``)."""
+    _ENGINES[cls.name] = cls
+    return cls
+
+
+register_engine(VmapEngine)
+
+
+def available_engines() -> list[str]:
+    return sorted(_ENGINES) + (["auto"] if "auto" not in _ENGINES else [])
+
+
+def get_engine(name: str = "auto") -> GradEngine:
+    """Instantiate an engine by name. ``auto`` picks the fastest registered engine."""
+    if name == "auto":
+        name = "ghost" if "ghost" in _ENGINES else "vmap"
+    try:
+        return _ENGINES[name]()
+    except KeyError:
+        raise ConfigError(f"unknown gradient engine {name!r}; available: {', '.join(available_engines())}") from None

@@ -1,0 +1,21 @@
+"""Shared fixtures. Real datasets are read from ../shared/data (next to the repo) or PRIVOPT_SHARED_DATA."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def shared_data_dir() -> Path:
+    return Path(os.environ.get("PRIVOPT_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The real-data folder; tests that need it are skipped on machines without it."""
+    d = shared_data_dir()
+    if not d.is_dir():
+        pytest.skip(f"shared data folder not found at {d}")
+    return d
