@@ -9,7 +9,6 @@ PYTEST_ARGS ?= -n 2 --dist loadfile
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[test]"

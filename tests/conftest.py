@@ -19,3 +19,10 @@ def shared_data() -> Path:
     if not d.is_dir():
         pytest.skip(f"shared data folder not found at {d}")
     return d
+
+
+def pytest_configure(config):
+    # Tests run in parallel workers on 2 cores: one intra-op thread each avoids oversubscription.
+    import torch
+
+    torch.set_num_threads(1)

@@ -12,10 +12,12 @@ from privopt.grads.engine import (
     register_engine,
     resolve_weights,
 )
+from privopt.grads.ghost import GhostEngine
 from privopt.grads.validate import validate_model
 
 __all__ = [
     "ClippedSum",
+    "GhostEngine",
     "GradEngine",
     "VmapEngine",
     "available_engines",

@@ -191,8 +191,9 @@ class VmapEngine(GradEngine):
             if w_prev is not None:
                 g_prev = g_prev * w_prev.unsqueeze(1)
             g = g - g_prev
-        norms = g.norm(dim=1)
-        total = (g * clip_factors(norms, clip).unsqueeze(1)).sum(dim=0)
+        # float64 norms: DRO weights can reach e^30+, whose squared norms overflow float32.
+        norms = torch.linalg.vector_norm(g, dim=1, dtype=torch.float64)
+        total = (g * clip_factors(norms, clip).to(g.dtype).unsqueeze(1)).sum(dim=0)
         return ClippedSum(total=total, norms=norms, losses=losses, losses_prev=losses_prev, clip=float(clip))
 
 

@@ -6,8 +6,8 @@ event (never independent steps). Steps are frozen and hashable so a ledger can c
 
 Noise is always parametrised by the per-record contribution bound ``C`` of the released sum
 (the clip threshold): ``noise_multiplier = std / C``. The neighbouring relation then fixes the
-L2 sensitivity (``C`` under add/remove-one, ``2C`` under replace-one), and :func:`to_dp_event`
-passes ``std / sensitivity`` to dp_accounting with the conventions of SPEC §8.2 (in particular it
+L2 sensitivity (``C`` under add/remove-one, ``2C`` under replace-one), and
+:func:`privopt.privacy.accountant.to_dp_event` passes ``std / sensitivity`` to dp_accounting with the conventions of SPEC §8.2 (in particular it
 never relies on the PLD accountant's REPLACE_ONE handling of plain Gaussians).
 """
 
@@ -170,9 +170,25 @@ class Step:
     mechanisms: tuple[Mechanism, ...]
 
     def __post_init__(self):
-        if not self.mechanisms:
+        if not isinstance(self.sampling, (Poisson, WithoutReplacement, FullBatch, SingleRecord)):
+            raise ConfigError(
+                f"unknown sampling {self.sampling!r}; use Poisson, WithoutReplacement, FullBatch or SingleRecord"
+            )
+        try:
+            mechanisms = tuple(self.mechanisms)
+        except TypeError:
+            raise ConfigError(f"step mechanisms must be a tuple of mechanisms, got {self.mechanisms!r}") from None
+        if not mechanisms:
             raise ConfigError("a step must release at least one mechanism")
-        object.__setattr__(self, "mechanisms", tuple(self.mechanisms))
+        for m in mechanisms:
+            if not isinstance(m, (Gaussian, Laplace, PureDP)):
+                raise ConfigError(f"unknown mechanism {m!r}; use Gaussian, Laplace or PureDP")
+        object.__setattr__(self, "mechanisms", mechanisms)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Name of each release (its kind when unnamed), in order."""
+        return tuple(m.name or m.kind for m in self.mechanisms)
 
     def to_dict(self) -> dict:
         return {"sampling": asdict(self.sampling), "mechanisms": [asdict(m) for m in self.mechanisms]}
@@ -184,10 +200,13 @@ _MECHANISMS = {"gaussian": Gaussian, "laplace": Laplace, "pure": PureDP}
 
 def step_from_dict(d: dict) -> Step:
     """Inverse of :meth:`Step.to_dict` (used when a ledger is restored from a checkpoint)."""
-    s = dict(d["sampling"])
-    sampling = _SAMPLINGS[s.pop("kind")](**s)
-    mechs = []
-    for m in d["mechanisms"]:
-        m = dict(m)
-        mechs.append(_MECHANISMS[m.pop("kind")](**m))
+    try:
+        s = dict(d["sampling"])
+        sampling = _SAMPLINGS[s.pop("kind")](**s)
+        mechs = []
+        for m in d["mechanisms"]:
+            m = dict(m)
+            mechs.append(_MECHANISMS[m.pop("kind")](**m))
+    except (KeyError, TypeError) as e:
+        raise ConfigError(f"malformed step record {d!r}: {e}") from None
     return Step(sampling=sampling, mechanisms=tuple(mechs))

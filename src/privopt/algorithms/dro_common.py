@@ -1,0 +1,294 @@
+"""Shared plumbing of the DRO algorithms of Paper A (SPEC §2.4–2.7).
+
+Everything here is data-independent bookkeeping or a per-record transformation applied *before*
+clipping, so none of it affects the privacy analysis:
+
+* batch plans (a nominal batch size capped at n becomes a full batch, else Poisson sampling with
+  the expected size as the normaliser, SPEC §8.2);
+* clipped sums of per-sample scalars (``sum_i sign(a_i)·min(|a_i|, C)``, float64) and chunked
+  clipped sums of per-sample (weighted, differenced) parameter gradients;
+* the step-proportional clip rule of SPEC §8.4 (``C_t = min(cap, γ·Δ_t)``);
+* the number of iterations implied by an epochs budget for a SPIDER schedule;
+* :class:`DROAlgorithm`, the base class holding the model-as-flat-vector helpers, the noise
+  lookup (non-private runs use placeholders: their ``PrivateBatch`` adds no noise) and the
+  uniformly random output iterate drawn up front (data-independent).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence, Union
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from privopt.algorithms.base import Algorithm, RunContext
+from privopt.algorithms.erm_common import positive, positive_int
+from privopt.errors import ConfigError
+from privopt.grads.flat import flat_params, num_trainable, params_from_flat, trainable_parameters
+from privopt.grads.release import PrivateBatch
+from privopt.privacy import FullBatch, Poisson
+from privopt.sampling import PoissonSampler
+
+__all__ = [
+    "BatchPlan",
+    "DROAlgorithm",
+    "FullSampler",
+    "batch_losses",
+    "chunked_clipped_sum",
+    "clipped_scalar_sum",
+    "positive",
+    "positive_int",
+    "step_clip",
+    "spider_steps",
+]
+
+Weights = Union[None, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def optional_positive(name: str, value: Any) -> Optional[float]:
+    return None if value is None else positive(name, value)
+
+
+def unit_interval(name: str, value: Any, *, closed_low: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not ((0 <= value if closed_low else 0 < value) and value <= 1):
+        interval = "[0, 1]" if closed_low else "(0, 1]"
+        raise ConfigError(f"{name} must be in {interval}, got {value!r}")
+    return float(value)
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+class FullSampler:
+    """Every record, every time (the refresh batch of a SPIDER capped at n)."""
+
+    def __init__(self, *, n: int):
+        self.n = n
+        self.sampling = FullBatch()
+        self.expected_batch_size = float(n)
+
+    def sample(self) -> torch.Tensor:
+        return torch.arange(self.n)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """A nominal batch size resolved against the dataset size.
+
+    ``size >= n`` means the full dataset (``FullBatch``, no amplification, normaliser n);
+    otherwise Poisson sampling with rate ``size/n`` and normaliser ``size`` (the expected size).
+    """
+
+    size: int
+    n: int
+
+    @property
+    def full(self) -> bool:
+        return self.size >= self.n
+
+    @property
+    def sampling(self):
+        return FullBatch() if self.full else Poisson(self.size / self.n)
+
+    @property
+    def normalizer(self) -> float:
+        return float(min(self.size, self.n))
+
+    def sampler(self, generator: torch.Generator):
+        if self.full:
+            return FullSampler(n=self.n)
+        return PoissonSampler(n=self.n, rate=self.size / self.n, generator=generator)
+
+
+def spider_steps(*, epochs: float, n: int, q: int, refresh: int, correction: int) -> int:
+    """Iterations ``T`` (a multiple of q when possible) for an epochs budget.
+
+    One *epoch-equivalent* is ``n`` per-sample parameter-gradient evaluations (as for DP-SGD):
+    a phase of q iterations costs ``refresh + 2·(q−1)·correction`` of them (a difference query
+    evaluates each sampled record at two points). Scalar-only queries (η, λ, s) need forward
+    passes only and are not counted.
+    """
+    refresh, correction = min(refresh, n), min(correction, n)
+    per_phase = refresh + 2 * (q - 1) * correction
+    return max(1, int(round(epochs * n * q / per_phase)))
+
+
+# ----------------------------------------------------------------------------- per-sample queries
+
+
+def clipped_scalar_sum(values: torch.Tensor, clip: float) -> torch.Tensor:
+    """``sum_i sign(a_i)·min(|a_i|, C)`` as a 1-element float64 tensor (per-record bound C).
+
+    Example:
+        >>> clipped_scalar_sum(torch.tensor([0.5, -3.0, 2.0]), 1.0)
+        tensor([0.5000], dtype=torch.float64)
+    """
+    if not clip > 0:
+        raise ConfigError(f"clip threshold must be > 0, got {clip}")
+    a = values.detach().to(torch.float64)
+    return a.clamp(-clip, clip).sum().reshape(1)
+
+
+@torch.no_grad()
+def batch_losses(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, *,
+                 params: Optional[dict] = None, chunk: int = 1024) -> torch.Tensor:
+    """Per-sample losses ``[B]`` at ``params`` (``None``: the model's own parameters)."""
+    if x.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.float64)
+    out = []
+    buffers = dict(model.named_buffers())
+    for s in range(0, x.shape[0], chunk):
+        xs, ys = x[s : s + chunk], y[s : s + chunk]
+        logits = model(xs) if params is None else functional_call(model, ({**params}, buffers), (xs,))
+        out.append(loss_fn(logits, ys).detach())
+    return torch.cat(out)
+
+
+def _slice_weights(w: Weights, sl: slice) -> Weights:
+    return w[sl] if isinstance(w, torch.Tensor) else w
+
+
+def chunked_clipped_sum(engine, model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, *, clip: float,
+                        chunk: int, params=None, weights: Weights = None, params_prev=None,
+                        weights_prev: Weights = None) -> torch.Tensor:
+    """``engine.clipped_sum`` over chunks of at most ``chunk`` records (per-sample clipping makes
+    the chunked sum identical); tensor weights are aligned with the rows of ``x``. An empty batch
+    gives the zero vector."""
+    total = torch.zeros(num_trainable(model))
+    for s in range(0, x.shape[0], chunk):
+        sl = slice(s, s + chunk)
+        res = engine.clipped_sum(model, loss_fn, x[sl], y[sl], clip=clip, params=params,
+                                 weights=_slice_weights(weights, sl), params_prev=params_prev,
+                                 weights_prev=_slice_weights(weights_prev, sl))
+        total = total + res.total.to(total.dtype)
+    return total
+
+
+def step_clip(distance: float, *, gamma: Optional[float], cap: Optional[float]) -> float:
+    """Clip threshold of a difference query (SPEC §8.4, E-A.10).
+
+    ``gamma`` set: ``C_t = γ·distance`` (capped at ``cap`` when given) — step-proportional, a
+    function of released iterates only. ``gamma`` None: the fixed threshold ``cap``.
+    """
+    if gamma is None:
+        return float(cap)
+    c = gamma * float(distance)
+    return min(c, cap) if cap is not None else c
+
+
+# ----------------------------------------------------------------------------- base class
+
+
+class DROAlgorithm(Algorithm):
+    """Base of the DRO algorithms: flat-vector model access, noise lookup, output iterate.
+
+    Args (common keyword hyper-parameters of subclasses):
+        epochs: budget in epoch-equivalents (see :func:`spider_steps`); ignored when ``steps``.
+        steps: explicit number of iterations T.
+        output: ``"random"`` (the paper: a uniformly random iterate among x_1..x_T, index drawn
+            up front from the sampler generator — data-independent) or ``"last"``.
+        chunk_size: per-sample gradients are computed in chunks of this many records.
+    """
+
+    def __init__(self, *, epochs: float, steps: Optional[int], output: str, chunk_size: int):
+        self.epochs = positive("epochs", epochs)
+        self.steps = None if steps is None else positive_int("steps", steps)
+        if output not in ("random", "last"):
+            raise ConfigError(f"output must be 'random' or 'last', got {output!r}")
+        self.output = output
+        self.chunk_size = positive_int("chunk_size", chunk_size)
+        self._ctx: Optional[RunContext] = None
+        self._T: Optional[int] = None
+        self._tau: Optional[int] = None
+        self._saved: Optional[dict[str, Any]] = None
+
+    # -- schedule --------------------------------------------------------------------------
+    def _planned_T(self, n: int) -> int:
+        raise NotImplementedError
+
+    def _T_for(self, n: int) -> int:
+        return self.steps if self.steps is not None else self._planned_T(n)
+
+    def num_steps(self) -> int:
+        return self._T
+
+    def _bind(self, ctx: RunContext) -> None:
+        self._ctx = ctx
+        self._T = self._T_for(ctx.n)
+        # Output index τ ~ U{1..T}, drawn before any data access (data-independent).
+        self._tau = int(torch.randint(1, self._T + 1, (1,), generator=ctx.sampler_rng)) \
+            if self.output == "random" else self._T
+        self._saved = None
+
+    # -- noise ------------------------------------------------------------------------------
+    def _batch(self, sampler, names: Sequence[str]) -> tuple[torch.Tensor, PrivateBatch]:
+        """Draw one batch and open its :class:`PrivateBatch` for ``names`` (recorded before noise)."""
+        ctx = self._ctx
+        idx = sampler.sample()
+        # Non-private algorithms (and runs without a ledger) release without noise or records.
+        ledger = ctx.ledger if self.private else None
+        noise = {nm: (ctx.noise[nm] if ledger is not None else 1.0) for nm in names}
+        return idx, PrivateBatch(ledger, sampler.sampling, noise, generator=ctx.noise_rng)
+
+    # -- model as a flat vector --------------------------------------------------------------
+    def _x(self) -> torch.Tensor:
+        return flat_params(self._ctx.model).clone()
+
+    def _set_x(self, flat: torch.Tensor) -> None:
+        with torch.no_grad():
+            offset = 0
+            for p in trainable_parameters(self._ctx.model):
+                k = p.numel()
+                p.copy_(flat[offset : offset + k].view_as(p).to(p.dtype))
+                offset += k
+
+    def _params(self, flat: Optional[torch.Tensor]):
+        return None if flat is None else params_from_flat(self._ctx.model, flat)
+
+    def _data(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._ctx.x_train[idx], self._ctx.y_train[idx]
+
+    def _losses(self, idx: torch.Tensor, x: Optional[torch.Tensor] = None) -> torch.Tensor:
+        xb, yb = self._data(idx)
+        return batch_losses(self._ctx.model, self._ctx.loss_fn, xb, yb, params=self._params(x),
+                            chunk=self.chunk_size)
+
+    def _grad_sum(self, idx: torch.Tensor, *, clip: float, x: Optional[torch.Tensor] = None, weights: Weights = None,
+                  x_prev: Optional[torch.Tensor] = None, weights_prev: Weights = None) -> torch.Tensor:
+        xb, yb = self._data(idx)
+        ctx = self._ctx
+        return chunked_clipped_sum(ctx.engine, ctx.model, ctx.loss_fn, xb, yb, clip=clip, chunk=self.chunk_size,
+                                   params=self._params(x), weights=weights, params_prev=self._params(x_prev),
+                                   weights_prev=weights_prev)
+
+    # -- output iterate -----------------------------------------------------------------------
+    def _maybe_save(self, index: int, x: torch.Tensor, **scalars: float) -> None:
+        """Keep iterate number ``index`` (1-based) if it is the output index τ."""
+        if index == self._tau:
+            self._saved = {"x": x.detach().clone(), **{k: float(v) for k, v in scalars.items()}}
+
+    def finalize(self) -> None:
+        if self._saved is not None:
+            self._set_x(self._saved["x"])
+            self._load_output_scalars(self._saved)
+
+    def _load_output_scalars(self, saved: dict[str, Any]) -> None:
+        """Subclasses restore the dual variable of the output iterate (η or λ) here."""
+
+    def output_iterate(self) -> Optional[dict[str, Any]]:
+        """The saved output iterate (``{"x": flat, ...scalars}``) once reached, else ``None``."""
+        return self._saved
+
+    def _base_state(self) -> dict[str, Any]:
+        return {"tau": self._tau, "saved": self._saved}
+
+    def _load_base_state(self, state: dict[str, Any]) -> None:
+        self._tau = state["tau"]
+        self._saved = state["saved"]

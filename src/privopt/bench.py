@@ -1,0 +1,381 @@
+"""Step-time and memory benchmark of the per-sample clipping engines (``privopt bench``).
+
+Every timed method performs one full optimiser step on the same model, batch and thread count,
+in one process, interleaved (``repeats`` rounds, one step of each method per round, after one
+warm-up step each) so that machine noise hits all methods alike; the median is reported.
+
+Methods:
+    nonprivate: forward, mean loss, backward, SGD update.
+    dp-sgd: ``get_engine("auto")`` clipped sum + Gaussian noise + update.
+    dp-sgd-vmap: the same with the reference ``vmap`` engine.
+    clipped-difference: auto engine, clipped sum of per-sample gradient *differences* between the
+        current point and a fixed second point (the SPIDER/SVRG query) + noise + update.
+    opacus-hooks / opacus-ghost: Opacus DP-SGD (hooks mode, and ghost clipping), when importable.
+
+Peak memory (``peak_mb``) is measured honestly for CPU tensors, which ``tracemalloc`` cannot see:
+each (model, batch, method) runs in a fresh subprocess that builds everything, reads its resident
+set size (RSS), performs two steps and reports ``ru_maxrss`` minus that baseline — the extra
+memory a step needs, including allocator caching and first-call initialisation.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from typing import Callable, Iterable, Optional, Sequence
+
+import torch
+from torch import nn
+
+from privopt.errors import ConfigError
+
+__all__ = ["run_bench", "format_table", "METHODS", "MODELS"]
+
+METHODS = ("nonprivate", "dp-sgd", "dp-sgd-vmap", "clipped-difference", "opacus-hooks", "opacus-ghost")
+MODELS = ("mlp", "cnn", "resnet20", "tiny")
+_INPUT = {"mlp": (1, 28, 28), "cnn": (1, 28, 28), "resnet20": (3, 32, 32), "tiny": (1, 4, 4)}
+_NUM_CLASSES = 10
+_LR, _CLIP, _SIGMA = 0.05, 1.0, 1.0
+
+
+# ------------------------------------------------------------------------------------------
+# Models (local builders; privopt.models is used when it provides the name).
+# ------------------------------------------------------------------------------------------
+
+
+class _Block(nn.Module):
+    """CIFAR ResNet basic block with GroupNorm (BatchNorm would mix samples)."""
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.gn1 = nn.GroupNorm(min(8, cout // 2), cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.gn2 = nn.GroupNorm(min(8, cout // 2), cout)
+        self.short = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.GroupNorm(min(8, cout // 2), cout))
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
+
+    def forward(self, x):
+        out = torch.relu(self.gn1(self.conv1(x)))
+        out = self.gn2(self.conv2(out))
+        return torch.relu(out + self.short(x))
+
+
+def _resnet20(in_ch: int, num_classes: int) -> nn.Module:
+    layers: list[nn.Module] = [nn.Conv2d(in_ch, 16, 3, 1, 1, bias=False), nn.GroupNorm(8, 16), nn.ReLU()]
+    cin = 16
+    for cout, stride in ((16, 1), (32, 2), (64, 2)):
+        for i in range(3):
+            layers.append(_Block(cin, cout, stride if i == 0 else 1))
+            cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, num_classes)]
+    return nn.Sequential(*layers)
+
+
+def _local_model(name: str, input_shape: tuple, num_classes: int) -> nn.Module:
+    c, h, w = input_shape
+    if name == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 128), nn.ReLU(), nn.Linear(128, num_classes))
+    if name == "cnn":  # the small MNIST CNN of the DP-SGD literature (Papernot et al. 2021 style)
+        return nn.Sequential(
+            nn.Conv2d(c, 16, 8, 2, padding=3), nn.Tanh(), nn.MaxPool2d(2, 1),
+            nn.Conv2d(16, 32, 4, 2), nn.Tanh(), nn.MaxPool2d(2, 1),
+            nn.Flatten(), nn.LazyLinear(32), nn.Tanh(), nn.Linear(32, num_classes),
+        )
+    if name == "resnet20":
+        return _resnet20(c, num_classes)
+    if name == "tiny":
+        return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 8), nn.ReLU(), nn.Linear(8, num_classes))
+    raise ConfigError(f"unknown benchmark model {name!r}; choose from {', '.join(MODELS)}")
+
+
+def build_bench_model(name: str, *, seed: int = 0) -> nn.Module:
+    """The benchmark model ``name`` (from :mod:`privopt.models` when it has it), initialised."""
+    if name not in _INPUT:
+        raise ConfigError(f"unknown benchmark model {name!r}; choose from {', '.join(MODELS)}")
+    torch.manual_seed(seed)
+    model = None
+    try:
+        from privopt.models import build_model  # type: ignore[attr-defined]
+
+        if name != "tiny":
+            model = build_model(name, input_shape=_INPUT[name], num_classes=_NUM_CLASSES)
+    except (ImportError, AttributeError, ConfigError):
+        model = None
+    if model is None:
+        model = _local_model(name, _INPUT[name], _NUM_CLASSES)
+    with torch.no_grad():  # materialise lazy layers
+        model(torch.zeros(1, *_INPUT[name]))
+    return model
+
+
+# ------------------------------------------------------------------------------------------
+# Step functions.
+# ------------------------------------------------------------------------------------------
+
+
+def _per_sample_ce(out, y):
+    return nn.functional.cross_entropy(out, y, reduction="none")
+
+
+def _apply_flat(model: nn.Module, flat: torch.Tensor, lr: float) -> None:
+    off = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                n = p.numel()
+                p.add_(flat[off : off + n].view_as(p), alpha=-lr)
+                off += n
+
+
+def _make_step(method: str, base: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Optional[Callable[[], None]]:
+    """A closure performing one step of ``method`` on a private copy of ``base`` (None: unavailable)."""
+    from privopt.grads import get_engine
+
+    model = copy.deepcopy(base)
+    B = x.shape[0]
+    if method == "nonprivate":
+        opt = torch.optim.SGD(model.parameters(), lr=_LR)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+
+        return step
+    if method in ("dp-sgd", "dp-sgd-vmap", "clipped-difference"):
+        engine = get_engine("vmap" if method == "dp-sgd-vmap" else "auto")
+        d = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        prev = None
+        if method == "clipped-difference":
+            g = torch.Generator().manual_seed(1)
+            prev = {n: p.detach() + 0.01 * torch.randn(p.shape, generator=g) for n, p in model.named_parameters()}
+        gen = torch.Generator().manual_seed(2)
+
+        def step():
+            res = engine.clipped_sum(model, _per_sample_ce, x, y, clip=_CLIP, params_prev=prev)
+            noisy = res.total + torch.randn(d, generator=gen) * (_SIGMA * _CLIP)
+            _apply_flat(model, noisy / B, _LR)
+
+        return step
+    if method in ("opacus-hooks", "opacus-ghost"):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return _opacus_step(method, model, x, y)
+        except ImportError:
+            return None
+    raise ConfigError(f"unknown benchmark method {method!r}; choose from {', '.join(METHODS)}")
+
+
+def _opacus_step(method, model, x, y):
+    from opacus import GradSampleModule
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping
+    from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
+    from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+
+    B = x.shape[0]
+    if method == "opacus-hooks":
+        gsm = GradSampleModule(model)
+        opt = DPOptimizer(torch.optim.SGD(gsm.parameters(), lr=_LR), noise_multiplier=_SIGMA,
+                          max_grad_norm=_CLIP, expected_batch_size=B)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(gsm(x), y).backward()
+            opt.step()
+
+        return step
+    gsm = GradSampleModuleFastGradientClipping(model, max_grad_norm=_CLIP, use_ghost_clipping=True)
+    opt = DPOptimizerFastGradientClipping(torch.optim.SGD(gsm.parameters(), lr=_LR), noise_multiplier=_SIGMA,
+                                          max_grad_norm=_CLIP, expected_batch_size=B)
+    crit = DPLossFastGradientClipping(gsm, opt, nn.CrossEntropyLoss(), loss_reduction="mean")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        crit(gsm(x), y).backward()
+        opt.step()
+
+    return step
+
+
+def _data(name: str, batch_size: int):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(batch_size, *_INPUT[name], generator=g)
+    y = torch.randint(0, _NUM_CLASSES, (batch_size,), generator=g)
+    return x, y
+
+
+# ------------------------------------------------------------------------------------------
+# Memory probe (runs in a child process).
+# ------------------------------------------------------------------------------------------
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _probe(model_name: str, batch_size: int, method: str, threads: Optional[int]) -> Optional[float]:
+    if threads:
+        torch.set_num_threads(threads)
+    base = build_bench_model(model_name)
+    x, y = _data(model_name, batch_size)
+    step = _make_step(method, base, x, y)
+    if step is None:
+        return None
+    del base
+    baseline = _rss_mb()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            step()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+    return max(0.0, peak - baseline)
+
+
+def _peak_mb(model_name: str, batch_size: int, method: str, threads: Optional[int]) -> Optional[float]:
+    code = (
+        "import json,sys; from privopt.bench import _probe; "
+        f"print(json.dumps(_probe({model_name!r}, {batch_size}, {method!r}, {threads!r})))"
+    )
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+# ------------------------------------------------------------------------------------------
+# Public API.
+# ------------------------------------------------------------------------------------------
+
+
+def run_bench(
+    *,
+    models: Sequence[str] = ("mlp", "cnn", "resnet20"),
+    batch_sizes: Sequence[int] = (128, 512),
+    repeats: int = 5,
+    threads: Optional[int] = None,
+    progress: bool = True,
+    methods: Iterable[str] = METHODS,
+    memory: bool = True,
+) -> list[dict]:
+    """Time one optimiser step of each method (median of ``repeats``) and measure its peak memory.
+
+    Args:
+        models: benchmark model names (``mlp``, ``cnn``, ``resnet20``; ``tiny`` for smoke tests).
+        batch_sizes: batch sizes to time.
+        repeats: timed rounds per (model, batch); the median is reported.
+        threads: ``torch.set_num_threads`` value (``None``: leave PyTorch's setting).
+        progress: print one line per finished row to stderr.
+        methods: subset of :data:`METHODS`.
+        memory: also measure ``peak_mb`` (one subprocess per row; ``None`` when off).
+
+    Returns:
+        One dict per (model, batch size, method) with keys ``model``, ``batch_size``, ``method``,
+        ``median_s``, ``min_s``, ``peak_mb``, ``ratio_to_nonprivate``, ``mem_ratio_to_nonprivate``,
+        ``threads``, ``repeats`` and ``note`` (why a row was skipped, else ``""``).
+
+    Example:
+        >>> rows = run_bench(models=("tiny",), batch_sizes=(4,), repeats=1, progress=False,
+        ...                  methods=("nonprivate", "dp-sgd"), memory=False)
+        >>> [r["method"] for r in rows]
+        ['nonprivate', 'dp-sgd']
+    """
+    methods = list(methods)
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise ConfigError(f"unknown benchmark method(s) {bad}; choose from {', '.join(METHODS)}")
+    if repeats < 1:
+        raise ConfigError(f"repeats must be >= 1, got {repeats}")
+    if "nonprivate" not in methods:  # every ratio needs the baseline
+        methods.insert(0, "nonprivate")
+    old_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(int(threads))
+    rows: list[dict] = []
+    try:
+        for name in models:
+            for bs in batch_sizes:
+                base = build_bench_model(name)
+                x, y = _data(name, int(bs))
+                steps = {m: _make_step(m, base, x, y) for m in methods}
+                times: dict[str, list[float]] = {m: [] for m in methods if steps[m] is not None}
+                with warnings.catch_warnings():  # Opacus warns on every step about its hooks
+                    warnings.simplefilter("ignore")
+                    for s in steps.values():  # warm-up (lazy init, allocator)
+                        if s is not None:
+                            s()
+                    for _ in range(repeats):
+                        for m in times:
+                            t0 = time.perf_counter()
+                            steps[m]()
+                            times[m].append(time.perf_counter() - t0)
+                del steps
+                block = []
+                for m in methods:
+                    row = {"model": name, "batch_size": int(bs), "method": m, "threads": torch.get_num_threads(),
+                           "repeats": repeats, "median_s": None, "min_s": None, "peak_mb": None, "ratio_to_nonprivate": None,
+                           "mem_ratio_to_nonprivate": None, "note": ""}
+                    if m not in times:
+                        row["note"] = "opacus not importable"
+                    else:
+                        row["median_s"] = statistics.median(times[m])
+                        row["min_s"] = min(times[m])
+                        if memory:
+                            row["peak_mb"] = _peak_mb(name, int(bs), m, torch.get_num_threads())
+                    block.append(row)
+                ref = block[0]
+                for row in block:
+                    if row["median_s"] is not None:
+                        row["ratio_to_nonprivate"] = row["median_s"] / ref["median_s"]
+                    if row["peak_mb"] is not None and ref["peak_mb"]:
+                        row["mem_ratio_to_nonprivate"] = row["peak_mb"] / ref["peak_mb"]
+                    if progress:
+                        print(_fmt_row(row), file=sys.stderr, flush=True)
+                rows.extend(block)
+    finally:
+        torch.set_num_threads(old_threads)
+    return rows
+
+
+def _num(v, fmt):
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+
+def _fmt_row(r: dict) -> str:
+    return (f"{r['model']} B={r['batch_size']} {r['method']}: {_num(r['median_s'], '.4f')} s "
+            f"(x{_num(r['ratio_to_nonprivate'], '.2f')}), peak {_num(r['peak_mb'], '.0f')} MB {r['note']}")
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """Render :func:`run_bench` rows as a Markdown table.
+
+    Example:
+        >>> print(format_table([{"model": "mlp", "batch_size": 8, "method": "nonprivate", "median_s": 0.001,
+        ...                      "peak_mb": 1.0, "ratio_to_nonprivate": 1.0}]).splitlines()[2])
+        | mlp | 8 | nonprivate | 1.00 | 1.00 | 1.0 | – |  |
+    """
+    head = ("| model | batch | method | median ms | × non-private | peak MB | × non-private mem | note |\n"
+            "|---|---:|---|---:|---:|---:|---:|---|")
+    lines = [head]
+    for r in rows:
+        ms = None if r.get("median_s") is None else 1000 * r["median_s"]
+        lines.append(
+            f"| {r['model']} | {r['batch_size']} | {r['method']} | {_num(ms, '.2f')} | "
+            f"{_num(r.get('ratio_to_nonprivate'), '.2f')} | {_num(r.get('peak_mb'), '.1f')} | "
+            f"{_num(r.get('mem_ratio_to_nonprivate'), '.2f')} | {r.get('note', '')} |"
+        )
+    return "\n".join(lines)

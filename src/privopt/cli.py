@@ -1,0 +1,185 @@
+"""The ``privopt`` command line: train, account, list, demo, bench, reproduce."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional
+
+from privopt.errors import PrivacyBudgetExceeded, PrivoptError
+
+__all__ = ["main", "build_parser"]
+
+
+def _cmd_train(args) -> int:
+    from privopt.config import load_config
+    from privopt.training import RunInterrupted, train
+
+    if args.resume:
+        from privopt.config import RunConfig
+
+        cfg = RunConfig()  # replaced by the checkpoint's own config
+    else:
+        if args.out is None:
+            raise PrivoptError("privopt train needs --out DIR (or --resume RUN_DIR)")
+        cfg = load_config(args.config, args.set)
+    out = args.resume or args.out
+    try:
+        record = train(cfg, out_dir=out, resume=bool(args.resume), progress=not args.quiet)
+    except RunInterrupted as e:
+        print(str(e), file=sys.stderr)
+        return 130
+    if args.json:
+        print(json.dumps({k: record[k] for k in ("algorithm", "status", "metrics", "privacy")}, default=str))
+    elif not args.quiet:
+        priv = record["privacy"]
+        eps = "non-private" if not priv["private"] else f"eps={priv['epsilon_spent']:.4g}, delta={priv['delta']:.3g}"
+        m = record["metrics"]
+        print(f"{record['algorithm']}: test accuracy {m.get('test_accuracy', float('nan')):.4f} ({eps}); "
+              f"outputs in {out}")
+    return 0
+
+
+def _cmd_account(args) -> int:
+    from privopt.privacy import dp_sgd_noise
+
+    cal = dp_sgd_noise(dataset_size=args.dataset_size, batch_size=args.batch_size, steps=args.steps,
+                       epsilon=args.epsilon, delta=args.delta, accountant=args.accountant, sampling=args.sampling)
+    z = cal.noise[next(iter(cal.noise))] if isinstance(cal.noise, dict) else cal.noise
+    result = {
+        "noise_multiplier": z,
+        "epsilon": cal.epsilon,
+        "epsilon_target": args.epsilon,
+        "delta": args.delta,
+        "accountant": cal.accountant,
+        "sampling": args.sampling,
+        "neighbouring": "add_remove" if args.sampling == "poisson" else "replace_one",
+        "sampling_rate": args.batch_size / args.dataset_size,
+        "steps": args.steps,
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"noise multiplier z = {z:.4f}  (std of noise on the clipped sum = z * C)")
+        print(f"achieves epsilon = {cal.epsilon:.4f} <= {args.epsilon} at delta = {args.delta} "
+              f"({cal.accountant.upper()}, {result['sampling']} sampling, q = {result['sampling_rate']:.4g}, "
+              f"{args.steps} steps, {result['neighbouring']} neighbours)")
+    return 0
+
+
+def _cmd_list(args) -> int:
+    from privopt.algorithms import available_algorithms
+    from privopt.data import available_datasets
+    from privopt.experiments import available_experiments
+    from privopt.grads import available_engines
+    from privopt.models import available_models
+
+    sections = {
+        "algorithms": {k: (v.summary or "") + ("" if v.private else " [non-private]")
+                       for k, v in available_algorithms().items()},
+        "datasets": {k: "" for k in available_datasets()},
+        "models": {k: "" for k in available_models()},
+        "engines": {k: "" for k in available_engines()},
+        "experiments": available_experiments(),
+    }
+    if args.json:
+        print(json.dumps({k: list(v) for k, v in sections.items()}))
+        return 0
+    for title, items in sections.items():
+        print(f"{title}:")
+        for name, desc in items.items():
+            print(f"  {name:22s} {desc}".rstrip())
+    return 0
+
+
+def _cmd_demo(args) -> int:
+    from privopt.experiments.demo import run_demo
+
+    run_demo(out_dir=args.out, progress=not args.quiet, quick=args.quick)
+    return 0
+
+
+def _cmd_bench(args) -> int:
+    from privopt.bench import format_table, run_bench
+
+    rows = run_bench(models=tuple(args.models.split(",")), batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")),
+                     repeats=args.repeats, progress=not (args.quiet or args.json))
+    print(json.dumps(rows) if args.json else format_table(rows))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="privopt", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="one training run from a YAML config")
+    t.add_argument("--config", help="YAML config file (defaults are used for missing keys)")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set privacy.epsilon=2 --set algorithm_params.lr=0.5")
+    t.add_argument("--out", help="output directory (must be new)")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
+    t.add_argument("--quiet", action="store_true")
+    t.add_argument("--json", action="store_true", help="print the result as JSON")
+    t.set_defaults(func=_cmd_train)
+
+    a = sub.add_parser("account", help="calibrate DP-SGD noise for a target (epsilon, delta)")
+    a.add_argument("--dataset-size", type=int, required=True)
+    a.add_argument("--batch-size", type=int, required=True)
+    a.add_argument("--steps", type=int, required=True)
+    a.add_argument("--epsilon", type=float, required=True)
+    a.add_argument("--delta", type=float, required=True)
+    a.add_argument("--accountant", choices=["auto", "pld", "rdp"], default="auto",
+                   help="auto: PLD where it can express the events (Poisson), else RDP")
+    a.add_argument("--sampling", choices=["poisson", "wor"], default="poisson",
+                   help="poisson (add/remove-one neighbours) or fixed-size without replacement (replace-one)")
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=_cmd_account)
+
+    li = sub.add_parser("list", help="list algorithms, datasets, models, engines and experiments")
+    li.add_argument("--json", action="store_true")
+    li.set_defaults(func=_cmd_list)
+
+    d = sub.add_parser("demo", help="the main job on embedded data (no files needed)")
+    d.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    d.add_argument("--quick", action="store_true", help="a much shorter schedule (smoke test)")
+    d.add_argument("--quiet", action="store_true")
+    d.set_defaults(func=_cmd_demo)
+
+    b = sub.add_parser("bench", help="time DP steps against a non-private step (and Opacus if installed)")
+    b.add_argument("--models", default="mlp,cnn,resnet20")
+    b.add_argument("--batch-sizes", default="128,512")
+    b.add_argument("--repeats", type=int, default=5)
+    b.add_argument("--json", action="store_true")
+    b.add_argument("--quiet", action="store_true")
+    b.set_defaults(func=_cmd_bench)
+
+    r = sub.add_parser("reproduce", help="paper reproductions")
+    rsub = r.add_subparsers(dest="experiment", required=True)
+    from privopt.experiments import experiment_modules
+
+    for name, (module, help_text) in experiment_modules().items():
+        ep = rsub.add_parser(name, help=help_text)
+        module.add_arguments(ep)
+        ep.set_defaults(func=module.main)
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except PrivacyBudgetExceeded as e:
+        print(f"privopt: privacy budget exhausted: {e}", file=sys.stderr)
+        return 3
+    except PrivoptError as e:
+        print(f"privopt: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("privopt: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

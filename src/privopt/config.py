@@ -1,0 +1,159 @@
+"""Run configuration: a validated YAML/dict schema with ``key=value`` overrides.
+
+Example config (``privopt train --config run.yaml --set algorithm_params.lr=0.5``)::
+
+    algorithm: dp-sgd
+    algorithm_params: {epochs: 5, batch_size: 64, lr: 0.5, clip: 1.0}
+    dataset: digits
+    model: mlp
+    privacy: {epsilon: 1.0, delta: 1.0e-5}
+    seed: 0
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from privopt.errors import ConfigError
+
+__all__ = ["RunConfig", "PrivacyConfig", "load_config", "apply_overrides", "yaml_load"]
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads ``1e-5`` (no dot) as a string; configs mean a number."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|\.inf|\.nan)$""",
+               re.X),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(text: str):
+    """Parse YAML with scientific-notation floats."""
+    return yaml.load(text, Loader=_Loader)
+
+
+@dataclass
+class PrivacyConfig:
+    """Target privacy of a run. ``epsilon=None`` only for non-private algorithms."""
+
+    epsilon: Optional[float] = 1.0
+    delta: float = 1e-5
+    neighbouring: str = "add_remove"
+    accountant: str = "auto"
+
+    def validate(self) -> None:
+        if self.epsilon is not None:
+            if not (isinstance(self.epsilon, (int, float)) and math.isfinite(self.epsilon) and self.epsilon > 0):
+                raise ConfigError(f"privacy.epsilon must be a finite number > 0, got {self.epsilon!r}")
+        if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
+            raise ConfigError(f"privacy.delta must be in (0, 1), got {self.delta!r}")
+        if self.neighbouring not in ("add_remove", "replace_one"):
+            raise ConfigError(f"privacy.neighbouring must be 'add_remove' or 'replace_one', got {self.neighbouring!r}")
+        if self.accountant not in ("auto", "pld", "rdp"):
+            raise ConfigError(f"privacy.accountant must be 'auto', 'pld' or 'rdp', got {self.accountant!r}")
+
+
+@dataclass
+class RunConfig:
+    """Everything that defines one training run (written verbatim into ``record.json``)."""
+
+    algorithm: str = "dp-sgd"
+    algorithm_params: dict[str, Any] = field(default_factory=dict)
+    dataset: str = "digits"
+    dataset_params: dict[str, Any] = field(default_factory=dict)
+    data_dir: Optional[str] = None
+    model: str = "mlp"
+    model_params: dict[str, Any] = field(default_factory=dict)
+    loss: str = "cross_entropy"
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    engine: str = "auto"
+    seed: int = 0
+    eval_split: str = "test"  # "val" for hyper-parameter tuning (needs dataset_params.val_fraction)
+    metrics: list[str] = field(default_factory=list)  # extra run metrics (privopt.training.register_run_metric)
+    eval_every: int = 0  # 0: about 20 evaluations per run
+    checkpoint_every: int = 0  # 0: about 10 checkpoints per run
+
+    def validate(self) -> "RunConfig":
+        self.privacy.validate()
+        for key in ("eval_every", "checkpoint_every", "seed"):
+            v = getattr(self, key)
+            if not (isinstance(v, int) and v >= 0):
+                raise ConfigError(f"{key} must be an integer >= 0, got {v!r}")
+        if self.eval_split not in ("test", "val"):
+            raise ConfigError(f"eval_split must be 'test' or 'val', got {self.eval_split!r}")
+        if not isinstance(self.metrics, list):
+            raise ConfigError(f"metrics must be a list of names, got {self.metrics!r}")
+        for key in ("algorithm_params", "dataset_params", "model_params"):
+            if not isinstance(getattr(self, key), dict):
+                raise ConfigError(f"{key} must be a mapping, got {getattr(self, key)!r}")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        if not isinstance(d, dict):
+            raise ConfigError(f"a config must be a mapping, got {type(d).__name__}")
+        d = copy.deepcopy(d)
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown config key(s) {unknown}; valid keys: {sorted(known)}")
+        priv = d.pop("privacy", {}) or {}
+        if not isinstance(priv, dict):
+            raise ConfigError(f"privacy must be a mapping, got {priv!r}")
+        pknown = set(PrivacyConfig.__dataclass_fields__)
+        bad = sorted(set(priv) - pknown)
+        if bad:
+            raise ConfigError(f"unknown privacy key(s) {bad}; valid keys: {sorted(pknown)}")
+        return cls(privacy=PrivacyConfig(**priv), **d).validate()
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return yaml_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b=value`` overrides (values parsed as YAML scalars) to a nested dict copy."""
+    d = copy.deepcopy(d)
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = d
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: {p!r} is not a mapping")
+        node[parts[-1]] = _parse_value(value)
+    return d
+
+
+def load_config(path: Optional[str | Path], overrides: Optional[list[str]] = None) -> RunConfig:
+    """Read a YAML config (or start from defaults when ``path`` is None) and apply overrides."""
+    d: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            d = yaml_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+    return RunConfig.from_dict(apply_overrides(d, overrides or []))

@@ -1,0 +1,269 @@
+"""Readers that turn a dataset folder (or an embedded scikit-learn dataset) into :class:`RawData`.
+
+Each source records in ``meta["source"]`` the files it read and their record counts, and which
+official splits were present. Test splits are NOT carved here (see
+:meth:`privopt.data.registry.BuildContext.with_test`), so variants can transform the official
+splits first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from privopt.data import formats
+from privopt.data.dataset import Part, RawData
+from privopt.data.registry import BuildContext
+from privopt.errors import ConfigError, DataError
+
+__all__ = ["idx_source", "cifar10_source", "covtype_source", "adult_source", "celeba_source", "sklearn_source"]
+
+_IDX_NAMES = {
+    # split -> (images names, labels names); the dotted variants are used by some official mirrors.
+    "train": (("train-images-idx3-ubyte", "train-images.idx3-ubyte"), ("train-labels-idx1-ubyte", "train-labels.idx1-ubyte")),
+    "test": (("t10k-images-idx3-ubyte", "t10k-images.idx3-ubyte"), ("t10k-labels-idx1-ubyte", "t10k-labels.idx1-ubyte")),
+}
+
+
+def _no_train_note(meta: dict, split_name: str) -> None:
+    meta["official_splits_present"] = [split_name]
+    meta.setdefault("preprocessing", []).append(
+        f"only the official {split_name} split is in the data directory: train and test are both carved from it"
+    )
+
+
+def idx_source(ctx: BuildContext, *, folders: tuple[str, ...], class_names: list[str]) -> RawData:
+    """MNIST-format IDX files: ``train-*`` and/or ``t10k-*`` image/label pairs (``.gz`` or not)."""
+    expected = "train-images-idx3-ubyte[.gz] + train-labels-idx1-ubyte[.gz] and/or t10k-images-idx3-ubyte[.gz] + t10k-labels-idx1-ubyte[.gz]"
+    root = ctx.dataset_dir(folders, expected=expected)
+    parts: dict[str, Part] = {}
+    files: dict[str, int] = {}
+    for split, (img_names, lab_names) in _IDX_NAMES.items():
+        img, lab = ctx.find(root, img_names), ctx.find(root, lab_names)
+        if img is None and lab is None:
+            continue
+        if img is None or lab is None:
+            have, missing = (img, lab_names[0]) if lab is None else (lab, img_names[0])
+            missing_kind = "labels" if lab is None else "images"
+            raise DataError(f"{have} found but its {missing_kind} file {root / missing}[.gz] is missing")
+        x = formats.read_idx(img, expect_ndim=3)
+        y = formats.read_idx(lab, expect_ndim=1).astype(np.int64)
+        if len(x) != len(y):
+            raise DataError(f"{img} holds {len(x)} images but {lab} holds {len(y)} labels")
+        if y.size and (y.min() < 0 or y.max() >= len(class_names)):
+            raise DataError(f"{lab}: labels must be in 0..{len(class_names) - 1}, found {y.min()}..{y.max()}")
+        files[str(img)], files[str(lab)] = len(x), len(y)
+        parts[split] = Part(x[:, None, :, :], y)
+    if not parts:
+        raise DataError(f"{root}: no IDX files found; expected {expected}")
+    meta = {"source": {"format": "IDX", "files": files}, "class_names": class_names}
+    if "train" in parts:
+        meta["official_splits_present"] = sorted(parts)
+        return RawData(parts["train"], parts.get("test"), "image", len(class_names), x_scale=255.0, meta=meta)
+    _no_train_note(meta, "test (t10k)")
+    return RawData(parts["test"], None, "image", len(class_names), x_scale=255.0, meta=meta)
+
+
+def cifar10_source(ctx: BuildContext) -> RawData:
+    """CIFAR-10 binary batches: every ``*.bin[.gz]`` whose name contains ``test`` is test data,
+    every one containing ``train`` or ``data_batch`` is training data (in sorted name order)."""
+    expected = "CIFAR-10 binary batches (*.bin or *.bin.gz: data_batch_*.bin / test_batch.bin or *train*/*test*)"
+    root = ctx.dataset_dir(("cifar10", "cifar-10-batches-bin", "cifar10/cifar-10-batches-bin"), expected=expected)
+    groups: dict[str, list[Path]] = {"train": [], "test": []}
+    for f in sorted([*root.glob("*.bin"), *root.glob("*.bin.gz")]):
+        low = f.name.lower()
+        if "test" in low:
+            groups["test"].append(f)
+        elif "train" in low or "data_batch" in low:
+            groups["train"].append(f)
+        else:
+            raise DataError(f"{f}: cannot tell whether this CIFAR-10 batch is train or test data (name it *train*/data_batch_* or *test*)")
+    if not groups["train"] and not groups["test"]:
+        raise DataError(f"{root}: no CIFAR-10 batch files found; expected {expected}")
+    meta_file = root / "batches.meta.txt"
+    names = formats.read_class_names(meta_file) if meta_file.is_file() else [str(i) for i in range(10)]
+    if len(names) != 10:
+        raise DataError(f"{meta_file}: expected 10 class names, found {len(names)}")
+    files: dict[str, int] = {}
+    parts = {}
+    for split, paths in groups.items():
+        if not paths:
+            continue
+        xs, ys = [], []
+        for p in paths:
+            x, y = formats.read_cifar_bin(p)
+            files[str(p)] = len(y)
+            xs.append(x)
+            ys.append(y)
+        parts[split] = Part(np.concatenate(xs), np.concatenate(ys))
+    meta = {"source": {"format": "CIFAR-10 binary", "files": files}, "class_names": names}
+    if "train" in parts:
+        meta["official_splits_present"] = sorted(parts)
+        return RawData(parts["train"], parts.get("test"), "image", 10, x_scale=255.0, meta=meta)
+    _no_train_note(meta, "test")
+    return RawData(parts["test"], None, "image", 10, x_scale=255.0, meta=meta)
+
+
+def covtype_source(ctx: BuildContext) -> tuple[np.ndarray, np.ndarray, dict]:
+    """``covtype.data[.gz]`` (any ``covtype*.data[.gz]``): features [N, 54] and Cover_Type 1..7."""
+    expected = "covtype.data[.gz] (UCI Covertype text, 55 comma-separated integers per row)"
+    root = ctx.dataset_dir(("covtype", "covertype"), expected=expected)
+    path = ctx.find(root, ("covtype.data",))
+    if path is None:
+        cands = sorted([*root.glob("covtype*.data"), *root.glob("covtype*.data.gz")])
+        if not cands:
+            raise DataError(f"{root}: covtype file missing; expected {expected}")
+        if len(cands) > 1:
+            raise DataError(f"{root}: several covtype files {[c.name for c in cands]}; keep one or name it covtype.data[.gz]")
+        path = cands[0]
+    x, y = formats.read_covtype(path)
+    return x, y, {"source": {"format": "UCI covtype.data", "files": {str(path): len(y)}}}
+
+
+_ADULT_GROUPS = {
+    "sex": ("Female", "Male"),
+    "race": ("White", "Black", "Asian-Pac-Islander", "Amer-Indian-Eskimo", "Other"),
+}
+
+
+def adult_source(ctx: BuildContext, *, group: str | None, missing: str) -> RawData:
+    """UCI Adult: ``adult.data[.gz]`` (+ ``adult.test[.gz]`` if present), one-hot categoricals."""
+    if group is not None and group not in _ADULT_GROUPS:
+        raise ConfigError(f"adult option group={group!r} unknown; use one of {sorted(_ADULT_GROUPS)} or None")
+    if missing not in ("category", "drop"):
+        raise ConfigError(f"adult option missing={missing!r} unknown; use 'category' or 'drop'")
+    expected = "adult.data[.gz] (and optionally adult.test[.gz]) in UCI text format"
+    root = ctx.dataset_dir(("adult",), expected=expected)
+    train_path = ctx.find(root, ("adult.data",))
+    if train_path is None:
+        raise DataError(f"{root / 'adult.data'}[.gz] is missing; expected {expected}")
+    test_path = ctx.find(root, ("adult.test",))
+    tables = {"train": formats.read_adult(train_path)}
+    files = {str(train_path): len(tables["train"][1])}
+    if test_path is not None:
+        tables["test"] = formats.read_adult(test_path)
+        files[str(test_path)] = len(tables["test"][1])
+    cat_cols = [c for c in formats.ADULT_COLUMNS[:-1] if c not in formats.ADULT_NUMERIC]
+    # One-hot vocabulary from the training file; categories unseen there get an all-zero block.
+    vocab = {c: sorted(set(tables["train"][0][c]) - ({"?"} if missing == "drop" else set())) for c in cat_cols}
+    dropped = {}
+    parts = {}
+    for split, (cols, label) in tables.items():
+        keep = np.ones(len(label), dtype=bool)
+        if missing == "drop":
+            for c in cat_cols:
+                keep &= cols[c] != "?"
+            dropped[split] = int((~keep).sum())
+        blocks = [cols[c][:, None] for c in formats.ADULT_NUMERIC]
+        blocks += [(cols[c][:, None] == np.array(vocab[c], dtype=object)[None, :]) for c in cat_cols]
+        x = np.concatenate([b.astype(np.float64) for b in blocks], axis=1)[keep]
+        g = None
+        if group is not None:
+            values = cols[group][keep]
+            names = _ADULT_GROUPS[group]
+            bad = sorted(set(values) - set(names))
+            if bad:
+                raise DataError(f"{train_path if split == 'train' else test_path}: unknown {group} value(s) {bad}")
+            g = np.array([names.index(v) for v in values], dtype=np.int64)
+        parts[split] = Part(x, label[keep], g)
+    feature_names = list(formats.ADULT_NUMERIC) + [f"{c}={v}" for c in cat_cols for v in vocab[c]]
+    meta = {
+        "source": {"format": "UCI adult", "files": files},
+        "official_splits_present": sorted(tables),
+        "class_names": ["<=50K", ">50K"],
+        "feature_names": feature_names,
+        "preprocessing": [
+            "label 1 = income >50K",
+            "categorical columns one-hot encoded with the vocabulary of adult.data"
+            + ("; '?' (missing) is its own category" if missing == "category" else "; rows with '?' dropped"),
+        ],
+    }
+    if dropped:
+        meta["rows_dropped_missing"] = dropped
+    if group is not None:
+        meta["group_attribute"] = group
+        meta["group_names"] = list(_ADULT_GROUPS[group])
+    return RawData(parts["train"], parts.get("test"), "tabular", 2, meta=meta)
+
+
+def celeba_source(ctx: BuildContext, *, target: str, group: str, groups: str) -> RawData:
+    """CelebA attribute annotations as a tabular stand-in (no images): features = the other attributes.
+
+    Train = official partition 0; test = partition 2 when its rows are present, else the official
+    validation partition 1 (the shared data holds only partitions 0 and 1).
+    """
+    if groups not in ("attribute", "target_x_attribute"):
+        raise ConfigError(f"celeba option groups={groups!r} unknown; use 'attribute' or 'target_x_attribute'")
+    expected = "list_attr_celeba[_train_valid].txt[.gz] and list_eval_partition.txt[.gz]"
+    root = ctx.dataset_dir(("celeba", "CelebA"), expected=expected)
+    attr_path = ctx.find(root, ("list_attr_celeba.txt", "list_attr_celeba_train_valid.txt"))
+    part_path = ctx.find(root, ("list_eval_partition.txt",))
+    for p, n in ((attr_path, "list_attr_celeba.txt"), (part_path, "list_eval_partition.txt")):
+        if p is None:
+            raise DataError(f"{root / n}[.gz] is missing; expected {expected}")
+    names, ids, attrs = formats.read_celeba_attributes(attr_path)
+    partition = formats.read_celeba_partition(part_path)
+    for a in (target, group):
+        if a not in names:
+            raise ConfigError(f"celeba attribute {a!r} unknown; attributes: {', '.join(names)}")
+    if target == group:
+        raise ConfigError(f"celeba target and group must differ, both are {target!r}")
+    try:
+        part = np.array([partition[i] for i in ids], dtype=np.int64)
+    except KeyError as exc:
+        raise DataError(f"{part_path}: image {exc.args[0]} of {attr_path} has no partition entry") from None
+    ti, gi = names.index(target), names.index(group)
+    feat_idx = [j for j in range(len(names)) if j not in (ti, gi)]
+    x = attrs[:, feat_idx].astype(np.float32)
+    y = attrs[:, ti].astype(np.int64)
+    gattr = attrs[:, gi].astype(np.int64)
+    if groups == "attribute":
+        g, gnames = gattr, [f"not {group}", group]
+    else:
+        g = 2 * y + gattr
+        gnames = [f"not {target}, not {group}", f"not {target}, {group}", f"{target}, not {group}", f"{target}, {group}"]
+    counts = {str(k): int((part == k).sum()) for k in (0, 1, 2)}
+    test_k = 2 if counts["2"] else 1
+    if counts["0"] == 0 or counts[str(test_k)] == 0:
+        raise DataError(f"{attr_path}: needs rows of partition 0 (train) and of partition 1 or 2 (test); counts {counts}")
+    sel = lambda k: Part(x[part == k], y[part == k], g[part == k])  # noqa: E731
+    meta = {
+        "source": {"format": "CelebA annotations", "files": {str(attr_path): len(ids), str(part_path): len(partition)}},
+        "partition_counts": counts,
+        "official_splits_present": ["train", "val"] + (["test"] if counts["2"] else []),
+        "test_split": "official test partition 2" if test_k == 2 else "official validation partition 1 (test rows absent)",
+        "stand_in": "attribute-only tabular stand-in for CelebA images: features are the 38 other binary attributes",
+        "class_names": [f"not {target}", target],
+        "feature_names": [names[j] for j in feat_idx],
+        "target_attribute": target,
+        "group_attribute": group,
+        "group_names": gnames,
+    }
+    if test_k == 2 and counts["1"]:
+        meta["unused"] = f"official validation partition 1 ({counts['1']} rows) is not used; carve val with val_fraction"
+    return RawData(sel(0), sel(test_k), "tabular", 2, meta=meta)
+
+
+def sklearn_source(which: str) -> RawData:
+    """Datasets embedded in scikit-learn (no files): ``digits`` (8x8 images) or ``breast_cancer``."""
+    from sklearn import datasets as skd
+
+    if which == "digits":
+        b = skd.load_digits()
+        x = b.images.astype(np.float64)[:, None, :, :]
+        return RawData(
+            Part(x, b.target.astype(np.int64)), None, "image", 10, x_scale=16.0,
+            meta={"source": {"format": "scikit-learn load_digits", "records": len(x)}, "class_names": [str(i) for i in range(10)]},
+        )  # fmt: skip
+    if which == "breast_cancer":
+        b = skd.load_breast_cancer()
+        return RawData(
+            Part(b.data.astype(np.float64), b.target.astype(np.int64)), None, "tabular", 2,
+            meta={
+                "source": {"format": "scikit-learn load_breast_cancer", "records": len(b.target)},
+                "class_names": [str(n) for n in b.target_names],
+                "feature_names": [str(n) for n in b.feature_names],
+            },
+        )  # fmt: skip
+    raise ConfigError(f"unknown scikit-learn dataset {which!r}")

@@ -1,0 +1,715 @@
+"""Ghost-norm engine: per-sample clipping without materialising ``[B, d]`` per-sample gradients.
+
+One forward pass records, for every layer call, the layer's input activation ``A`` and (through
+the autograd edge of its output) the gradient ``G`` of ``sum_i l_i`` with respect to the layer's
+output. Because each sample's loss depends only on its own output (BatchNorm is banned), the
+per-sample gradient of a Linear weight is ``G_i^T A_i`` (``G_i``/``A_i``: one row per token), so
+
+* its squared norm is ``<G_i G_i^T, A_i A_i^T>`` (the "ghost norm") or, when that Gram matrix is
+  larger than the gradient itself, the squared norm of the materialised ``G_i^T A_i`` — whichever
+  is cheaper;
+* the clipped sum ``sum_i c_i G_i^T A_i`` is one matmul of the rescaled captures ("book-keeping"),
+  so no second backward pass is needed.
+
+A *difference* ``w_i grad l(w; x_i) - w'_i grad l(w'; x_i)`` is the same bilinear form with the
+tokens of both points concatenated and the second point's output-gradients negated, which yields
+``||g||^2||a||^2 + ||g'||^2||a'||^2 - 2 (g.g')(a.a')`` for a plain Linear layer without ever forming
+either gradient. Convolutions are Linear layers over unfolded patches; Embedding uses the token
+index equality pattern; the affine parameters of LayerNorm/GroupNorm/RMSNorm have tiny per-sample
+gradients that are materialised directly. Any other layer that owns parameters falls back to
+``vmap`` over that layer only.
+
+Whenever the capture cannot be attributed to samples (a parameter used outside its module, a layer
+whose input is not batch-first, a layer output that is not a tensor, ...) the
+query is answered by :class:`~privopt.grads.engine.VmapEngine` instead, with a warning: slower but
+exact.
+
+Limitation: a parameter must be used only inside the ``forward`` of the module that owns it, or not
+reachable otherwise. Use outside an owning module that *is* called (e.g. ``F.linear(h,
+self.embed.weight)`` in a parent while ``self.embed`` is also called) cannot be detected cheaply and
+would be missed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.graph import get_gradient_edge
+from torch.func import functional_call, vjp, vmap
+
+from privopt.errors import ConfigError, ModelError
+from privopt.grads.engine import (
+    ClippedSum,
+    GradEngine,
+    VmapEngine,
+    clip_factors,
+    flat_param_names,
+    register_engine,
+    resolve_weights,
+)
+
+__all__ = ["GhostEngine"]
+
+# Upper bound on the elements of one temporary (Gram matrix, materialised block, unfolded patches)
+# per batch chunk; keeps peak memory close to that of a plain backward pass.
+_CHUNK_ELEMS = 1 << 24
+# Budget (elements, all parameters together) for per-sample gradient blocks that the norm pass
+# materialises anyway and keeps for the clipped sum (128 MiB in float32).
+_KEEP_ELEMS = 1 << 25
+
+
+class _Unsupported(Exception):
+    """The capture cannot be attributed to samples; the query falls back to the vmap engine."""
+
+
+# --------------------------------------------------------------------------------------------
+# Pieces: one layer call's contribution to one parameter's per-sample gradients.
+# --------------------------------------------------------------------------------------------
+
+
+class _Piece:
+    """Contribution of one layer call to one parameter. ``scale`` ([B] or None) multiplies each
+    sample's contribution (per-sample weight, and the sign of the previous point)."""
+
+    kind = "dense"
+    scale: Optional[torch.Tensor] = None
+
+    def dense(self) -> torch.Tensor:  # [B, numel], scaled
+        raise NotImplementedError
+
+    def weighted_sum(self, coef: torch.Tensor) -> torch.Tensor:  # sum_i coef_i * scale_i * grad_i
+        raise NotImplementedError
+
+    def _coef(self, coef: torch.Tensor) -> torch.Tensor:
+        return coef if self.scale is None else coef * self.scale
+
+
+class _Dense(_Piece):
+    """Per-sample gradients held explicitly, ``[B, *param_shape]`` (biases, norm affines, fallback)."""
+
+    def __init__(self, grads: torch.Tensor):
+        self.grads = grads
+        self.shape = grads.shape[1:]
+
+    def dense(self):
+        g = self.grads.reshape(self.grads.shape[0], -1)
+        return g if self.scale is None else g * self.scale.unsqueeze(1)
+
+    def weighted_sum(self, coef):
+        c = self._coef(coef)
+        return torch.tensordot(c, self.grads, dims=1)
+
+
+class _Pair(_Piece):
+    """Per-sample gradient ``sum_t G[i, :, :, t]^T A[i, :, :, t]`` per group, laid out as
+    ``G: [B, g, p, T]`` and ``A: [B, g, q, T]``; the parameter is ``[g*p, q]`` reshaped."""
+
+    kind = "pair"
+
+    def __init__(self, G: torch.Tensor, A: torch.Tensor, shape: torch.Size):
+        self._G, self._A, self.shape = G, A, shape
+
+    @property
+    def key(self):
+        return (self._G.shape[1], self._G.shape[2], self.q)
+
+    @property
+    def q(self) -> int:
+        return self._A.shape[2]
+
+    @property
+    def T(self) -> int:
+        return self._G.shape[3]
+
+    def G(self, sl: slice) -> torch.Tensor:
+        g = self._G[sl]
+        if self.scale is not None:
+            g = g * self.scale[sl].view(-1, 1, 1, 1)
+        return g
+
+    def A(self, sl: slice) -> torch.Tensor:
+        return self._A[sl]
+
+    def materialize(self, sl: slice) -> torch.Tensor:  # [b, numel], scaled
+        G = self.G(sl)
+        return torch.matmul(G, self.A(sl).transpose(2, 3)).reshape(G.shape[0], -1)
+
+    def dense(self):
+        return self.materialize(slice(None))
+
+    def weighted_sum(self, coef):
+        g, p, q = self.key
+        Gc = self._G * self._coef(coef).view(-1, 1, 1, 1)
+        # [g, p, B*T] @ [g, B*T, q]: one matmul over all samples and tokens.
+        lhs = Gc.permute(1, 2, 0, 3).reshape(g, p, -1)
+        rhs = self._A.permute(1, 0, 3, 2).reshape(g, -1, q)
+        return torch.matmul(lhs, rhs).reshape(self.shape)
+
+
+class _ConvPair(_Pair):
+    """Convolution weight as a :class:`_Pair` over input patches (1-D convolutions are handled as
+    height-1 2-D ones). Patches are only formed (as a strided view, far faster than ``F.unfold`` on
+    CPU) for the Gram route; materialised per-sample gradients and the weighted sum both use the
+    convolution weight-gradient kernel directly, the former with the batch folded into groups."""
+
+    def __init__(self, x, grad_out, weight, stride, dilation, padding, groups):
+        if x.dim() == 3:  # Conv1d
+            x, grad_out = x.unsqueeze(2), grad_out.unsqueeze(2)
+            stride, dilation, padding = (1, *stride), (1, *dilation), (0, *padding)
+        self.x, self.grad_out, self.shape = x, grad_out, weight.shape
+        self.w4 = weight.reshape(weight.shape[0], weight.shape[1], -1, weight.shape[-1])
+        self.stride, self.dilation, self.padding, self.groups = stride, dilation, padding, groups
+        B, cout = grad_out.shape[:2]
+        self._G = grad_out.reshape(B, groups, cout // groups, -1)
+
+    @property
+    def q(self) -> int:
+        return int(self.shape[1:].numel())
+
+    def A(self, sl):
+        x = self.x[sl]
+        (ph, pw), (kh, kw) = self.padding, self.w4.shape[2:]
+        if ph or pw:
+            x = F.pad(x, (pw, pw, ph, ph))
+        b, c, h, w = x.shape
+        (sh, sw), (dh, dw) = self.stride, self.dilation
+        ho, wo = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
+        s0, s1, s2, s3 = x.stride()
+        view = x.as_strided((b, c, kh, kw, ho, wo), (s0, s1, s2 * dh, s3 * dw, s2 * sh, s3 * sw))
+        return view.reshape(b, self.groups, self.q, ho * wo)
+
+    def _wgrad(self, go, x, groups):
+        # Only the weight's shape matters for the weight gradient; its values are never read.
+        o, rest = go.shape[1], self.w4.shape[1:]
+        w = self.w4 if o == self.w4.shape[0] else self.w4.new_empty(o, *rest)
+        return torch.ops.aten.convolution_backward(
+            go, x, w, None, list(self.stride), list(self.padding), list(self.dilation),
+            False, [0, 0], groups, [False, True, False],
+        )[1]
+
+    def materialize(self, sl):
+        go, x = self.grad_out[sl], self.x[sl]
+        if self.scale is not None:
+            go = go * self.scale[sl].view(-1, 1, 1, 1)
+        b = x.shape[0]
+        # Per-sample weight gradients in one call: samples become convolution groups.
+        w = self._wgrad(go.reshape(1, -1, *go.shape[2:]), x.reshape(1, -1, *x.shape[2:]), b * self.groups) \
+            if b > 1 else self._wgrad(go, x, self.groups)
+        return w.reshape(b, -1)
+
+    def dense(self):
+        return self.materialize(slice(None))
+
+    def weighted_sum(self, coef):
+        go = self.grad_out * self._coef(coef).view(-1, 1, 1, 1)
+        return self._wgrad(go, self.x, self.groups).reshape(self.shape)
+
+
+class _Emb(_Piece):
+    """Embedding weight: per-sample gradient ``sum_t onehot(idx_t) g_t^T``."""
+
+    kind = "emb"
+
+    def __init__(self, idx: torch.Tensor, G: torch.Tensor, num: int, padding_idx: Optional[int]):
+        B = idx.shape[0]
+        self.idx, self.G, self.num = idx.reshape(B, -1), G.reshape(B, -1, G.shape[-1]), num
+        self.shape = torch.Size((num, G.shape[-1]))
+        if padding_idx is not None:  # the padding row never receives gradient
+            self.G = self.G * (self.idx != padding_idx).unsqueeze(-1).to(self.G.dtype)
+
+    def scaled_G(self):
+        return self.G if self.scale is None else self.G * self.scale.view(-1, 1, 1)
+
+    def dense(self):
+        B, T, D = self.G.shape
+        out = self.G.new_zeros(B * self.num, D)
+        keys = (torch.arange(B, device=self.idx.device).unsqueeze(1) * self.num + self.idx).reshape(-1)
+        out.index_add_(0, keys, self.scaled_G().reshape(-1, D))
+        return out.reshape(B, -1)
+
+    def weighted_sum(self, coef):
+        D = self.G.shape[-1]
+        G = self.G * self._coef(coef).view(-1, 1, 1)
+        out = self.G.new_zeros(self.num, D)
+        return out.index_add_(0, self.idx.reshape(-1), G.reshape(-1, D))
+
+
+class _Keep:
+    """Budget (in elements) for per-sample gradient blocks that the norm pass materialised anyway;
+    a kept block turns that parameter's clipped sum into one cheap ``coef @ block`` instead of a
+    second weight-gradient computation."""
+
+    def __init__(self, elems: int):
+        self.left = elems
+        self.blocks: dict[str, torch.Tensor] = {}
+
+    def offer(self, name: str, make: Callable[[], torch.Tensor], numel: int) -> Optional[torch.Tensor]:
+        if numel > self.left:
+            return None
+        self.left -= numel
+        block = make()
+        self.blocks[name] = block
+        return block
+
+
+def _sq_norms(name: str, pieces: list[_Piece], B: int, keep: _Keep) -> torch.Tensor:
+    """Per-sample squared norm of the sum of ``pieces`` (all for parameter ``name``)."""
+    kinds = {p.kind for p in pieces}
+    if kinds == {"pair"} and len({p.key for p in pieces}) == 1:
+        return _pair_sq_norms(name, pieces, B, keep)
+    if kinds == {"emb"}:
+        return _emb_sq_norms(pieces, B)
+
+    def make():
+        total = pieces[0].dense()
+        for p in pieces[1:]:
+            total = total + p.dense()
+        return total
+
+    total = keep.offer(name, make, B * int(pieces[0].shape.numel()))
+    if total is None:
+        total = make()
+    return total.pow(2).sum(1)
+
+
+def _pair_sq_norms(name: str, pieces: list[_Pair], B: int, keep: _Keep) -> torch.Tensor:
+    g, p, q = pieces[0].key
+    T = sum(pc.T for pc in pieces)
+    if all(pc.T == 1 for pc in pieces):
+        # One token per piece (plain Linear, possibly at two points): the Gram matrix is a few
+        # row dot products, sum_{j,k} (g_j . g_k)(a_j . a_k).
+        G = [pc.G(slice(None))[..., 0] for pc in pieces]
+        A = [pc.A(slice(None))[..., 0] for pc in pieces]
+        out = 0
+        for j in range(len(pieces)):
+            out = out + (G[j].pow(2).sum(2) * A[j].pow(2).sum(2)).sum(1)
+            for k in range(j):
+                out = out + 2 * ((G[j] * G[k]).sum(2) * (A[j] * A[k]).sum(2)).sum(1)
+        return out
+    # Gram <GG^T, AA^T> costs ~T^2 (p+q) per group, materialising G^T A costs ~T p q.
+    if T * (p + q) > p * q:
+        return _materialized_sq_norms(name, pieces, B, g * p * q, keep)
+    per_sample = g * T * T + g * (p + q) * T
+    step = max(1, _CHUNK_ELEMS // max(per_sample, 1))
+    out = []
+    for s in range(0, B, step):
+        sl = slice(s, min(B, s + step))
+        G = torch.cat([pc.G(sl) for pc in pieces], dim=3) if len(pieces) > 1 else pieces[0].G(sl)
+        A = torch.cat([pc.A(sl) for pc in pieces], dim=3) if len(pieces) > 1 else pieces[0].A(sl)
+        gg = torch.matmul(G.transpose(2, 3), G)
+        aa = torch.matmul(A.transpose(2, 3), A)
+        out.append((gg * aa).sum((1, 2, 3)))
+    return torch.cat(out) if len(out) > 1 else out[0]
+
+
+def _materialized_sq_norms(name: str, pieces: list[_Pair], B: int, numel: int, keep: _Keep) -> torch.Tensor:
+    step = max(1, _CHUNK_ELEMS // max(2 * numel, 1))
+
+    def chunks():
+        for s in range(0, B, step):
+            sl = slice(s, min(B, s + step))
+            m = pieces[0].materialize(sl)
+            for pc in pieces[1:]:
+                m = m + pc.materialize(sl)
+            yield m
+
+    block = keep.offer(name, lambda: torch.cat(list(chunks())), B * numel)
+    if block is not None:
+        return block.pow(2).sum(1)
+    out = [m.pow(2).sum(1) for m in chunks()]
+    return torch.cat(out) if len(out) > 1 else out[0]
+
+
+def _emb_sq_norms(pieces: list[_Emb], B: int) -> torch.Tensor:
+    # Group tokens by (sample, row): the per-sample gradient's rows are the group sums.
+    num = pieces[0].num
+    idx = torch.cat([p.idx for p in pieces], dim=1)
+    G = torch.cat([p.scaled_G() for p in pieces], dim=1)
+    D = G.shape[-1]
+    keys = (torch.arange(B, device=idx.device).unsqueeze(1) * num + idx).reshape(-1)
+    uniq, inv = torch.unique(keys, return_inverse=True)
+    rows = G.new_zeros(uniq.shape[0], D).index_add_(0, inv, G.reshape(-1, D))
+    return G.new_zeros(B).index_add_(0, torch.div(uniq, num, rounding_mode="floor"), rows.pow(2).sum(1))
+
+
+# --------------------------------------------------------------------------------------------
+# Layer handlers: turn one captured call into pieces, by parameter local name.
+# --------------------------------------------------------------------------------------------
+
+
+def _batched(x: torch.Tensor, B: int, what: str, min_dim: int = 2) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or x.dim() < min_dim or x.shape[0] != B:
+        raise _Unsupported(f"{what}: input is not batch-first with batch size {B}")
+    return x
+
+
+def _linear(m: nn.Linear, x, gout, B):
+    x = _batched(x, B, "Linear")
+    A = x.reshape(B, -1, x.shape[-1]).transpose(1, 2).unsqueeze(1)  # [B, 1, in, T]
+    G = gout.reshape(B, -1, gout.shape[-1]).transpose(1, 2).unsqueeze(1)  # [B, 1, out, T]
+    out = {"weight": _Pair(G, A, m.weight.shape)}
+    if m.bias is not None:
+        out["bias"] = _Dense(G.sum(3).reshape(B, -1))
+    return out
+
+
+def _conv(m: nn.modules.conv._ConvNd, x, gout, B):
+    dim = m.weight.dim() - 2
+    x = _batched(x, B, type(m).__name__, min_dim=dim + 2)
+    if m.padding_mode != "zeros":  # what _ConvNd does: pad explicitly, then convolve unpadded
+        x = F.pad(x, m._reversed_padding_repeated_twice, mode=m.padding_mode)
+        padding = (0,) * dim
+    elif isinstance(m.padding, str):
+        if m.padding == "valid":
+            padding = (0,) * dim
+        else:  # "same": symmetric only when every total padding is even
+            tot = [d * (k - 1) for d, k in zip(m.dilation, m.kernel_size)]
+            if any(t % 2 for t in tot):
+                raise _Unsupported("asymmetric 'same' padding")
+            padding = tuple(t // 2 for t in tot)
+    else:
+        padding = tuple(m.padding)
+    out = {"weight": _ConvPair(x, gout, m.weight, tuple(m.stride), tuple(m.dilation), padding, m.groups)}
+    if m.bias is not None:
+        out["bias"] = _Dense(gout.reshape(B, gout.shape[1], -1).sum(2))
+    return out
+
+
+def _embedding(m: nn.Embedding, x, gout, B):
+    x = _batched(x, B, "Embedding", min_dim=1)
+    return {"weight": _Emb(x, gout, m.num_embeddings, m.padding_idx)}
+
+
+def _affine(normalised: torch.Tensor, gout: torch.Tensor, B: int, reduce_dims, has_bias: bool):
+    out = {"weight": _Dense((gout * normalised).sum(reduce_dims) if reduce_dims else gout * normalised)}
+    if has_bias:
+        out["bias"] = _Dense(gout.sum(reduce_dims) if reduce_dims else gout)
+    return out
+
+
+def _layer_norm(m: nn.LayerNorm, x, gout, B):
+    k = len(m.normalized_shape)
+    x = _batched(x, B, "LayerNorm", min_dim=k + 1)
+    xn = F.layer_norm(x, m.normalized_shape, None, None, m.eps)
+    return _affine(xn, gout, B, tuple(range(1, x.dim() - k)), m.bias is not None)
+
+
+def _rms_norm(m, x, gout, B):
+    k = len(m.normalized_shape)
+    x = _batched(x, B, "RMSNorm", min_dim=k + 1)
+    xn = F.rms_norm(x, m.normalized_shape, None, m.eps)
+    return _affine(xn, gout, B, tuple(range(1, x.dim() - k)), False)
+
+
+def _group_norm(m: nn.GroupNorm, x, gout, B):
+    x = _batched(x, B, "GroupNorm")
+    xn = F.group_norm(x, m.num_groups, None, None, m.eps)
+    return _affine(xn, gout, B, tuple(range(2, x.dim())), m.bias is not None)
+
+
+def _embedding_ok(m):
+    return m.max_norm is None and not m.scale_grad_by_freq
+
+
+# (class, extra predicate, handler). A subclass is handled only if it keeps the base ``forward``.
+_HANDLERS: list[tuple[type, Callable[[nn.Module], bool], Callable]] = [
+    (nn.Linear, lambda m: True, _linear),
+    (nn.Conv1d, lambda m: True, _conv),
+    (nn.Conv2d, lambda m: True, _conv),
+    (nn.Embedding, _embedding_ok, _embedding),
+    (nn.LayerNorm, lambda m: True, _layer_norm),
+    (nn.GroupNorm, lambda m: True, _group_norm),
+]
+if hasattr(nn, "RMSNorm"):
+    _HANDLERS.append((nn.RMSNorm, lambda m: True, _rms_norm))
+
+
+def _handler_for(m: nn.Module):
+    for cls, ok, fn in _HANDLERS:
+        if isinstance(m, cls) and type(m).forward is cls.forward and ok(m):
+            return fn
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Capture at one parameter point.
+# --------------------------------------------------------------------------------------------
+
+
+class _Call:
+    __slots__ = ("module", "prefix", "args", "kwargs", "edge", "versions", "values", "handler")
+
+    def __init__(self, module, prefix, args, kwargs, edge, handler, values):
+        self.module, self.prefix, self.args, self.kwargs, self.edge = module, prefix, args, kwargs, edge
+        self.handler, self.values = handler, values
+        self.versions = [a._version for a in args if isinstance(a, torch.Tensor)]
+
+
+def _fallback_dense(call: _Call, local: list[str], gout: torch.Tensor, B: int) -> dict[str, _Piece]:
+    """Per-sample gradients of ``local`` (the module's own parameters) by vmap over this layer."""
+    module = call.module
+    values = call.values
+    flat, spec = torch.utils._pytree.tree_flatten((call.args, call.kwargs))
+    tensors = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+    in_dims = tuple(0 if flat[i].dim() > 0 and flat[i].shape[0] == B else None for i in tensors)
+    if 0 not in in_dims:
+        raise _Unsupported(f"{type(module).__name__}: no batch-first input")
+
+    def one(tens, g):
+        items = list(flat)
+        for i, t, d in zip(tensors, tens, in_dims):
+            items[i] = t.unsqueeze(0) if d == 0 else t
+        args, kwargs = torch.utils._pytree.tree_unflatten(items, spec)
+
+        def f(own):
+            return functional_call(module, {**values, **own}, args, kwargs)
+
+        _, pull = vjp(f, {n: values[n] for n in local})
+        return pull(g.unsqueeze(0))[0]
+
+    grads = vmap(one, in_dims=(in_dims, 0), randomness="different")(tuple(flat[i] for i in tensors), gout)
+    return {n: _Dense(grads[n]) for n in local}
+
+
+class _Capture:
+    """Forward + one backward at a parameter point; collects per-parameter pieces."""
+
+    def __init__(self, model, names):
+        self.model = model
+        self.names = names
+        # (module id, local name) -> flat name; tied parameters map to the first name
+        by_obj = {id(p): n for n, p in model.named_parameters()}
+        self.local_map: dict[int, dict[str, str]] = {}
+        self.modules = []
+        trainable = set(names)
+        for prefix, mod in model.named_modules():
+            own = {}
+            for ln, p in mod.named_parameters(recurse=False):
+                fn = by_obj.get(id(p))
+                if fn in trainable:
+                    own[ln] = fn
+            if own:
+                self.local_map[id(mod)] = own
+                self.modules.append((prefix, mod))
+
+    def run(self, loss_fn, inputs, targets, params: Optional[dict]):
+        B = inputs.shape[0]
+        calls: list[_Call] = []
+        active = [True]
+
+        def hook(module, args, kwargs, output):
+            if not active[0]:
+                return None
+            if not isinstance(output, torch.Tensor) or not output.requires_grad:
+                raise _Unsupported(f"{type(module).__name__} output is not a differentiable tensor")
+            handler = _handler_for(module)
+            values = None
+            if handler is None:  # fallback needs the parameter/buffer values of this point
+                values = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+            calls.append(_Call(module, None, args, kwargs, get_gradient_edge(output), handler, values))
+            return None
+
+        handles = [m.register_forward_hook(hook, with_kwargs=True) for _, m in self.modules]
+        try:
+            if params is None:
+                out = self.model(inputs)
+            else:
+                out = functional_call(self.model, params, (inputs,))
+            losses = loss_fn(out, targets)
+            if not isinstance(losses, torch.Tensor) or losses.shape != (B,):
+                raise ConfigError(
+                    f"loss_fn must return per-sample losses of shape ({B},), got "
+                    f"{tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__}"
+                )
+            active[0] = False
+            for c in calls:
+                if [a._version for a in c.args if isinstance(a, torch.Tensor)] != c.versions:
+                    # Plain autograd would reject this too (the weight gradient reads that input).
+                    raise ModelError(
+                        f"the input of layer {type(c.module).__name__} was modified in place after the layer "
+                        "read it; per-sample gradients (and ordinary backward) would be wrong — avoid the in-place op"
+                    )
+            if calls:
+                gouts = torch.autograd.grad(losses.sum(), [c.edge for c in calls], allow_unused=True)
+            else:
+                gouts = []
+            pieces: dict[str, list[_Piece]] = {}
+            for c, g in zip(calls, gouts):
+                own = self.local_map[id(c.module)]
+                if g is None:
+                    continue
+                g = g.detach()
+                if c.handler is not None:
+                    got = c.handler(c.module, c.args[0].detach() if c.args else None, g, B)
+                    got = {k: v for k, v in got.items() if k in own}
+                else:
+                    got = _fallback_dense(c, list(own), g, B)
+                for ln, piece in got.items():
+                    pieces.setdefault(own[ln], []).append(piece)
+            missing = [n for n in self.names if n not in pieces]
+            if missing:
+                self._check_unreachable(losses, missing, params)
+        finally:
+            active[0] = False
+            for h in handles:
+                h.remove()
+        return losses.detach(), pieces
+
+    def _check_unreachable(self, losses, missing, params):
+        """A parameter with no captured use must not influence the loss (else it is used outside
+        its owning module, e.g. ``nn.MultiheadAttention.out_proj``)."""
+        leaves = {}
+        if params is None:
+            named = dict(self.model.named_parameters())
+            leaves = {id(named[n]): n for n in missing}
+        else:
+            leaves = {id(params[n]): n for n in missing}
+        seen, stack = set(), [losses.grad_fn]
+        while stack:
+            fn = stack.pop()
+            if fn is None or fn in seen:
+                continue
+            seen.add(fn)
+            var = getattr(fn, "variable", None)
+            if var is not None and id(var) in leaves:
+                raise _Unsupported(f"parameter {leaves[id(var)]!r} is used outside its module's forward")
+            stack.extend(nf for nf, _ in fn.next_functions)
+
+
+# --------------------------------------------------------------------------------------------
+# The engine.
+# --------------------------------------------------------------------------------------------
+
+
+@register_engine
+class GhostEngine(GradEngine):
+    """Ghost-norm + book-keeping engine: same results as ``vmap`` without per-sample gradients.
+
+    Cost of a clipped-sum query is about one forward and one backward pass (output-gradients
+    only) plus one matmul per layer; a difference query is twice that. Peak memory stays close
+    to a non-private step. Falls back to :class:`VmapEngine` (with a warning) for models whose
+    layers cannot be attributed to samples.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from privopt.grads import get_engine
+        >>> model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+        >>> loss = lambda out, y: nn.functional.cross_entropy(out, y, reduction="none")
+        >>> x, y = torch.randn(6, 3), torch.tensor([0, 1, 0, 1, 1, 0])
+        >>> ghost = get_engine("ghost").clipped_sum(model, loss, x, y, clip=0.5)
+        >>> ref = get_engine("vmap").clipped_sum(model, loss, x, y, clip=0.5)
+        >>> bool(torch.allclose(ghost.total, ref.total, atol=1e-6))
+        True
+    """
+
+    name = "ghost"
+
+    @staticmethod
+    def _params(model, names, params):
+        if params is None:
+            return None
+        own = dict(model.named_parameters())
+        unknown = [n for n in params if n not in own]
+        if unknown:
+            raise ConfigError(f"params has names that are not parameters of the model: {unknown[:5]}")
+        trainable = set(names)
+        full = {}
+        for n, p in own.items():
+            t = params.get(n, p).detach()
+            full[n] = t.requires_grad_(True) if n in trainable else t
+        return full
+
+    def _point(self, model, names, loss_fn, inputs, targets, params, weights, sign):
+        full = self._params(model, names, params)
+        losses, pieces = _Capture(model, names).run(loss_fn, inputs, targets, full)
+        w = resolve_weights(weights, losses)
+        scale = None
+        if w is not None:
+            scale = w if sign > 0 else -w
+        elif sign < 0:
+            scale = -torch.ones_like(losses)
+        if scale is not None:
+            for lst in pieces.values():
+                for pc in lst:
+                    pc.scale = scale
+        return losses, pieces
+
+    def _collect(self, model, loss_fn, inputs, targets, params, weights, params_prev, weights_prev):
+        names = flat_param_names(model)
+        losses, pieces = self._point(model, names, loss_fn, inputs, targets, params, weights, +1)
+        losses_prev = None
+        if params_prev is not None:
+            losses_prev, prev = self._point(model, names, loss_fn, inputs, targets, params_prev, weights_prev, -1)
+            for n, lst in prev.items():
+                pieces.setdefault(n, []).extend(lst)
+        return names, losses, losses_prev, pieces
+
+    def per_sample_grads(self, model, loss_fn, inputs, targets, *, params=None):
+        try:
+            names, losses, _, pieces = self._collect(model, loss_fn, inputs, targets, params, None, None, None)
+        except _Unsupported as e:
+            _warn(e)
+            return VmapEngine().per_sample_grads(model, loss_fn, inputs, targets, params=params)
+        B = inputs.shape[0]
+        own = dict(model.named_parameters())
+        cols = []
+        for n in names:
+            lst = pieces.get(n)
+            if not lst:
+                cols.append(losses.new_zeros(B, own[n].numel()))
+                continue
+            d = lst[0].dense()
+            for pc in lst[1:]:
+                d = d + pc.dense()
+            cols.append(d)
+        return losses, torch.cat(cols, dim=1).detach()
+
+    def clipped_sum(
+        self, model, loss_fn, inputs, targets, *, clip, params=None, weights=None, params_prev=None, weights_prev=None
+    ):
+        if not clip > 0:
+            raise ConfigError(f"clip threshold must be > 0, got {clip}")
+        try:
+            names, losses, losses_prev, pieces = self._collect(
+                model, loss_fn, inputs, targets, params, weights, params_prev, weights_prev
+            )
+        except _Unsupported as e:
+            _warn(e)
+            return VmapEngine().clipped_sum(
+                model, loss_fn, inputs, targets, clip=clip, params=params, weights=weights,
+                params_prev=params_prev, weights_prev=weights_prev,
+            )
+        B = inputs.shape[0]
+        with torch.no_grad():
+            sq = losses.new_zeros(B)
+            keep = _Keep(_KEEP_ELEMS)
+            for n, lst in pieces.items():
+                sq = sq + _sq_norms(n, lst, B, keep)
+            # Difference norms are formed by cancellation; round-off can make them slightly < 0.
+            norms = sq.clamp_min(0).sqrt()
+            coef = clip_factors(norms, clip)
+            own = dict(model.named_parameters())
+            parts = []
+            for n in names:
+                lst = pieces.get(n)
+                if not lst:
+                    parts.append(losses.new_zeros(own[n].numel()))
+                    continue
+                if n in keep.blocks:
+                    parts.append(coef @ keep.blocks[n])
+                    continue
+                s = lst[0].weighted_sum(coef)
+                for pc in lst[1:]:
+                    s = s + pc.weighted_sum(coef)
+                parts.append(s.reshape(-1))
+            total = torch.cat(parts)
+        return ClippedSum(total=total, norms=norms, losses=losses, losses_prev=losses_prev, clip=float(clip))
+
+
+def _warn(e: Exception) -> None:
+    warnings.warn(f"ghost engine: {e}; answering with the vmap engine instead", RuntimeWarning, stacklevel=3)

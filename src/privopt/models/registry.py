@@ -1,0 +1,116 @@
+"""Model registry: ``build_model(name, input_shape=..., num_classes=...)``.
+
+Every registered model is checked with :func:`privopt.grads.validate.validate_model` (no layer
+that mixes samples, e.g. BatchNorm) before it is returned, so any model obtained here is usable
+with per-sample gradient clipping.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import nn
+
+from privopt.errors import ConfigError, ModelError
+
+__all__ = ["register_model", "available_models", "build_model", "count_parameters"]
+
+_MODELS: dict[str, Callable[..., nn.Module]] = {}
+
+
+def register_model(name: str) -> Callable:
+    """Decorator registering ``factory(*, input_shape, num_classes, **kw) -> nn.Module`` as ``name``."""
+
+    def deco(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        if name in _MODELS:
+            raise ConfigError(f"model {name!r} is already registered")
+        _MODELS[name] = fn
+        return fn
+
+    return deco
+
+
+def available_models() -> list[str]:
+    """Names accepted by :func:`build_model`."""
+    _ensure_builtin()
+    return sorted(_MODELS)
+
+
+def _ensure_builtin() -> None:
+    import privopt.models.resnet  # noqa: F401
+    import privopt.models.simple  # noqa: F401
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable scalars."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def build_model(
+    name: str,
+    *,
+    input_shape: Sequence[int],
+    num_classes: int,
+    seed: Optional[int] = None,
+    **kw,
+) -> nn.Module:
+    """Build a registered model.
+
+    Args:
+        name: one of :func:`available_models` (``logreg``, ``mlp``, ``cnn``, ``resnet20``).
+        input_shape: shape of one example, e.g. ``(1, 28, 28)`` or ``(54,)`` (``Dataset.input_shape``).
+        num_classes: number of outputs (pass 1 for a single-logit binary model).
+        seed: if given, parameters are initialised under ``torch.manual_seed(seed)`` without
+            touching the global RNG state; otherwise the global torch RNG is used (so
+            ``torch.manual_seed`` before the call also makes the initialisation deterministic).
+        **kw: model-specific options (e.g. ``hidden=128`` for ``mlp``, ``groups=16`` for ``resnet20``).
+
+    Raises:
+        ConfigError: unknown model, unknown option or invalid shape.
+
+    Example:
+        >>> import torch
+        >>> m = build_model("mlp", input_shape=(1, 28, 28), num_classes=10, seed=0)
+        >>> m(torch.zeros(2, 1, 28, 28)).shape
+        torch.Size([2, 10])
+    """
+    _ensure_builtin()
+    try:
+        factory = _MODELS[name]
+    except KeyError:
+        raise ConfigError(f"unknown model {name!r}; available: {', '.join(sorted(_MODELS))}") from None
+    shape = tuple(input_shape)
+    if not shape or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape):
+        raise ConfigError(f"input_shape must be a non-empty tuple of positive ints, got {input_shape!r}")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise ConfigError(f"num_classes must be a positive integer, got {num_classes!r}")
+    params = inspect.signature(factory).parameters
+    allowed = {p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY} - {"input_shape", "num_classes"}
+    unknown = sorted(set(kw) - allowed)
+    if unknown:
+        raise ConfigError(f"unknown option(s) {unknown} for model {name!r}; its options: {', '.join(sorted(allowed)) or 'none'}")
+    if seed is None:
+        model = factory(input_shape=shape, num_classes=num_classes, **kw)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = factory(input_shape=shape, num_classes=num_classes, **kw)
+    from privopt.grads.validate import validate_model
+
+    validate_model(model)
+    return model
+
+
+def _require_image(name: str, shape: tuple[int, ...]) -> tuple[int, int, int]:
+    if len(shape) != 3:
+        raise ConfigError(f"model {name!r} needs image input_shape (C, H, W), got {shape}")
+    return shape  # type: ignore[return-value]
+
+
+def _check_groups(channels: int, groups: int, where: str) -> int:
+    g = min(groups, channels)
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or channels % g:
+        raise ModelError(f"GroupNorm groups={groups!r} must divide the {channels} channels of {where}")
+    return g

@@ -1,0 +1,56 @@
+"""PNG plots of training curves and experiment results (matplotlib, headless)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from privopt.checkpoint import atomic_write_bytes  # noqa: E402
+
+__all__ = ["plot_training_curves", "plot_series", "save_figure"]
+
+
+def save_figure(fig, path: Path) -> None:
+    """Save atomically (a crash never leaves a half-written PNG) and close the figure."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    atomic_write_bytes(Path(path), buf.getvalue())
+
+
+def plot_training_curves(path: Path, history: Sequence[Mapping[str, float]], *, title: str = "") -> None:
+    """Test loss / accuracy and spent epsilon against the step."""
+    steps = [r["step"] for r in history]
+    panels = [k for k in ("test_loss", "test_accuracy", "test_roc_auc", "epsilon_spent") if k in history[0]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
+    for ax, key in zip(axes[0], panels):
+        ax.plot(steps, [r.get(key, float("nan")) for r in history], marker=".")
+        ax.set_xlabel("step")
+        ax.set_title(key.replace("_", " "))
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    save_figure(fig, path)
+
+
+def plot_series(path: Path, series: Mapping[str, tuple[Iterable[float], Iterable[float]]], *, xlabel: str,
+                ylabel: str, title: str = "", logy: bool = False) -> None:
+    """One line per label: ``series[label] = (xs, ys)``."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for label, (xs, ys) in series.items():
+        ax.plot(list(xs), list(ys), label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if logy:
+        ax.set_yscale("log")
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save_figure(fig, path)

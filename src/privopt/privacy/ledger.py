@@ -1,0 +1,270 @@
+"""The privacy ledger: counts every executed step and refuses any step that would exceed the budget.
+
+Every data-dependent release must go through :meth:`PrivacyLedger.record` BEFORE the noisy value
+is used, so the ledger is the single budget guard of a run (SPEC §8.1 step 6).
+
+Cost: epsilon is monotone in the step counts (composing more releases can only add privacy
+loss), so any counts dominated by a schedule already certified within budget are safe without
+calling an accountant. The certificate starts as the ``planned`` schedule (checked once at
+construction) and is extended geometrically when a run goes beyond it, so a run of ``T`` steps
+costs O(log T) accountant calls, not ``T``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from privopt.errors import ConfigError, PrivacyBudgetExceeded
+from privopt.privacy import accountant as _acc
+from privopt.privacy.events import ADD_REMOVE, Step, check_neighbouring, step_from_dict
+
+__all__ = ["PrivacyLedger"]
+
+_FORMAT_VERSION = 1
+
+
+def _counts_to_list(counts: Mapping[Step, int]) -> list[dict]:
+    return [{"step": s.to_dict(), "count": int(c)} for s, c in counts.items()]
+
+
+def _counts_from_list(items) -> dict[Step, int]:
+    if not isinstance(items, list):
+        raise ConfigError(f"ledger counts must be a list of {{'step', 'count'}} records, got {type(items).__name__}")
+    pairs = []
+    for it in items:
+        try:
+            pairs.append((step_from_dict(it["step"]), it["count"]))
+        except (KeyError, TypeError):
+            raise ConfigError(f"malformed ledger entry {it!r}") from None
+    return _acc.normalize_counts(pairs)
+
+
+class PrivacyLedger:
+    """Counts executed :class:`~privopt.privacy.events.Step` objects and enforces a target epsilon.
+
+    Args:
+        delta: The run's delta in (0, 1).
+        neighbouring: ``"add_remove"`` (default) or ``"replace_one"``.
+        accountant: ``"auto"``, ``"pld"`` or ``"rdp"``.
+        target_epsilon: If set, :meth:`record` refuses any step that would push epsilon above it.
+        planned: The calibrated schedule (``{Step: max count}``). With a target, it is verified
+            once (``ConfigError`` if it already exceeds the target) and then lets every step
+            within the plan be recorded without an accountant call.
+
+    Example:
+        >>> from privopt.privacy import Gaussian, Poisson, PrivacyLedger, Step
+        >>> step = Step(Poisson(0.1), (Gaussian(3.0, name="grad"),))
+        >>> ledger = PrivacyLedger(delta=1e-6, target_epsilon=4.0, planned={step: 512})
+        >>> for _ in range(512):
+        ...     ledger.record(step)
+        >>> ledger.num_steps, round(ledger.epsilon(), 2)
+        (512, 3.77)
+    """
+
+    def __init__(
+        self,
+        *,
+        delta: float,
+        neighbouring: str = ADD_REMOVE,
+        accountant: str = "auto",
+        target_epsilon: float | None = None,
+        planned: Mapping[Step, int] | None = None,
+    ):
+        self._delta = _acc.check_delta(delta)
+        self._neighbouring = check_neighbouring(neighbouring)
+        self._accountant = _acc._check_accountant(accountant)
+        self._target = None if target_epsilon is None else _acc.check_epsilon(target_epsilon, name="target_epsilon")
+        self._planned = None if planned is None else _acc.normalize_counts(planned)
+        self._counts: dict[Step, int] = {}
+        self._spent_cache: tuple[int, _acc.EpsilonResult] | None = None
+        self._version = 0  # bumps on every change of _counts; keys the spent() cache
+        # _cert: counts known to be within budget (dominates _counts whenever a target is set).
+        self._cert: dict[Step, int] = {}
+        # Per-step lookahead used to extend the certificate geometrically.
+        self._lookahead: dict[Step, int] = {}
+        if self._planned is not None:
+            for step in self._planned:  # fail fast on steps the accountant cannot handle
+                _acc.to_dp_event(step, neighbouring=self._neighbouring)
+        if self._target is not None and self._planned:
+            planned_eps = self._eps(self._planned).epsilon
+            if planned_eps > self._target:
+                raise ConfigError(
+                    f"the planned schedule already spends epsilon={planned_eps:.6g} > target_epsilon={self._target:.6g} "
+                    f"(delta={self._delta:g}, {self._accountant}); recalibrate the noise with the same accountant"
+                )
+            self._cert = dict(self._planned)
+
+    # ---------------------------------------------------------------- properties
+
+    @property
+    def delta(self) -> float:
+        return self._delta
+
+    @property
+    def neighbouring(self) -> str:
+        return self._neighbouring
+
+    @property
+    def accountant(self) -> str:
+        return self._accountant
+
+    @property
+    def target_epsilon(self) -> float | None:
+        return self._target
+
+    @property
+    def planned(self) -> dict[Step, int] | None:
+        return None if self._planned is None else dict(self._planned)
+
+    @property
+    def counts(self) -> dict[Step, int]:
+        """Executed count per step, in first-execution order (a copy)."""
+        return dict(self._counts)
+
+    @property
+    def num_steps(self) -> int:
+        """Total number of recorded steps."""
+        return sum(self._counts.values())
+
+    # ---------------------------------------------------------------- accounting
+
+    def _eps(self, counts: Mapping[Step, int]) -> _acc.EpsilonResult:
+        return _acc.epsilon_of(counts, delta=self._delta, neighbouring=self._neighbouring, accountant=self._accountant)
+
+    def spent(self) -> _acc.EpsilonResult:
+        """The guarantee of everything recorded so far."""
+        if self._spent_cache is None or self._spent_cache[0] != self._version:
+            self._spent_cache = (self._version, self._eps(self._counts))
+        return self._spent_cache[1]
+
+    def epsilon(self) -> float:
+        """Epsilon spent so far at the ledger's delta."""
+        return self.spent().epsilon
+
+    def record(self, step: Step) -> None:
+        """Account one execution of ``step``; call it BEFORE releasing the step's noisy output.
+
+        Raises:
+            PrivacyBudgetExceeded: the step would push epsilon above ``target_epsilon``; nothing is
+                recorded and the caller must not release the output. The exception carries
+                ``spent``, ``would_be`` and ``target`` attributes.
+            ConfigError: ``step`` is not a Step or cannot be accounted.
+        """
+        if not isinstance(step, Step):
+            raise ConfigError(f"record() needs a privopt.privacy.Step, got {type(step).__name__}: {step!r}")
+        new_count = self._counts.get(step, 0) + 1
+        if self._target is not None and new_count > self._cert.get(step, 0):
+            self._extend_certificate(step, new_count)
+        elif step not in self._counts and step not in self._cert:
+            _acc.to_dp_event(step, neighbouring=self._neighbouring)  # validate unseen steps without a target
+        self._counts[step] = new_count
+        self._version += 1
+
+    def _extend_certificate(self, step: Step, new_count: int) -> None:
+        # Invariant: _counts <= _cert (pointwise) and eps(_cert) <= target. First try a generous
+        # extension (doubling lookahead), then the exact next state; refuse if even that fails.
+        base = dict(self._cert)
+        for s, c in self._counts.items():
+            base[s] = max(base.get(s, 0), c)
+        ahead = self._lookahead.get(step, new_count)
+        next_ahead = 2
+        if ahead > 1:
+            candidate = dict(base)
+            candidate[step] = new_count + ahead - 1
+            if self._eps(candidate).epsilon <= self._target:
+                self._cert = candidate
+                self._lookahead[step] = 2 * ahead
+                return
+            next_ahead = max(1, ahead // 2)  # the budget ends within `ahead` steps: look closer
+        exact = dict(base)
+        exact[step] = new_count
+        would_be = self._eps(exact).epsilon
+        if would_be <= self._target:
+            self._cert = exact
+            self._lookahead[step] = next_ahead
+            return
+        spent = self.epsilon()
+        err = PrivacyBudgetExceeded(
+            f"privacy budget exhausted: spent epsilon={spent:.6g}, this step would make it {would_be:.6g} "
+            f"> target {self._target:.6g} (delta={self._delta:g}, {self.spent().accountant}); step {step} was not recorded"
+        )
+        err.spent, err.would_be, err.target = spent, would_be, self._target
+        raise err
+
+    # ---------------------------------------------------------------- records
+
+    def summary(self) -> dict:
+        """JSON-safe summary for run records: spent epsilon and release counts per mechanism name."""
+        releases: dict[str, int] = {}
+        for step, count in self._counts.items():
+            for name in step.names:
+                releases[name] = releases.get(name, 0) + count
+        spent = self.spent()
+        return {
+            "epsilon": spent.epsilon,
+            "delta": self._delta,
+            "accountant": spent.accountant,
+            "neighbouring": self._neighbouring,
+            "target_epsilon": self._target,
+            "num_steps": self.num_steps,
+            "releases": releases,
+        }
+
+    def to_dict(self) -> dict:
+        """JSON-safe state; :meth:`from_dict` restores an identical ledger."""
+        return {
+            "version": _FORMAT_VERSION,
+            "delta": self._delta,
+            "neighbouring": self._neighbouring,
+            "accountant": self._accountant,
+            "target_epsilon": self._target,
+            "planned": None if self._planned is None else _counts_to_list(self._planned),
+            "counts": _counts_to_list(self._counts),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "PrivacyLedger":
+        """Restore a ledger saved with :meth:`to_dict` (e.g. from a checkpoint).
+
+        Raises:
+            ConfigError: malformed record, or restored counts already above the target.
+        """
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"ledger record must be a mapping, got {type(d).__name__}")
+        if d.get("version", _FORMAT_VERSION) != _FORMAT_VERSION:
+            raise ConfigError(f"unsupported ledger format version {d.get('version')!r}")
+        try:
+            planned = None if d.get("planned") is None else _counts_from_list(d["planned"])
+            ledger = cls(
+                delta=d["delta"],
+                neighbouring=d.get("neighbouring", ADD_REMOVE),
+                accountant=d.get("accountant", "auto"),
+                target_epsilon=d.get("target_epsilon"),
+                planned=planned,
+            )
+            counts = _counts_from_list(d["counts"])
+        except KeyError as e:
+            raise ConfigError(f"ledger record is missing {e}") from None
+        ledger._counts = counts
+        ledger._version += 1
+        if ledger._target is not None and any(c > ledger._cert.get(s, 0) for s, c in counts.items()):
+            # The run went beyond its plan: re-certify the restored state (keeping the plan if the
+            # union still fits, otherwise just the executed counts).
+            union = dict(ledger._cert)
+            for s, c in counts.items():
+                union[s] = max(union.get(s, 0), c)
+            if ledger._eps(union).epsilon <= ledger._target:
+                ledger._cert = union
+            else:
+                spent = ledger.epsilon()
+                if not spent <= ledger._target:
+                    raise ConfigError(f"restored ledger already spends epsilon={spent:.6g} > target {ledger._target:.6g}")
+                ledger._cert = dict(counts)
+        return ledger
+
+    def __repr__(self) -> str:
+        target = "" if self._target is None else f", target_epsilon={self._target}"
+        return (
+            f"PrivacyLedger(num_steps={self.num_steps}, distinct_steps={len(self._counts)}, "
+            f"delta={self._delta}, neighbouring={self._neighbouring!r}, accountant={self._accountant!r}{target})"
+        )

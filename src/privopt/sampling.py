@@ -1,0 +1,96 @@
+"""Batch samplers whose sampling scheme is explicit (never inferred from a loader's length).
+
+Each sampler draws index tensors from its own ``torch.Generator`` and exposes ``.sampling``,
+the :mod:`privopt.privacy.events` description the accountant needs.
+
+Example:
+    >>> import torch
+    >>> s = PoissonSampler(n=1000, rate=0.05, generator=torch.Generator().manual_seed(0))
+    >>> s.sampling
+    Poisson(rate=0.05, kind='poisson')
+    >>> s.expected_batch_size
+    50.0
+"""
+
+from __future__ import annotations
+
+import torch
+
+from privopt.errors import ConfigError
+from privopt.privacy.events import FullBatch, Poisson, WithoutReplacement
+
+__all__ = ["PoissonSampler", "WithoutReplacementSampler", "DisjointPartition"]
+
+
+def _check_n(n: int) -> int:
+    if not (isinstance(n, int) and n >= 1):
+        raise ConfigError(f"dataset size must be an integer >= 1, got {n!r}")
+    return n
+
+
+class PoissonSampler:
+    """Includes each of ``n`` records independently with probability ``rate``.
+
+    Batches have random size (possibly 0); normalise sums by :attr:`expected_batch_size`.
+    """
+
+    def __init__(self, *, n: int, rate: float, generator: torch.Generator):
+        self.n = _check_n(n)
+        self.sampling = Poisson(rate=float(rate))
+        self.generator = generator
+
+    @property
+    def rate(self) -> float:
+        return self.sampling.rate
+
+    @property
+    def expected_batch_size(self) -> float:
+        return self.rate * self.n
+
+    def sample(self) -> torch.Tensor:
+        if self.rate >= 1.0:
+            return torch.arange(self.n)
+        return torch.nonzero(torch.rand(self.n, generator=self.generator) < self.rate).squeeze(1)
+
+
+class WithoutReplacementSampler:
+    """A fixed-size batch of ``batch_size`` distinct records (replace-one adjacency in accounting)."""
+
+    def __init__(self, *, n: int, batch_size: int, generator: torch.Generator):
+        self.n = _check_n(n)
+        self.sampling = WithoutReplacement(n=n, batch_size=batch_size)
+        self.batch_size = batch_size
+        self.generator = generator
+
+    def sample(self) -> torch.Tensor:
+        return torch.randperm(self.n, generator=self.generator)[: self.batch_size]
+
+
+class DisjointPartition:
+    """Single-pass disjoint batches: each record is used at most once (parallel composition).
+
+    Raises :class:`ConfigError` when asked for more records than remain, instead of reusing any.
+    """
+
+    def __init__(self, *, n: int, generator: torch.Generator):
+        self.n = _check_n(n)
+        self._order = torch.randperm(n, generator=generator)
+        self._next = 0
+        self.sampling = FullBatch()  # each disjoint part is released once, un-amplified
+
+    @property
+    def remaining(self) -> int:
+        return self.n - self._next
+
+    def take(self, size: int) -> torch.Tensor:
+        if size > self.remaining:
+            raise ConfigError(f"disjoint partition exhausted: asked for {size} records, {self.remaining} remain")
+        idx = self._order[self._next : self._next + size]
+        self._next += size
+        return idx
+
+    def state_dict(self) -> dict:
+        return {"order": self._order, "next": self._next}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._order, self._next = state["order"], int(state["next"])

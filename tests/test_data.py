@@ -1,0 +1,396 @@
+"""privopt.data: real-format parsers, corrupt/missing files, registry pipeline, DRO variants, samplers.
+
+Expected counts come from shared/data/README.md (checked there against upstream releases), not
+from our own code.
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from privopt.data import (
+    DisjointPartition,
+    PoissonSampler,
+    WithoutReplacementSampler,
+    available_datasets,
+    dataset_options,
+    describe_datasets,
+    load_dataset,
+    shard_by_label,
+)
+from privopt.data import formats
+from privopt.errors import ConfigError, DataError
+from privopt.privacy.events import FullBatch, Poisson, WithoutReplacement
+
+MNIST_HIST = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+CIFAR_TRAIN_HIST = [202, 191, 203, 195, 214, 183, 207, 199, 203, 203]
+CIFAR_TEST_HIST = [103, 89, 100, 103, 90, 86, 112, 102, 106, 109]
+COVTYPE_HIST = [2942, 6022, 2160, 2160, 2396, 2160, 2160]
+
+
+def total_hist(ds):
+    return [sum(v) for v in zip(*ds.meta["label_histogram"].values())]
+
+
+# ----------------------------------------------------------------------------- real files
+
+
+def test_idx_mnist_counts_and_histogram(shared_data):
+    x = formats.read_idx(shared_data / "mnist" / "t10k-images-idx3-ubyte.gz", expect_ndim=3)
+    y = formats.read_idx(shared_data / "mnist" / "t10k-labels-idx1-ubyte.gz", expect_ndim=1)
+    assert x.shape == (10000, 28, 28) and x.dtype == np.uint8
+    assert np.bincount(y).tolist() == MNIST_HIST
+    assert abs(x.mean() - 33.79) < 0.01
+
+
+def test_idx_fashion_counts(shared_data):
+    x = formats.read_idx(shared_data / "fashion-mnist" / "t10k-images-idx3-ubyte.gz")
+    y = formats.read_idx(shared_data / "fashion-mnist" / "t10k-labels-idx1-ubyte.gz")
+    assert x.shape == (10000, 28, 28)
+    assert np.bincount(y).tolist() == [1000] * 10
+    assert abs(x.mean() - 73.15) < 0.01
+
+
+def test_cifar_records(shared_data):
+    xtr, ytr = formats.read_cifar_bin(shared_data / "cifar10" / "cifar10_train_first2000.bin.gz")
+    xte, yte = formats.read_cifar_bin(shared_data / "cifar10" / "cifar10_test_first1000.bin.gz")
+    assert xtr.shape == (2000, 3, 32, 32) and xte.shape == (1000, 3, 32, 32)
+    assert np.bincount(ytr).tolist() == CIFAR_TRAIN_HIST
+    assert np.bincount(yte).tolist() == CIFAR_TEST_HIST
+    assert ytr[:10].tolist() == [6, 9, 9, 4, 1, 1, 2, 7, 8, 3]
+    assert yte[:10].tolist() == [3, 8, 8, 0, 6, 6, 1, 6, 3, 1]
+    np.testing.assert_allclose(xtr.mean(axis=(0, 2, 3)), [125.3, 123.3, 113.9], atol=0.1)
+    assert formats.read_class_names(shared_data / "cifar10" / "batches.meta.txt")[0] == "airplane"
+
+
+def test_covtype_rows(shared_data):
+    x, y = formats.read_covtype(shared_data / "covtype" / "covtype_first20000.data.gz")
+    assert x.shape == (20000, 54)
+    assert np.bincount(y, minlength=8)[1:].tolist() == COVTYPE_HIST
+    assert x[0, :10].tolist() == [2596, 51, 3, 258, 0, 510, 221, 232, 148, 6279]
+    assert (x[:, 10:14].sum(1) == 1).all() and (x[:, 14:54].sum(1) == 1).all()
+
+
+def test_adult_rows(shared_data):
+    cols, label = formats.read_adult(shared_data / "adult" / "adult.data.gz")
+    assert len(label) == 32561
+    assert int(label.sum()) == 7841
+    assert int((cols["sex"] == "Male").sum()) == 21790
+    assert int((cols["workclass"] == "?").sum()) == 1836
+    assert int((cols["native-country"] == "?").sum()) == 583
+
+
+def test_celeba_annotations(shared_data):
+    names, ids, attrs = formats.read_celeba_attributes(shared_data / "celeba" / "list_attr_celeba_train_valid.txt.gz")
+    part = formats.read_celeba_partition(shared_data / "celeba" / "list_eval_partition.txt.gz")
+    assert len(names) == 40 and attrs.shape == (182637, 40) and ids[0] == "000001.jpg"
+    assert set(np.unique(attrs)) == {0, 1}
+    assert round(float(attrs[:, names.index("Male")].mean()), 3) == 0.420
+    assert len(part) == 202599
+    assert np.bincount(list(part.values())).tolist() == [162770, 19867, 19962]
+
+
+# ----------------------------------------------------------------------------- corrupt / missing
+
+
+def _copy_mnist(shared_data: Path, tmp_path: Path) -> Path:
+    d = tmp_path / "mnist"
+    d.mkdir()
+    for f in (shared_data / "mnist").iterdir():
+        shutil.copy(f, d / f.name)
+        (d / f.name).chmod(0o644)
+    return d
+
+
+def _rewrite_gz(path: Path, raw: bytes) -> None:
+    with gzip.open(path, "wb", compresslevel=1) as fh:
+        fh.write(raw)
+
+
+def test_truncated_idx_names_file(shared_data, tmp_path):
+    d = _copy_mnist(shared_data, tmp_path)
+    img = d / "t10k-images-idx3-ubyte.gz"
+    _rewrite_gz(img, gzip.decompress(img.read_bytes())[:-100])
+    with pytest.raises(DataError, match=r"t10k-images-idx3-ubyte\.gz.*truncated"):
+        load_dataset("mnist", data_dir=tmp_path)
+
+
+def test_bad_magic_names_file(shared_data, tmp_path):
+    d = _copy_mnist(shared_data, tmp_path)
+    lab = d / "t10k-labels-idx1-ubyte.gz"
+    raw = bytearray(gzip.decompress(lab.read_bytes()))
+    raw[2] = 0x42
+    _rewrite_gz(lab, bytes(raw))
+    with pytest.raises(DataError, match=r"t10k-labels-idx1-ubyte\.gz.*magic"):
+        load_dataset("mnist", data_dir=tmp_path)
+
+
+def test_bad_gzip_names_file(shared_data, tmp_path):
+    d = _copy_mnist(shared_data, tmp_path)
+    img = d / "t10k-images-idx3-ubyte.gz"
+    img.write_bytes(img.read_bytes()[: len(img.read_bytes()) // 2])
+    with pytest.raises(DataError, match=r"t10k-images-idx3-ubyte\.gz.*gzip"):
+        load_dataset("mnist", data_dir=tmp_path)
+
+
+def test_image_label_count_mismatch(shared_data, tmp_path):
+    d = _copy_mnist(shared_data, tmp_path)
+    lab = d / "t10k-labels-idx1-ubyte.gz"
+    raw = gzip.decompress(lab.read_bytes())
+    _rewrite_gz(lab, raw[:4] + (9999).to_bytes(4, "big") + raw[8:-1])
+    with pytest.raises(DataError, match="10000 images but .* 9999 labels"):
+        load_dataset("mnist", data_dir=tmp_path)
+
+
+def test_missing_partner_file(shared_data, tmp_path):
+    d = _copy_mnist(shared_data, tmp_path)
+    (d / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(DataError, match=r"labels file .*t10k-labels-idx1-ubyte.* is missing"):
+        load_dataset("mnist", data_dir=tmp_path)
+
+
+def test_uncompressed_and_official_train_names(shared_data, tmp_path):
+    # Full official layout: uncompressed train-* files next to gzipped t10k-* files.
+    d = _copy_mnist(shared_data, tmp_path)
+    raw_img = gzip.decompress((d / "t10k-images-idx3-ubyte.gz").read_bytes())
+    raw_lab = gzip.decompress((d / "t10k-labels-idx1-ubyte.gz").read_bytes())
+    (d / "train-images-idx3-ubyte").write_bytes(raw_img)
+    (d / "train-labels-idx1-ubyte").write_bytes(raw_lab)
+    ds = load_dataset("mnist", data_dir=tmp_path, standardize=False)
+    assert ds.meta["test_split"] == "official test split"
+    assert ds.meta["label_histogram"]["train"] == MNIST_HIST
+    assert ds.meta["label_histogram"]["test"] == MNIST_HIST
+    with pytest.warns(UserWarning, match="official test split"):
+        load_dataset("mnist", data_dir=tmp_path, test_fraction=0.3)
+
+
+def test_cifar_wrong_record_size(shared_data, tmp_path):
+    d = tmp_path / "cifar10"
+    d.mkdir()
+    raw = gzip.decompress((shared_data / "cifar10" / "cifar10_test_first1000.bin.gz").read_bytes())
+    (d / "test_batch.bin").write_bytes(raw[:-5])
+    with pytest.raises(DataError, match=r"test_batch\.bin.*3073"):
+        load_dataset("cifar10", data_dir=tmp_path)
+
+
+def test_covtype_nan_and_bad_row(tmp_path):
+    d = tmp_path / "covtype"
+    d.mkdir()
+    row = ",".join(["1"] * 54 + ["3"])
+    (d / "covtype.data").write_text(row + "\n" + ",".join(["nan"] * 54 + ["3"]) + "\n")
+    with pytest.raises(DataError, match=r"covtype\.data.*line 2"):
+        load_dataset("covertype", data_dir=tmp_path)
+    (d / "covtype.data").write_text(row + "\n" + ",".join(["1"] * 53 + ["3"]) + "\n")
+    with pytest.raises(DataError, match=r"covtype\.data: line 2 has 54 fields"):
+        load_dataset("covertype", data_dir=tmp_path)
+    (d / "covtype.data").write_text(row + "\n" + ",".join(["1"] * 54 + ["9"]) + "\n")
+    with pytest.raises(DataError, match="Cover_Type on line 2"):
+        load_dataset("covertype", data_dir=tmp_path)
+
+
+def test_celeba_truncated(shared_data, tmp_path):
+    d = tmp_path / "celeba"
+    d.mkdir()
+    shutil.copy(shared_data / "celeba" / "list_eval_partition.txt.gz", d)
+    lines = gzip.decompress((shared_data / "celeba" / "list_attr_celeba_train_valid.txt.gz").read_bytes()).splitlines()
+    (d / "list_attr_celeba.txt").write_bytes(b"\r\n".join(lines[:1000]))
+    with pytest.raises(DataError, match=r"list_attr_celeba\.txt: header says 182637 rows"):
+        load_dataset("celeba", data_dir=tmp_path)
+
+
+def test_adult_bad_label(tmp_path):
+    d = tmp_path / "adult"
+    d.mkdir()
+    (d / "adult.data").write_text(
+        "39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, 2174, 0, 40, United-States, maybe\n"
+    )
+    with pytest.raises(DataError, match=r"adult\.data: line 1 has income 'maybe'"):
+        load_dataset("adult", data_dir=tmp_path)
+
+
+def test_missing_directories(tmp_path, monkeypatch):
+    with pytest.raises(DataError, match="does not exist"):
+        load_dataset("mnist", data_dir=tmp_path / "nope")
+    with pytest.raises(DataError, match=r"no folder .*mnist"):
+        load_dataset("mnist", data_dir=tmp_path)
+    (tmp_path / "mnist").mkdir()
+    with pytest.raises(DataError, match="no IDX files found"):
+        load_dataset("mnist", data_dir=tmp_path)
+    monkeypatch.delenv("PRIVOPT_DATA", raising=False)
+    with pytest.raises(DataError, match="PRIVOPT_DATA"):
+        load_dataset("mnist")
+
+
+def test_env_var_data_dir(shared_data, monkeypatch):
+    monkeypatch.setenv("PRIVOPT_DATA", str(shared_data))
+    assert load_dataset("cifar10").meta["label_histogram"]["test"] == CIFAR_TEST_HIST
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def test_registry_names_and_errors():
+    names = available_datasets()
+    for n in ("mnist", "mnist-st", "fashion-mnist", "cifar10", "cifar10-st", "celeba", "covertype", "adult", "digits", "digits-st", "breast-cancer"):
+        assert n in names
+    with pytest.raises(ConfigError, match="unknown dataset 'mnsit'.*mnist-st"):
+        load_dataset("mnsit")
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) \['imbalance'\].*imratio"):
+        load_dataset("digits-st", imbalance=0.1)
+    for bad in ({"val_fraction": 1.0}, {"test_fraction": 0.0}, {"max_train": 0}, {"seed": 1.5}):
+        with pytest.raises(ConfigError):
+            load_dataset("digits", **bad)
+    assert dataset_options("mnist-st") == {"imratio": 0.1, "test_imratio": 0.5}
+
+
+def test_embedded_datasets_need_no_files(monkeypatch):
+    monkeypatch.delenv("PRIVOPT_DATA", raising=False)
+    ds = load_dataset("digits")
+    assert ds.input_shape == (1, 8, 8) and ds.num_classes == 10
+    assert ds.x_train.dtype == torch.float32 and ds.y_train.dtype == torch.int64
+    assert len(ds.y_train) + len(ds.y_test) == 1797
+    bc = load_dataset("breast-cancer", val_fraction=0.2)
+    assert bc.input_shape == (30,) and bc.num_classes == 2
+    assert len(bc.y_train) + len(bc.y_val) + len(bc.y_test) == 569
+    assert total_hist(bc) == [212, 357]
+
+
+def test_splits_deterministic_disjoint_and_stratified(shared_data):
+    a = load_dataset("covertype", data_dir=shared_data, seed=3, val_fraction=0.1, standardize=False)
+    b = load_dataset("covertype", data_dir=shared_data, seed=3, val_fraction=0.1, standardize=False)
+    c = load_dataset("covertype", data_dir=shared_data, seed=4, val_fraction=0.1, standardize=False)
+    assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
+    assert not torch.equal(a.x_test, c.x_test)
+    # README: all 20,000 rows are distinct, so disjoint splits give 20,000 distinct rows in total.
+    rows = {tuple(r) for x in (a.x_train, a.x_val, a.x_test) for r in x.tolist()}
+    assert len(rows) == 20000
+    assert a.meta["splits"] == {"train": 14400, "val": 1600, "test": 4000}
+    # binary = Cover_Type 2 vs rest: 6022 positives overall (README class counts).
+    assert total_hist(a) == [20000 - 6022, 6022]
+    for s in ("train", "val", "test"):
+        h = a.meta["label_histogram"][s]
+        assert abs(h[1] / sum(h) - 6022 / 20000) < 0.002
+
+
+def test_standardisation_uses_training_statistics(shared_data):
+    raw = load_dataset("cifar10", data_dir=shared_data, standardize=False, val_fraction=0.1)
+    std = load_dataset("cifar10", data_dir=shared_data, standardize=True, val_fraction=0.1)
+    assert 0.0 <= float(raw.x_train.min()) and float(raw.x_train.max()) <= 1.0
+    mean = raw.x_train.double().mean(dim=(0, 2, 3), keepdim=True)
+    sd = raw.x_train.double().std(dim=(0, 2, 3), keepdim=True, unbiased=False)
+    torch.testing.assert_close(std.x_test.double(), (raw.x_test.double() - mean) / sd, atol=1e-4, rtol=0)
+    torch.testing.assert_close(std.x_val.double(), (raw.x_val.double() - mean) / sd, atol=1e-4, rtol=0)
+    assert not torch.allclose(std.x_test.mean(dim=(0, 2, 3)), torch.zeros(3), atol=1e-3)
+
+
+def test_mnist_only_t10k_is_carved(shared_data):
+    ds = load_dataset("mnist", data_dir=shared_data, test_fraction=0.25, max_train=3000)
+    assert ds.input_shape == (1, 28, 28)
+    assert ds.meta["splits"]["test"] == 2500 and ds.meta["splits"]["train"] == 3000
+    assert "carved" in ds.meta["test_split"]
+    assert any("only the official test" in p for p in ds.meta["preprocessing"])
+    # stratified: each class keeps its share within one record
+    for k, h in enumerate(ds.meta["label_histogram"]["test"]):
+        assert abs(h - MNIST_HIST[k] / 4) <= 1
+
+
+def test_classes_option(shared_data):
+    ds = load_dataset("fashion-mnist", data_dir=shared_data, classes=[7, 3])
+    assert ds.num_classes == 2 and ds.meta["class_names"] == ["Sneaker", "Dress"]
+    assert total_hist(ds) == [1000, 1000]
+    with pytest.raises(ConfigError, match="classes"):
+        load_dataset("fashion-mnist", data_dir=shared_data, classes=[3, 3])
+
+
+# ----------------------------------------------------------------------------- DRO / task variants
+
+
+@pytest.mark.parametrize("imratio", [0.1, 0.2])
+def test_mnist_st_imbalance(shared_data, imratio):
+    ds = load_dataset("mnist-st", data_dir=shared_data, imratio=imratio, val_fraction=0.1)
+    tr = np.add(ds.meta["label_histogram"]["train"], ds.meta["label_histogram"]["val"])
+    # Majority class (digits 0-4) kept whole: its share of the 8,000-image pool is 80 % of 5,139.
+    assert abs(tr[0] - 0.8 * sum(MNIST_HIST[:5])) <= 2
+    assert abs(tr[1] / tr.sum() - imratio) < 1.0 / tr.sum() + 1e-9
+    te = ds.meta["label_histogram"]["test"]
+    assert te[0] == te[1]
+    assert ds.num_classes == 2 and int(ds.y_train.max()) == 1
+
+
+def test_digits_st_and_keep_test():
+    ds = load_dataset("digits-st", imratio=0.25, test_imratio=None, seed=5)
+    h = ds.meta["label_histogram"]
+    assert abs(h["train"][1] / sum(h["train"]) - 0.25) < 0.01
+    assert sum(h["test"]) == round(0.2 * 1797)  # carved test split, untouched by test_imratio=None
+
+
+def test_cifar10_st_keeps_last_images(shared_data):
+    ds = load_dataset("cifar10-st", data_dir=shared_data, standardize=False)
+    assert ds.meta["label_histogram"]["train"] == [100] * 5 + CIFAR_TRAIN_HIST[5:]
+    assert ds.meta["label_histogram"]["test"] == CIFAR_TEST_HIST
+    x, y = formats.read_cifar_bin(shared_data / "cifar10" / "cifar10_train_first2000.bin.gz")
+    want = {bytes(im) for im in x[y == 0][-100:]}
+    got = {bytes(np.rint(im.numpy() * 255).astype(np.uint8)) for im in ds.x_train[ds.y_train == 0]}
+    assert got == want
+    frac = load_dataset("cifar10-st", data_dir=shared_data, minority_count=None, minority_fraction=0.02)
+    assert frac.meta["label_histogram"]["train"][:5] == [round(0.02 * c) for c in CIFAR_TRAIN_HIST[:5]]
+    with pytest.raises(ConfigError, match="exactly one"):
+        load_dataset("cifar10-st", data_dir=shared_data, minority_fraction=0.02)
+
+
+def test_celeba_stand_in(shared_data):
+    ds = load_dataset("celeba", data_dir=shared_data, max_train=20000, val_fraction=0.05)
+    assert ds.input_shape == (38,) and ds.num_classes == 2
+    assert len(ds.y_test) == 19867  # official validation partition used as test (test rows absent)
+    assert "partition 1" in ds.meta["test_split"] and "stand-in" in ds.meta["stand_in"]
+    assert ds.g_test is not None and ds.g_test.shape == ds.y_test.shape
+    assert ds.meta["group_names"] == ["not Male", "Male"]
+    names, _, attrs = formats.read_celeba_attributes(shared_data / "celeba" / "list_attr_celeba_train_valid.txt.gz")
+    part = formats.read_celeba_partition(shared_data / "celeba" / "list_eval_partition.txt.gz")
+    val_rows = np.array([v == 1 for v in part.values()])[: len(attrs)]
+    assert int(ds.g_test.sum()) == int(attrs[val_rows, names.index("Male")].sum())
+    assert int(ds.y_test.sum()) == int(attrs[val_rows, names.index("Blond_Hair")].sum())
+    joint = load_dataset("celeba", data_dir=shared_data, max_train=1000, groups="target_x_attribute")
+    assert joint.num_groups == 4 and sum(joint.meta["group_histogram"]["test"]) == 19867
+
+
+def test_adult_groups_and_features(shared_data):
+    ds = load_dataset("adult", data_dir=shared_data, val_fraction=0.1)
+    assert sum(ds.meta["splits"].values()) == 32561
+    assert total_hist(ds) == [24720, 7841]
+    assert [sum(v) for v in zip(*ds.meta["group_histogram"].values())] == [10771, 21790]
+    assert "workclass=?" in ds.meta["feature_names"]
+    race = load_dataset("adult", data_dir=shared_data, group="race", missing="drop")
+    assert race.num_groups == 5 and "workclass=?" not in race.meta["feature_names"]
+    assert sum(race.meta["splits"].values()) < 32561
+
+
+def test_covertype_unit_norm(shared_data):
+    ds = load_dataset("covertype", data_dir=shared_data, unit_norm=True, val_fraction=0.1)
+    for x in (ds.x_train, ds.x_val, ds.x_test):
+        assert float(x.norm(dim=1).max()) <= 1.0 + 1e-5 and float(x.min()) >= 0.0
+    multi = load_dataset("covertype", data_dir=shared_data, task="multiclass")
+    assert total_hist(multi) == COVTYPE_HIST
+
+
+def test_shard_by_label():
+    y = np.repeat(np.arange(10), 60)
+    shards = shard_by_label(y, 5, rng=np.random.default_rng(0))
+    assert sorted(np.concatenate(shards).tolist()) == list(range(600))
+    assert all(len(np.unique(y[s])) <= 3 for s in shards)
+    iid = shard_by_label(y, 5, rng=np.random.default_rng(0), iid=True)
+    assert all(len(np.unique(y[s])) == 10 for s in iid)
+
+
+def test_describe_datasets():
+    info = describe_datasets()
+    assert set(info) == set(available_datasets())
+    assert info["digits"]["needs_files"] is False and info["mnist"]["needs_files"] is True
+    assert info["covertype"]["options"]["unit_norm"] is False
+    assert all(v["description"] for v in info.values())

@@ -1,0 +1,109 @@
+"""Paper A reproduction harness (dro-table3 / dro-mia): outputs, tuning report, metrics, MIA cap."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from privopt.cli import main as cli_main
+from privopt.errors import ConfigError
+from privopt.experiments.dro import (BUDGETS, PAPER_TABLE3, Budget, format_table, method_params, run_dro_mia,
+                                     run_dro_table3)
+from privopt.experiments.dro_metrics import class_matched_indices
+
+TINY = Budget(**{**BUDGETS["quick"].__dict__, "epochs": 1, "tune_epochs": 0.5, "eval_points": 2,
+                 "lrs": (0.1, 0.3), "clips": (1.0,), "refresh": 256, "q": 4})
+FIELDS = {"dataset", "method", "epsilon", "delta", "epsilon_spent", "seed", "test_accuracy", "test_auc", "test_f1",
+          "grad_norm", "mia_auc", "mia_bound", "wall_s"}
+
+
+@pytest.fixture(scope="module")
+def table3(tmp_path_factory):
+    out = tmp_path_factory.mktemp("t3") / "out"
+    res = run_dro_table3(dataset="digits-st", epsilons=[1.0, 5.0], seeds=1, budget=TINY,
+                         methods=["dp-sgda", "dp-recursive-spider"], out_dir=out, log=lambda s: None)
+    return out, res
+
+
+def test_outputs_written(table3):
+    out, res = table3
+    lines = [json.loads(s) for s in (out / "results.jsonl").read_text().splitlines()]
+    # 2 private methods x 2 epsilons x 1 seed + the non-private reference
+    assert len(lines) == 5 and {r["method"] for r in lines} == {"dp-sgda", "dp-recursive-spider", "scdro"}
+    for r in lines:
+        assert FIELDS <= set(r)
+        assert 0.0 <= r["test_accuracy"] <= 1.0 and r["grad_norm"] > 0
+        if r["private"]:
+            n = r["n_train"]
+            assert r["delta"] == pytest.approx(n ** -1.1)
+            assert 0 < r["epsilon_spent"] <= r["epsilon"] * (1 + 1e-6)
+    md = (out / "table3.md").read_text()
+    assert "| ε = 1 |" in md and "| ε = 5 |" in md and "DP Recursive-SPIDER" in md and "non-private" in md
+    for fig in ("fig1_gradnorm_eps1.png", "fig2_auc_eps5.png", "fig3_f1_eps1.png"):
+        assert (out / fig).stat().st_size > 1000
+
+
+def test_tuning_same_grid_for_every_method(table3):
+    out, _ = table3
+    tuning = json.loads((out / "tuning.json").read_text())
+    per_method = {}
+    for t in tuning["trials"]:
+        per_method.setdefault(t["method"], []).append((t["lr"], t["clip"]))
+    # private methods: the full lr x clip grid; non-private: the lr axis only (no clip)
+    assert per_method["dp-sgda"] == per_method["dp-recursive-spider"] == [(0.1, 1.0), (0.3, 1.0)]
+    assert tuning["n_trials"] == sum(len(v) for v in per_method.values()) and tuning["wall_s"] > 0
+    assert tuning["grid"] == {"lr": [0.1, 0.3], "clip": [1.0]}
+
+
+def test_every_dp_run_within_mia_cap(table3):
+    _, res = table3
+    dp = [r for r in res["rows"] if r["private"]]
+    assert dp and not res["mia_violations"]
+    for r in dp:
+        assert r["mia_bound"] == pytest.approx(1 / (1 + math.exp(-r["epsilon_spent"])) + r["delta"])
+        assert r["mia_auc"] <= r["mia_bound"] + r["mia_slack"]
+
+
+def test_class_matched_mia_sets_have_training_label_mix():
+    ym = torch.tensor([0] * 900 + [1] * 100)
+    yn = torch.tensor([0] * 300 + [1] * 300)
+    a, b = class_matched_indices(ym, yn, num_classes=2, seed=3)
+    assert len(a) == len(b) == 333  # limited by the 300 non-member negatives at a 0.9 share
+    assert int((ym[a] == 1).sum()) == int((yn[b] == 1).sum()) == 33
+    assert len(set(a.tolist())) == len(a) and len(set(b.tolist())) == len(b)
+
+
+def test_method_params_treats_methods_alike():
+    b = BUDGETS["quick"]
+    ds = method_params("dp-double-spider", budget=b, lr=0.2, clip=0.5, epochs=3)
+    rs = method_params("dp-recursive-spider", budget=b, lr=0.2, clip=0.5, epochs=3)
+    assert ds["lr"] == rs["lr"] == 0.2 and ds["epochs"] == rs["epochs"] == 3
+    assert ds["clip_x"] == ds["clip_eta"] == rs["clip_v"] == rs["clip_u"] == rs["clip_s"] == 0.5
+    assert ds["N1"] == rs["b1"] == b.refresh and ds["N2"] == rs["b2"] == b.batch_size
+    assert ds["output"] == rs["output"] == "last" and ds["lam"] == b.ds_lam
+    assert rs["rho"] == 0.5 and rs["lam0"] == 1e-3
+    with pytest.raises(ConfigError, match="no-such"):
+        method_params("no-such", budget=b, lr=0.1, clip=1.0, epochs=1)
+
+
+def test_format_table_mean_std_and_paper_numbers():
+    rows = [{"method": "dp-sgda", "epsilon": 0.5, "private": True, "test_accuracy": a} for a in (0.80, 0.90)]
+    rows.append({"method": "scdro", "epsilon": None, "private": False, "test_accuracy": 0.95})
+    t = format_table(rows, methods=["dp-sgda"])
+    assert "| ε = 0.5 | 85.00 ± 7.07 |" in t and "| non-private (SCDRO) | 95.00 ± 0.00 |" in t
+    assert PAPER_TABLE3["mnist-st"][0.5]["dp-recursive-spider"] == 99.66
+
+
+def test_cli_dro_mia_and_errors(tmp_path, capsys):
+    out = tmp_path / "mia"
+    rc = cli_main(["reproduce", "dro-mia", "--dataset", "digits-st", "--epsilons", "0.5", "--seeds", "1",
+                   "--methods", "dp-sgda", "--no-tune", "--out", str(out), "--quiet"])
+    assert rc == 0
+    rows = [json.loads(s) for s in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["mia_auc"] is not None and rows[0]["mia_within_bound"] is True
+    assert "DP cap" in (out / "table2.md").read_text()
+    # a second run into the same folder is refused; dro-table3 needs --dataset
+    assert cli_main(["reproduce", "dro-mia", "--dataset", "digits-st", "--out", str(out), "--quiet"]) == 2
+    assert cli_main(["reproduce", "dro-table3", "--out", str(tmp_path / "x"), "--quiet"]) == 2
+    assert "--dataset" in capsys.readouterr().err

@@ -1,0 +1,119 @@
+"""Every noisy query of the DRO algorithms is a sum of per-record terms bounded by its threshold.
+
+For each pre-noise statistic we add one adversarial record (huge input, wrong label: large loss
+and gradients) to a batch and check that the statistic moves by at most the per-record bound the
+noise is calibrated with (the add/remove-one sensitivity), and that the bound is nearly attained
+(so the check has teeth).
+"""
+
+import pytest
+import torch
+from torch import nn
+
+from privopt.algorithms import get_algorithm
+from privopt.algorithms.base import RunContext
+from privopt.grads import get_engine
+
+N, D = 60, 4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def loss_fn(out, y):
+    return nn.functional.cross_entropy(out, y, reduction="none")
+
+
+def setup_algo(name, **kw):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(N, D, generator=g)
+    y = (x[:, 0] > 0).long()
+    # The adversarial record (index N): far out, mislabelled.
+    x = torch.cat([x, 50.0 * torch.ones(1, D)])
+    y = torch.cat([y, torch.tensor([0])])
+    torch.manual_seed(0)
+    model = nn.Linear(D, 2)
+    ctx = RunContext(model=model, loss_fn=loss_fn, x_train=x, y_train=y, engine=get_engine("vmap"), ledger=None,
+                     noise={}, noise_rng=torch.Generator().manual_seed(1), sampler_rng=torch.Generator().manual_seed(2))
+    algo = get_algorithm(name, **kw)
+    algo.setup(ctx)
+    return algo, model
+
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+BATCH = torch.arange(0, N, 2)
+WITH = torch.cat([BATCH, torch.tensor([N])])
+
+
+def check(stat_fn, bound):
+    moved = float((stat_fn(WITH).to(torch.float64) - stat_fn(BATCH).to(torch.float64)).norm())
+    assert moved <= bound * (1 + 1e-5), (moved, bound)
+    assert moved >= 0.3 * bound, (moved, bound)  # the adversarial record is clipped, not tiny
+
+
+@pytest.mark.parametrize("clip", [0.05, 1.0])
+def test_double_spider_queries(clip):
+    algo, model = setup_algo("dp-double-spider", steps=4, lam=0.1, eta_init=0.2)
+    x = flat(model)
+    x_prev = -x  # flips the adversarial record's loss between the two points
+    check(lambda i: algo.eta_grad_sum(i, x=x, eta=0.2, clip=clip), clip)
+    check(lambda i: algo.eta_diff_sum(i, x=x, eta=0.2, x_prev=x_prev, eta_prev=0.9, clip=clip), clip)
+    check(lambda i: algo.x_grad_sum(i, x=x, eta=0.2, clip=clip), clip)
+    check(lambda i: algo.x_diff_sum(i, x=x, eta=0.2, x_prev=x_prev, eta_prev=0.9, clip=clip), clip)
+
+
+@pytest.mark.parametrize("clip", [0.05, 1.0])
+def test_recursive_spider_queries(clip):
+    # shift 0 makes h = exp(ℓ/λ) ≥ 1 on the adversarial record, so every query would exceed clip.
+    algo, model = setup_algo("dp-recursive-spider", steps=4, shift=0.0, lam_init=1.0)
+    x = flat(model)
+    x_prev = x + 0.3 * torch.randn(x.shape, generator=torch.Generator().manual_seed(3))
+    check(lambda i: algo.v_grad_sum(i, x=x, lam=0.7, clip=clip), clip)
+    check(lambda i: algo.v_diff_sum(i, x=x, lam=0.7, x_prev=x_prev, lam_prev=1.3, clip=clip), clip)
+    check(lambda i: algo.u_grad_sum(i, x=x, lam=0.7, clip=clip), clip)
+    check(lambda i: algo.u_diff_sum(i, x=x, lam=0.7, x_prev=x_prev, lam_prev=1.3, clip=clip), clip)
+    check(lambda i: algo.s_value_sum(i, x=x, lam=0.7, clip=clip), clip)
+    beta = 0.3
+    # The STORM s-query: its noise is scaled with (2 − β)·C5; here the record's term is
+    # Clip(h(w)) − (1−β)·Clip(h(w_prev)) = β·C when both are clipped, so check the bound only.
+    moved = float((algo.s_storm_sum(WITH, x=x, lam=0.7, x_prev=x_prev, lam_prev=1.3, beta=beta, clip=clip)
+                   - algo.s_storm_sum(BATCH, x=x, lam=0.7, x_prev=x_prev, lam_prev=1.3, beta=beta, clip=clip)).abs())
+    assert 0 < moved <= (2 - beta) * clip
+
+
+def test_storm_bound_is_attained_by_a_sign_flip():
+    # Clip(h(w)) − (1−β)Clip(h(w')) with h(w) clipped to C and h(w') ≈ 0 (the record's loss
+    # jumps between the two points) moves the sum by ≈ C, within the declared (2 − β)·C.
+    algo, model = setup_algo("dp-recursive-spider", steps=4, shift=5.0, lam_init=1.0)
+    x = flat(model)
+    far = -x  # flipping the linear model flips which class the adversarial record favours
+    moved = float((algo.s_storm_sum(WITH, x=x, lam=0.05, x_prev=far, lam_prev=0.05, beta=0.5, clip=1.0)
+                   - algo.s_storm_sum(BATCH, x=x, lam=0.05, x_prev=far, lam_prev=0.05, beta=0.5, clip=1.0)).abs())
+    assert 0.9 <= moved <= 1.5
+
+
+@pytest.mark.parametrize("name", ["dp-sgda", "private-diff"])
+def test_primal_dual_queries(name):
+    algo, model = setup_algo(name, steps=4, lam=0.5, loss_bound=4.0)
+    x = flat(model)
+    g = torch.Generator().manual_seed(4)
+    r = torch.rand(N + 1, generator=g, dtype=torch.float64) * 5
+    r_prev = torch.rand(N + 1, generator=g, dtype=torch.float64) * 5
+    x_prev = x + 0.3 * torch.randn(x.shape, generator=g)
+    check(lambda i: algo.x_grad_sum(i, r=r, clip=0.5, x=x), 0.5)
+    check(lambda i: algo.x_diff_sum(i, r=r, r_prev=r_prev, x_prev=x_prev, clip=0.5, x=x), 0.5)
+    # The loss vector: one record moves one coordinate, by at most the loss bound.
+    check(lambda i: algo.loss_vector_sum(i, x=x), 4.0)
+
+
+def test_joint_dp_sgd_query():
+    algo, model = setup_algo("dp-sgd-joint", lam=0.1, batch_size=10, eta_init=0.2)
+    check(lambda i: algo.joint_grad_sum(i, eta=0.2, clip=0.7), 0.7)

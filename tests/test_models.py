@@ -1,0 +1,109 @@
+"""privopt.models: shapes, parameter counts, no BatchNorm, seeded init, per-sample independence."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from privopt.errors import ConfigError, ModelError
+from privopt.models import available_models, build_model, count_parameters
+
+SHAPES = [(1, 28, 28), (3, 32, 32), (1, 8, 8)]
+
+
+def test_registry_lists_models():
+    assert available_models() == ["cnn", "logreg", "mlp", "resnet20"]
+
+
+@pytest.mark.parametrize("name", ["logreg", "mlp", "cnn", "resnet20"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_forward_shapes_and_no_batchnorm(name, shape):
+    m = build_model(name, input_shape=shape, num_classes=7, seed=0)
+    out = m(torch.randn(3, *shape))
+    assert out.shape == (3, 7) and torch.isfinite(out).all()
+    assert not any(isinstance(mod, nn.modules.batchnorm._BatchNorm) for mod in m.modules())
+
+
+def test_tabular_models():
+    assert build_model("logreg", input_shape=(54,), num_classes=1)(torch.randn(4, 54)).shape == (4, 1)
+    assert build_model("mlp", input_shape=(108,), num_classes=2)(torch.randn(4, 108)).shape == (4, 2)
+    with pytest.raises(ConfigError, match="image input_shape"):
+        build_model("resnet20", input_shape=(54,), num_classes=2)
+    with pytest.raises(ConfigError, match="image input_shape"):
+        build_model("cnn", input_shape=(54,), num_classes=2)
+
+
+def test_parameter_counts():
+    # SPEC §4.8: 784*128 + 128 + 128*10 + 10 and 3072*128 + 128 + 1280 + 10.
+    assert count_parameters(build_model("mlp", input_shape=(1, 28, 28), num_classes=10)) == 101_770
+    assert count_parameters(build_model("mlp", input_shape=(3, 32, 32), num_classes=10)) == 394_634
+    assert count_parameters(build_model("logreg", input_shape=(54,), num_classes=1)) == 55
+    r = count_parameters(build_model("resnet20", input_shape=(3, 32, 32), num_classes=10))
+    assert 260_000 < r < 280_000  # He et al.: ResNet20 has 0.27M parameters
+    assert count_parameters(build_model("cnn", input_shape=(1, 28, 28), num_classes=10)) < 50_000
+
+
+def test_resnet20_uses_groupnorm_with_16_groups():
+    m = build_model("resnet20", input_shape=(1, 28, 28), num_classes=10)
+    gns = [mod for mod in m.modules() if isinstance(mod, nn.GroupNorm)]
+    assert len(gns) == 19  # stem + 2 per block * 9 blocks
+    assert {g.num_groups for g in gns} == {16}
+    convs = [mod for mod in m.modules() if isinstance(mod, nn.Conv2d)]
+    assert len(convs) == 19 and convs[0].in_channels == 1
+    with pytest.raises(ModelError, match="groups=5"):
+        build_model("resnet20", input_shape=(3, 32, 32), num_classes=10, groups=5)
+
+
+def test_seeded_initialisation_is_deterministic_and_local():
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    a = build_model("cnn", input_shape=(3, 32, 32), num_classes=10, seed=1)
+    after = torch.rand(1)
+    assert torch.equal(before, after)  # seed= does not consume the global RNG
+    b = build_model("cnn", input_shape=(3, 32, 32), num_classes=10, seed=1)
+    c = build_model("cnn", input_shape=(3, 32, 32), num_classes=10, seed=2)
+    for (n, p), (_, q), (_, r) in zip(a.named_parameters(), b.named_parameters(), c.named_parameters()):
+        assert torch.equal(p, q), n
+    assert any(not torch.equal(p, r) for p, r in zip(a.parameters(), c.parameters()))
+    torch.manual_seed(5)
+    d = build_model("mlp", input_shape=(10,), num_classes=2)
+    torch.manual_seed(5)
+    e = build_model("mlp", input_shape=(10,), num_classes=2)
+    assert all(torch.equal(p, q) for p, q in zip(d.parameters(), e.parameters()))
+
+
+def test_mlp_init_follows_spec():
+    m = build_model("mlp", input_shape=(1, 28, 28), num_classes=10, seed=0)
+    lin = [mod for mod in m.modules() if isinstance(mod, nn.Linear)]
+    assert all(torch.count_nonzero(l.bias) == 0 for l in lin)
+    # Kaiming normal (fan_in, ReLU gain): std = sqrt(2 / 784)
+    assert abs(float(lin[0].weight.detach().std()) - (2 / 784) ** 0.5) < 0.002
+
+
+def test_unknown_model_and_options():
+    with pytest.raises(ConfigError, match="unknown model 'resnet18'.*resnet20"):
+        build_model("resnet18", input_shape=(3, 32, 32), num_classes=10)
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) \['hiden'\].*hidden"):
+        build_model("mlp", input_shape=(4,), num_classes=2, hiden=3)
+    with pytest.raises(ConfigError, match="num_classes"):
+        build_model("mlp", input_shape=(4,), num_classes=0)
+
+
+@pytest.mark.parametrize("name,shape", [("cnn", (1, 12, 12)), ("resnet20", (3, 8, 8))])
+def test_per_sample_gradients_do_not_mix_samples(name, shape):
+    """With GroupNorm a sample's gradient is the same alone or inside a batch (BatchNorm would fail)."""
+    m = build_model(name, input_shape=shape, num_classes=3, seed=0)  # train mode: BatchNorm would mix here
+    params = {k: v.detach() for k, v in m.named_parameters()}
+    x, y = torch.randn(4, *shape, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1, 2, 1])
+
+    def loss(p, xi, yi):
+        out = functional_call(m, p, (xi.unsqueeze(0),))
+        return nn.functional.cross_entropy(out, yi.unsqueeze(0))
+
+    batched = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    alone = grad(loss)(params, x[2], y[2])
+    for k in params:
+        torch.testing.assert_close(batched[k][2], alone[k], atol=1e-5, rtol=1e-4)

@@ -1,0 +1,47 @@
+"""Samplers: explicit rates, reproducibility, and single-pass disjointness."""
+
+import numpy as np
+import pytest
+import torch
+
+from privopt.errors import ConfigError
+from privopt.privacy.events import FullBatch, Poisson, WithoutReplacement
+from privopt.sampling import DisjointPartition, PoissonSampler, WithoutReplacementSampler
+
+
+def test_poisson_sampler_rate_and_reproducibility():
+    s = PoissonSampler(n=1000, rate=0.05, generator=torch.Generator().manual_seed(0))
+    sizes = [len(s.sample()) for _ in range(400)]
+    assert abs(np.mean(sizes) - 50) < 1.5  # sd of the mean ~0.34
+    assert s.expected_batch_size == 50 and s.sampling == Poisson(0.05)
+    a = PoissonSampler(n=50, rate=0.3, generator=torch.Generator().manual_seed(7)).sample()
+    b = PoissonSampler(n=50, rate=0.3, generator=torch.Generator().manual_seed(7)).sample()
+    assert torch.equal(a, b) and a.dtype == torch.int64
+    tiny = PoissonSampler(n=10, rate=1e-4, generator=torch.Generator().manual_seed(0))
+    assert any(len(tiny.sample()) == 0 for _ in range(20))
+    with pytest.raises(ConfigError, match="rate"):
+        PoissonSampler(n=10, rate=0.0, generator=torch.Generator())
+
+
+def test_without_replacement_sampler():
+    s = WithoutReplacementSampler(n=20, batch_size=8, generator=torch.Generator().manual_seed(1))
+    batches = [s.sample() for _ in range(30)]
+    assert all(len(b) == 8 and len(set(b.tolist())) == 8 and int(b.max()) < 20 for b in batches)
+    assert len({tuple(sorted(b.tolist())) for b in batches}) > 1
+    assert s.sampling == WithoutReplacement(20, 8)
+    with pytest.raises(ConfigError, match="batch size"):
+        WithoutReplacementSampler(n=5, batch_size=6, generator=torch.Generator())
+
+
+def test_disjoint_partition_never_reuses_a_record():
+    p = DisjointPartition(n=103, generator=torch.Generator().manual_seed(2))
+    batches = [p.take(10) for _ in range(10)]
+    assert p.remaining == 3 and p.sampling == FullBatch()
+    flat = torch.cat(batches).tolist()
+    assert len(flat) == len(set(flat)) == 100
+    with pytest.raises(ConfigError, match="exhausted"):
+        p.take(4)
+    state = p.state_dict()
+    q = DisjointPartition(n=103, generator=torch.Generator().manual_seed(99))
+    q.load_state_dict(state)
+    assert torch.equal(q.take(3), p.take(3))
