@@ -342,3 +342,81 @@ def test_project_mean_one_is_the_euclidean_projection():
     for _ in range(20):
         other = project_mean_one(torch.randn(50, generator=g, dtype=torch.float64))
         assert float((r - p).norm()) <= float((r - other).norm()) + 1e-12
+
+
+# ---------------------------------------------------------------------------- robustness safeguards
+
+
+def test_double_spider_default_eta_starts_at_the_uniform_prediction_loss():
+    algo = get_algorithm("dp-double-spider", steps=2, q=2, N1=N, N2=20, N3=N, N4=20, lam=0.5)
+    algo.setup(make_ctx(fresh_model()))
+    assert algo.eta == pytest.approx(math.log(2))  # two outputs: log K, data-independent
+
+
+def test_double_spider_caps_eta_and_x_moves():
+    # Tiny clips and big steps: every η move is capped at eta_lr·clip_eta, η stays in [−B, B] and
+    # every x move at lr·clip_x (the default normalised step), whatever the noise does.
+    model = fresh_model()
+    kw = dict(steps=12, q=4, N1=60, N2=20, N3=60, N4=20, lam=0.2, lr=5.0, eta_lr=3.0, clip_eta=0.1, clip_x=0.05,
+              loss_bound=2.0)
+    algo = get_algorithm("dp-double-spider", **kw)
+    inv = algo.inventory(n=N)
+    noise = {nm: 5.0 for nm in inv.names}
+    algo.setup(make_ctx(model, ledger=PrivacyLedger(delta=1e-5), noise=noise))
+    for t in range(12):
+        x0, eta0 = algo._x(), algo.eta
+        algo.step(t)
+        assert abs(algo.eta - eta0) <= 3.0 * 0.1 + 1e-9
+        assert -2.0 <= algo.eta <= 2.0
+        assert float((algo._x() - x0).norm()) <= 5.0 * 0.05 * (1 + 1e-5)
+    # The constant-step option is still available.
+    assert get_algorithm("dp-double-spider", lr_norm=None)._beta(1e6) == pytest.approx(0.1)
+
+
+def test_recursive_spider_adaptive_shift_keeps_the_estimators_exact():
+    # Full batches, no clipping: after every re-centring of c, v/u/s equal the exact inner means
+    # at the shift in use (the rescaling of s is exact post-processing).
+    model = fresh_model()
+    ctx = make_ctx(model)
+    algo = get_algorithm("dp-recursive-spider", steps=9, q=3, b1=N, b2=N, b3=N, b4=N, s_batch=N, lr=0.05,
+                         beta=0.5, loss_bound=10.0, clip_v=BIG, clip_u=BIG, clip_s=BIG, gamma_v=BIG, gamma_u=BIG)
+    algo.setup(ctx)
+    assert algo.current_shift == pytest.approx(math.log(2))
+    shifts = set()
+    for t in range(9):
+        before = fresh_model()
+        before.load_state_dict(model.state_dict())
+        lam_t = algo.lam
+        algo.step(t)
+        c = algo.current_shift
+        shifts.add(round(c, 9))
+        v, u, h2 = exact_inner(before, ctx.x_train, ctx.y_train, lam_t, c)
+        est = algo.estimates
+        torch.testing.assert_close(est["v"], v, rtol=1e-4, atol=1e-7)
+        assert est["u"] == pytest.approx(u, rel=1e-5)
+        assert est["s"] == pytest.approx(h2, rel=1e-6)
+        if t % 3 == 0 and t > 0:  # re-centred at this refresh: s ≈ e^{−shift_offset}
+            assert h2 == pytest.approx(math.exp(-1.0), rel=0.5)
+    assert len(shifts) >= 3  # c really moved
+
+
+def test_recursive_spider_lambda_trust_region():
+    model = fresh_model()
+    kw = dict(steps=12, q=4, b1=60, b2=20, b3=60, b4=20, lr=50.0, rho=0.5, loss_bound=4.0)
+    algo = get_algorithm("dp-recursive-spider", **kw)
+    noise = {nm: 3.0 for nm in algo.inventory(n=N).names}
+    algo.setup(make_ctx(model, ledger=PrivacyLedger(delta=1e-5), noise=noise))
+    lam_max = 4.0 / math.sqrt(8 * 0.5)
+    for t in range(12):
+        lam0 = algo.lam
+        algo.step(t)
+        assert 1e-3 <= algo.lam <= lam_max + 1e-12
+        assert abs(algo.lam - lam0) <= 0.5 * lam0 + 1e-12
+        assert math.isfinite(float(model.weight.detach().sum()))
+
+
+def test_recursive_spider_default_s_batch_is_the_correction_batch():
+    algo = get_algorithm("dp-recursive-spider", steps=10, q=5, b1=60, b2=25, b3=60, b4=25)
+    assert algo.s_batch == 25
+    rates = {s.mechanisms: s.sampling for s in algo.inventory(n=N).steps}
+    assert rates[(("s", 1.0),)].rate == pytest.approx(25 / N)

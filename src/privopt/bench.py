@@ -11,16 +11,23 @@ Methods:
     clipped-difference: auto engine, clipped sum of per-sample gradient *differences* between the
         current point and a fixed second point (the SPIDER/SVRG query) + noise + update.
     opacus-hooks / opacus-ghost: Opacus DP-SGD (hooks mode, and ghost clipping), when importable.
+    noise-only: just the Gaussian noise draw (``d`` values) and the update — the part of every
+        private step that no gradient engine can remove (it dominates on small models).
 
-Peak memory (``peak_mb``) is measured honestly for CPU tensors, which ``tracemalloc`` cannot see:
-each (model, batch, method) runs in a fresh subprocess that builds everything, reads its resident
-set size (RSS), performs two steps and reports ``ru_maxrss`` minus that baseline — the extra
-memory a step needs, including allocator caching and first-call initialisation.
+Peak memory (``peak_mb``) is measured for CPU tensors, which ``tracemalloc`` cannot see: each
+(model, batch, method) runs in a fresh subprocess that builds the model, data and optimiser state,
+performs one warm-up step, reads its resident set size (``VmRSS``), resets the kernel's peak-RSS
+mark (``/proc/self/clear_refs``), performs two steps and reports the peak (``VmHWM``) minus that
+baseline: the extra memory one step needs. glibc runs with a fixed mmap threshold so that freed
+tensors leave the RSS at once (otherwise the allocator's caching hides or inflates peaks). The
+model, optimiser state and batch are in the baseline, so the number is dominated by activations
+and per-step buffers.
 """
 
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import math
 import os
@@ -39,7 +46,7 @@ from privopt.errors import ConfigError
 
 __all__ = ["run_bench", "format_table", "METHODS", "MODELS"]
 
-METHODS = ("nonprivate", "dp-sgd", "dp-sgd-vmap", "clipped-difference", "opacus-hooks", "opacus-ghost")
+METHODS = ("nonprivate", "dp-sgd", "dp-sgd-vmap", "clipped-difference", "opacus-hooks", "opacus-ghost", "noise-only")
 MODELS = ("mlp", "cnn", "resnet20", "tiny")
 _INPUT = {"mlp": (1, 28, 28), "cnn": (1, 28, 28), "resnet20": (3, 32, 32), "tiny": (1, 4, 4)}
 _NUM_CLASSES = 10
@@ -169,6 +176,14 @@ def _make_step(method: str, base: nn.Module, x: torch.Tensor, y: torch.Tensor) -
             _apply_flat(model, noisy / B, _LR)
 
         return step
+    if method == "noise-only":
+        d = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        gen = torch.Generator().manual_seed(2)
+
+        def step():
+            _apply_flat(model, torch.randn(d, generator=gen) * (_SIGMA * _CLIP) / B, _LR)
+
+        return step
     if method in ("opacus-hooks", "opacus-ghost"):
         try:
             with warnings.catch_warnings():
@@ -222,9 +237,25 @@ def _data(name: str, batch_size: int):
 # ------------------------------------------------------------------------------------------
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+def _status_mb(field: str) -> Optional[float]:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak() -> bool:
+    """Reset the kernel's peak-RSS mark (Linux >= 4.0), so setup/import peaks are not counted."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def _probe(model_name: str, batch_size: int, method: str, threads: Optional[int]) -> Optional[float]:
@@ -236,12 +267,19 @@ def _probe(model_name: str, batch_size: int, method: str, threads: Optional[int]
     if step is None:
         return None
     del base
-    baseline = _rss_mb()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        step()  # warm-up: one-off lazy initialisation is not per-step memory
+        gc.collect()
+        baseline = _status_mb("VmRSS")
+        reset = _reset_peak()
         for _ in range(2):
             step()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+    # VmHWM is the peak RSS since the reset; without a reset, ru_maxrss (lifetime peak) is the
+    # best available and may include import-time peaks.
+    peak = _status_mb("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if baseline is None or peak is None:
+        return None
     return max(0.0, peak - baseline)
 
 
@@ -250,8 +288,13 @@ def _peak_mb(model_name: str, batch_size: int, method: str, threads: Optional[in
         "import json,sys; from privopt.bench import _probe; "
         f"print(json.dumps(_probe({model_name!r}, {batch_size}, {method!r}, {threads!r})))"
     )
+    # A fixed mmap threshold makes glibc return every large block to the OS when freed, so RSS
+    # follows the live tensors instead of whatever the allocator chose to keep.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=1800, check=True, env=env
+        )
         return json.loads(out.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, ValueError, IndexError):
         return None
@@ -341,7 +384,8 @@ def run_bench(
                 for row in block:
                     if row["median_s"] is not None:
                         row["ratio_to_nonprivate"] = row["median_s"] / ref["median_s"]
-                    if row["peak_mb"] is not None and ref["peak_mb"]:
+                    # below ~1 MB the baseline is allocator noise and a ratio would mean nothing
+                    if row["peak_mb"] is not None and ref["peak_mb"] is not None and ref["peak_mb"] >= 1.0:
                         row["mem_ratio_to_nonprivate"] = row["peak_mb"] / ref["peak_mb"]
                     if progress:
                         print(_fmt_row(row), file=sys.stderr, flush=True)

@@ -19,6 +19,8 @@ from privopt.errors import DataError
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "save_checkpoint", "load_checkpoint"]
 
 CHECKPOINT_NAME = "checkpoint.pt"
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -30,6 +32,7 @@ def _atomic_write(path: Path, write) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; outputs should be readable like any file
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from privopt.algorithms.base import register_algorithm
-from privopt.algorithms.erm_common import LinearERMAlgorithm, positive, positive_int, single_thread_blas
+from privopt.algorithms.erm_common import LinearERMAlgorithm, single_thread_blas
+from privopt.validation import positive, positive_int
 from privopt.grads.release import PrivateBatch
 from privopt.privacy import FullBatch, Inventory, PlannedStep
 
@@ -66,15 +67,15 @@ class DPGDERM(LinearERMAlgorithm):
         batch = PrivateBatch(ctx.ledger, FullBatch(), {"grad": ctx.noise.get("grad", 1.0)}, generator=ctx.noise_rng)
         with single_thread_blas():
             total = prob.grad_coefficients(self._w, clip=self.clip) @ prob.x
-        self.grad_evals += prob.n
+        self._grad_evals += prob.n
         g = batch.gaussian("grad", torch.from_numpy(total), clip=self.clip, normalizer=prob.n).numpy()
         self._w = (self._w - self.step_size * g) / (1.0 + self.step_size * self.l2)
         self._sync_model()
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"w": self._w.tolist(), "grad_evals": self.grad_evals}
+        return {"w": self._w.tolist(), "grad_evals": self._grad_evals}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._w = np.asarray(state["w"], dtype=np.float64)
-        self.grad_evals = int(state["grad_evals"])
+        self._grad_evals = int(state["grad_evals"])

@@ -17,24 +17,20 @@ from privopt.algorithms.base import Algorithm, RunContext, register_algorithm
 from privopt.errors import ConfigError
 from privopt.grads.flat import num_trainable, set_flat_grad
 from privopt.grads.release import PrivateBatch
+from privopt.grads.sums import chunked_clipped_sum
 from privopt.privacy import FullBatch, Inventory, PlannedStep, Poisson
 from privopt.sampling import PoissonSampler
+from privopt.validation import positive
 
 __all__ = ["SGD", "DPSGD", "DPGD"]
-
-
-def _positive(name: str, value: float) -> float:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
-    return value
 
 
 class _GradientStepAlgorithm(Algorithm):
     """Shared machinery: an SGD optimizer over the model, fed a flat gradient estimate per step."""
 
     def __init__(self, *, epochs: float, lr: float, momentum: float, weight_decay: float):
-        self.epochs = _positive("epochs", epochs)
-        self.lr = _positive("lr", lr)
+        self.epochs = positive("epochs", epochs)
+        self.lr = positive("lr", lr)
         if not 0 <= momentum < 1:
             raise ConfigError(f"momentum must be in [0, 1), got {momentum}")
         self.momentum = momentum
@@ -139,7 +135,7 @@ class DPSGD(_BatchAlgorithm):
     def __init__(self, *, epochs: float = 10, batch_size: int = 64, lr: float = 0.1, clip: float = 1.0,
                  momentum: float = 0.0, weight_decay: float = 0.0):
         super().__init__(epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay)
-        self.clip = _positive("clip", clip)
+        self.clip = positive("clip", clip)
 
     def inventory(self, *, n: int) -> Inventory:
         return Inventory([PlannedStep(Poisson(self._rate(n)), (("grad", 1.0),), self._planned_steps(n))])
@@ -171,7 +167,7 @@ class DPGD(_GradientStepAlgorithm):
     def __init__(self, *, epochs: float = 50, lr: float = 0.5, clip: float = 1.0, momentum: float = 0.0,
                  weight_decay: float = 0.0, chunk_size: int = 1024):
         super().__init__(epochs=epochs, lr=lr, momentum=momentum, weight_decay=weight_decay)
-        self.clip = _positive("clip", clip)
+        self.clip = positive("clip", clip)
         self.chunk_size = int(chunk_size)
 
     def inventory(self, *, n: int) -> Inventory:
@@ -183,10 +179,7 @@ class DPGD(_GradientStepAlgorithm):
     def step(self, t: int) -> dict[str, float]:
         ctx = self._ctx
         batch = PrivateBatch(ctx.ledger, FullBatch(), {"grad": ctx.noise["grad"]}, generator=ctx.noise_rng)
-        total = torch.zeros(num_trainable(ctx.model))
-        for start in range(0, ctx.n, self.chunk_size):  # chunks bound memory; the sum is the same
-            sl = slice(start, start + self.chunk_size)
-            total += ctx.engine.clipped_sum(ctx.model, ctx.loss_fn, ctx.x_train[sl], ctx.y_train[sl],
-                                            clip=self.clip).total
+        total = chunked_clipped_sum(ctx.engine, ctx.model, ctx.loss_fn, ctx.x_train, ctx.y_train, clip=self.clip,
+                                    chunk=self.chunk_size)
         self._apply(batch.gaussian("grad", total, clip=self.clip, normalizer=ctx.n))
         return {}

@@ -29,12 +29,10 @@ from privopt.algorithms.dpsgd import SGD, _BatchAlgorithm
 from privopt.algorithms.dro_common import (
     BatchPlan,
     DROAlgorithm,
-    optional_positive,
-    positive,
-    positive_int,
     spider_steps,
     step_clip,
 )
+from privopt.validation import optional_positive, positive, positive_int
 from privopt.errors import ConfigError
 from privopt.grads.flat import num_trainable
 from privopt.grads.release import PrivateBatch

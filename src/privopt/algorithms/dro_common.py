@@ -21,13 +21,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
-from torch import nn
-from torch.func import functional_call
 
 from privopt.algorithms.base import Algorithm, RunContext
-from privopt.algorithms.erm_common import positive, positive_int
+from privopt.validation import positive, positive_int
 from privopt.errors import ConfigError
-from privopt.grads.flat import flat_params, num_trainable, params_from_flat, trainable_parameters
+from privopt.grads.sums import batch_losses, chunked_clipped_sum, clipped_scalar_sum  # noqa: F401  (re-exported)
+from privopt.grads.flat import flat_params, params_from_flat, trainable_parameters
 from privopt.grads.release import PrivateBatch
 from privopt.privacy import FullBatch, Poisson
 from privopt.sampling import PoissonSampler
@@ -39,8 +38,7 @@ __all__ = [
     "batch_losses",
     "chunked_clipped_sum",
     "clipped_scalar_sum",
-    "positive",
-    "positive_int",
+    "initial_loss_scale",
     "step_clip",
     "spider_steps",
 ]
@@ -49,18 +47,6 @@ Weights = Union[None, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
 
 
 # ----------------------------------------------------------------------------- validation
-
-
-def optional_positive(name: str, value: Any) -> Optional[float]:
-    return None if value is None else positive(name, value)
-
-
-def unit_interval(name: str, value: Any, *, closed_low: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or not ((0 <= value if closed_low else 0 < value) and value <= 1):
-        interval = "[0, 1]" if closed_low else "(0, 1]"
-        raise ConfigError(f"{name} must be in {interval}, got {value!r}")
-    return float(value)
 
 
 # ----------------------------------------------------------------------------- batches
@@ -123,54 +109,6 @@ def spider_steps(*, epochs: float, n: int, q: int, refresh: int, correction: int
 # ----------------------------------------------------------------------------- per-sample queries
 
 
-def clipped_scalar_sum(values: torch.Tensor, clip: float) -> torch.Tensor:
-    """``sum_i sign(a_i)·min(|a_i|, C)`` as a 1-element float64 tensor (per-record bound C).
-
-    Example:
-        >>> clipped_scalar_sum(torch.tensor([0.5, -3.0, 2.0]), 1.0)
-        tensor([0.5000], dtype=torch.float64)
-    """
-    if not clip > 0:
-        raise ConfigError(f"clip threshold must be > 0, got {clip}")
-    a = values.detach().to(torch.float64)
-    return a.clamp(-clip, clip).sum().reshape(1)
-
-
-@torch.no_grad()
-def batch_losses(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, *,
-                 params: Optional[dict] = None, chunk: int = 1024) -> torch.Tensor:
-    """Per-sample losses ``[B]`` at ``params`` (``None``: the model's own parameters)."""
-    if x.shape[0] == 0:
-        return torch.zeros(0, dtype=torch.float64)
-    out = []
-    buffers = dict(model.named_buffers())
-    for s in range(0, x.shape[0], chunk):
-        xs, ys = x[s : s + chunk], y[s : s + chunk]
-        logits = model(xs) if params is None else functional_call(model, ({**params}, buffers), (xs,))
-        out.append(loss_fn(logits, ys).detach())
-    return torch.cat(out)
-
-
-def _slice_weights(w: Weights, sl: slice) -> Weights:
-    return w[sl] if isinstance(w, torch.Tensor) else w
-
-
-def chunked_clipped_sum(engine, model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, *, clip: float,
-                        chunk: int, params=None, weights: Weights = None, params_prev=None,
-                        weights_prev: Weights = None) -> torch.Tensor:
-    """``engine.clipped_sum`` over chunks of at most ``chunk`` records (per-sample clipping makes
-    the chunked sum identical); tensor weights are aligned with the rows of ``x``. An empty batch
-    gives the zero vector."""
-    total = torch.zeros(num_trainable(model))
-    for s in range(0, x.shape[0], chunk):
-        sl = slice(s, s + chunk)
-        res = engine.clipped_sum(model, loss_fn, x[sl], y[sl], clip=clip, params=params,
-                                 weights=_slice_weights(weights, sl), params_prev=params_prev,
-                                 weights_prev=_slice_weights(weights_prev, sl))
-        total = total + res.total.to(total.dtype)
-    return total
-
-
 def step_clip(distance: float, *, gamma: Optional[float], cap: Optional[float]) -> float:
     """Clip threshold of a difference query (SPEC §8.4, E-A.10).
 
@@ -181,6 +119,20 @@ def step_clip(distance: float, *, gamma: Optional[float], cap: Optional[float]) 
         return float(cap)
     c = gamma * float(distance)
     return min(c, cap) if cap is not None else c
+
+
+@torch.no_grad()
+def initial_loss_scale(ctx: RunContext) -> float:
+    """``log K`` for a model with K outputs: the cross-entropy of a uniform prediction.
+
+    A data-independent stand-in for "the loss scale at initialisation" (SPEC §8.7, used for η_0 and
+    for the shift of the KL inner function): K is read from the output shape of one all-zeros
+    input, so no record is touched. Falls back to 1.0 for a single-output model.
+    """
+    probe = torch.zeros_like(ctx.x_train[:1])
+    out = ctx.model(probe)
+    k = int(out.shape[-1]) if out.dim() > 1 else 1
+    return math.log(k) if k > 1 else 1.0
 
 
 # ----------------------------------------------------------------------------- base class

@@ -27,13 +27,21 @@ Deviations from the printed algorithm (all documented in SPEC §7.A):
 * ``share_batches`` (default): when N1 = N3 (resp. N2 = N4) the η- and x-queries of an iteration
   use ONE batch, accounted as one sampled step releasing two Gaussians (the paper draws separate
   batches; sharing halves the data accesses and the subsampling events);
-* x step: constant ``lr`` or, with ``lr_norm``, ``β_t = min(lr, lr_norm/‖v_t‖)`` (E-A.8).
+* x step: ``β_t = min(lr, lr_norm/‖v_t‖)`` (E-A.8, SPEC §2.4's normalised step), by default with
+  ``lr_norm = lr·clip_x``: the nominal norm of v (a mean of C3-clipped terms) is ≤ clip_x, so the
+  cap only binds when noise or SPIDER drift inflates ‖v‖ — it stops the feedback loop
+  "large v → large step → large difference threshold → larger v" seen without it;
+* η safeguards (post-processing of released values, DP unaffected): η_0 defaults to ``log K``
+  (K = number of model outputs: the cross-entropy of a uniform prediction, i.e. the loss scale
+  at initialisation, SPEC §8.7 — data-independent), each η step is capped at ``eta_lr·clip_eta``
+  (the nominal bound of the clipped mean g) and η is projected onto ``[−B, B]/g_η`` (the optimal
+  η lies in the loss range for KL/χ²; B = loss_bound).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
@@ -41,13 +49,12 @@ from privopt.algorithms.base import register_algorithm
 from privopt.algorithms.dro_common import (
     BatchPlan,
     DROAlgorithm,
+    initial_loss_scale,
     clipped_scalar_sum,
-    optional_positive,
-    positive,
-    positive_int,
     spider_steps,
     step_clip,
 )
+from privopt.validation import auto_or_positive, optional_positive, positive, positive_int
 from privopt.errors import ConfigError
 from privopt.objectives.dual import DualObjective
 from privopt.privacy import Inventory, PlannedStep
@@ -70,8 +77,12 @@ class DPDoubleSPIDER(DROAlgorithm):
         lam: the DRO penalty λ (λ_DS, SPEC E-A.5). g_eta: rescaling of η (default 1).
         q: phase length. N1, N2, N3, N4: refresh/correction batch sizes of the η/x estimators
             (a size ≥ n means the full dataset).
-        lr: x step β (its maximum when ``lr_norm`` is set). lr_norm: normalised-step constant.
-        eta_lr: η step α. eta_init: η_0 (default ``loss_bound/2``, SPEC §8.10).
+        lr: x step β (its maximum). lr_norm: normalised-step constant (the largest x move per
+            step); ``"auto"`` (default) = ``lr·clip_x``; ``None`` = constant step ``lr``.
+        eta_lr: η step α. eta_init: η_0 (default ``None``: ``log K`` with K the number of model
+            outputs, the loss scale at initialisation; data-independent).
+        eta_step_cap: cap on ``|η_{t+1} − η_t|``; ``"auto"`` (default) = ``eta_lr·clip_eta``;
+            ``None`` disables it.
         clip_eta, clip_x: refresh thresholds C1, C3.
         gamma_eta, gamma_x: step-proportional factors of C2_t, C4_t (None: fixed thresholds).
         clip_eta_diff, clip_x_diff: caps of C2_t, C4_t (the fixed thresholds when γ is None).
@@ -94,8 +105,9 @@ class DPDoubleSPIDER(DROAlgorithm):
 
     def __init__(self, *, divergence: str = "kl", divergence_params: Optional[dict] = None, lam: float = 1e-3,
                  g_eta: float = 1.0, q: int = 32, N1: int = 2048, N2: int = 128, N3: int = 2048, N4: int = 128,
-                 lr: float = 0.1, lr_norm: Optional[float] = None, eta_lr: float = 0.1,
-                 eta_init: Optional[float] = None, clip_eta: float = 1.0, clip_x: float = 1.0,
+                 lr: float = 0.1, lr_norm: Union[None, str, float] = "auto", eta_lr: float = 0.1,
+                 eta_init: Optional[float] = None, eta_step_cap: Union[None, str, float] = "auto",
+                 clip_eta: float = 1.0, clip_x: float = 1.0,
                  gamma_eta: Optional[float] = 10.0, gamma_x: Optional[float] = 10.0,
                  clip_eta_diff: Optional[float] = None, clip_x_diff: Optional[float] = None,
                  loss_bound: float = 10.0, exp_cap: Optional[float] = 30.0, share_batches: bool = True,
@@ -109,12 +121,13 @@ class DPDoubleSPIDER(DROAlgorithm):
         self.N1, self.N2 = positive_int("N1", N1), positive_int("N2", N2)
         self.N3, self.N4 = positive_int("N3", N3), positive_int("N4", N4)
         self.lr = positive("lr", lr)
-        self.lr_norm = optional_positive("lr_norm", lr_norm)
+        self.lr_norm = auto_or_positive("lr_norm", lr_norm)
+        self.eta_step_cap = auto_or_positive("eta_step_cap", eta_step_cap)
         self.eta_lr = positive("eta_lr", eta_lr)
         self.loss_bound = positive("loss_bound", loss_bound)
         if eta_init is not None and not (isinstance(eta_init, (int, float)) and math.isfinite(eta_init)):
             raise ConfigError(f"eta_init must be a finite number, got {eta_init!r}")
-        self.eta_init = float(eta_init) if eta_init is not None else self.loss_bound / 2
+        self.eta_init = None if eta_init is None else float(eta_init)
         self.clip_eta, self.clip_x = positive("clip_eta", clip_eta), positive("clip_x", clip_x)
         self.gamma_eta = optional_positive("gamma_eta", gamma_eta)
         self.gamma_x = optional_positive("gamma_x", gamma_x)
@@ -174,7 +187,8 @@ class DPDoubleSPIDER(DROAlgorithm):
             self._samplers["x-refresh"] = self._samplers["eta-refresh"]
         if self._shared("eta-diff", "x-diff", plans):
             self._samplers["x-diff"] = self._samplers["eta-diff"]
-        self._state = {"eta": self.eta_init, "eta_prev": None, "x_prev": None, "g": None, "v": None}
+        eta0 = self.eta_init if self.eta_init is not None else initial_loss_scale(ctx) / self.g_eta
+        self._state = {"eta": self._project_eta(eta0), "eta_prev": None, "x_prev": None, "g": None, "v": None}
         self._last_batches: dict[str, torch.Tensor] = {}  # diagnostics for tests; not checkpointed
 
     def state_dict(self) -> dict[str, Any]:
@@ -227,6 +241,24 @@ class DPDoubleSPIDER(DROAlgorithm):
         return self._grad_sum(idx, clip=clip, x=x, weights=self.objective.weight_fn(eta), x_prev=x_prev,
                               weights_prev=self.objective.weight_fn(eta_prev))
 
+    # ------------------------------------------------------------------ safeguards (post-processing)
+    def _project_eta(self, eta: float) -> float:
+        bound = self.loss_bound / self.g_eta
+        return min(max(float(eta), -bound), bound)
+
+    def _eta_step(self, eta: float, g: float) -> float:
+        move = self.eta_lr * g
+        cap = self.eta_lr * self.clip_eta if self.eta_step_cap == "auto" else self.eta_step_cap
+        if cap is not None:
+            move = min(max(move, -cap), cap)
+        return self._project_eta(eta - move)
+
+    def _beta(self, v_norm: float) -> float:
+        lr_norm = self.lr * self.clip_x if self.lr_norm == "auto" else self.lr_norm
+        if lr_norm is None:
+            return self.lr
+        return min(self.lr, lr_norm / max(v_norm, 1e-12))
+
     # ------------------------------------------------------------------ one iteration
     def _release(self, key: str, batch, stat: torch.Tensor, clip: float) -> torch.Tensor:
         return batch.gaussian(key, stat, clip=clip, normalizer=self._plans_[key].normalizer)
@@ -243,7 +275,7 @@ class DPDoubleSPIDER(DROAlgorithm):
             self._last_batches["eta"] = idx
             g = float(self._release("eta-refresh", batch, self.eta_grad_sum(idx, x=None, eta=eta_t, clip=self.clip_eta),
                                     self.clip_eta))
-            eta_next = eta_t - self.eta_lr * g
+            eta_next = self._eta_step(eta_t, g)
             if not shared["refresh"]:
                 idx, batch = self._batch(self._samplers["x-refresh"], ["x-refresh"])
             self._last_batches["x"] = idx
@@ -263,7 +295,7 @@ class DPDoubleSPIDER(DROAlgorithm):
                 stat = self.eta_diff_sum(idx, x=None, eta=eta_t, x_prev=x_prev, eta_prev=eta_prev, clip=c2)
                 g = g + float(self._release("eta-diff", batch, stat, c2))
                 logs["clip_eta_diff"] = c2
-            eta_next = eta_t - self.eta_lr * g
+            eta_next = self._eta_step(eta_t, g)
             d_x = max(abs(eta_next - eta_t), dx)
             if d_x > 0:
                 if batch is None or not shared["diff"]:
@@ -274,7 +306,7 @@ class DPDoubleSPIDER(DROAlgorithm):
                 v = v + self._release("x-diff", batch, stat, c4)
                 logs["clip_x_diff"] = c4
         v_norm = float(v.norm())
-        beta = self.lr if self.lr_norm is None else min(self.lr, self.lr_norm / max(v_norm, 1e-12))
+        beta = self._beta(v_norm)
         x_next = x_t - beta * v
         self._set_x(x_next)
         st.update(x_prev=x_t, eta_prev=eta_t, eta=eta_next, g=g, v=v)

@@ -25,6 +25,22 @@ multiplier, calibrated by the loop): ``v-refresh``/``u-refresh`` ceil(T/q) times
 also releases ``s``: the s_0 init), ``v-diff``/``u-diff`` T − ceil(T/q) times, ``s`` T times.
 Families on a shared batch form one planned step.
 
+Robustness safeguards (all post-processing of released values or public constants; the privacy
+inventory is unchanged):
+
+* adaptive shift (default ``shift="adaptive"``): c starts at ``log K`` (the cross-entropy of a
+  uniform prediction; data-independent) and is re-centred at every refresh to
+  ``c + λ·(log s + shift_offset)`` so that the tracked mean h2 ≈ e^{−shift_offset}. With the fixed
+  c = B, h ≈ e^{−(B−ℓ)/λ} ≈ 1e−4 and the noise of the clipped s-query (std ∝ C5) swamps it. The
+  change of c rescales s exactly (``s·exp((c_old − c_new)/λ)``); v and u are refreshed at the
+  new c on the same step, so the estimators stay consistent;
+* ``s_batch`` defaults to the correction batch size b2 (the paper's single record makes s pure
+  noise under DP);
+* the x-direction uses ``v·min(1, clip_v/‖v‖)`` (v is nominally a mean of clip_v-clipped terms;
+  the cap only binds when noise/drift inflates it);
+* λ moves by at most ``lam_step_frac·λ_t`` per step and stays in ``[λ0, lam_max]`` with
+  ``lam_max = B/√(8ρ)`` by default (Hoeffding: the minimiser over λ is below range/√(8ρ)).
+
 Other documented choices: constant step and momentum (E-A.15; the Lemma-9 schedule needs the
 unknown σ²); losses clamped to ``[0, B]`` (straight-through, §8.7); scalars in float64; the
 output is a uniformly random iterate among the T produced (index drawn up front).
@@ -33,7 +49,7 @@ output is a uniformly random iterate among the T produced (index drawn up front)
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
@@ -41,14 +57,12 @@ from privopt.algorithms.base import register_algorithm
 from privopt.algorithms.dro_common import (
     BatchPlan,
     DROAlgorithm,
+    initial_loss_scale,
     clipped_scalar_sum,
-    optional_positive,
-    positive,
-    positive_int,
     spider_steps,
     step_clip,
-    unit_interval,
 )
+from privopt.validation import auto_or_positive, optional_positive, positive, positive_int, unit_interval
 from privopt.errors import ConfigError
 from privopt.objectives.compositional import KLCompositional
 from privopt.privacy import Inventory, PlannedStep
@@ -72,7 +86,12 @@ class DPRecursiveSPIDER(DROAlgorithm):
         clip_v, clip_u, clip_s: thresholds C1, C3, C5.
         gamma_v, gamma_u: step-proportional factors of C2_t, C4_t (None: fixed thresholds).
         clip_v_diff, clip_u_diff: caps of C2_t, C4_t (the fixed thresholds when γ is None).
-        loss_bound: public clamp B. shift: the shift c of h (default B, so h ∈ (0, 1]).
+        loss_bound: public clamp B. shift: the shift c of h: ``"adaptive"`` (default, see the module
+            docstring), or a fixed number, or ``None`` for c = B (h ∈ (0, 1]).
+        shift_offset: target ``−log h2`` of the adaptive shift (default 1).
+        lam_max: upper bound of λ (default ``"auto"`` = B/√(8ρ); ``None``: none).
+        lam_step_frac: largest relative λ move per step (default 0.5; ``None``: no cap).
+        cap_v: cap ‖v‖ at clip_v before the x step (default True).
         s_min: floor of s (default ``exp(−c/λ_t)``, the smallest value h2 can take).
         share_batches: v- and u-queries share one batch when their sizes agree.
         epochs, steps, output, chunk_size: see :class:`DROAlgorithm`.
@@ -88,12 +107,14 @@ class DPRecursiveSPIDER(DROAlgorithm):
     summary = "DP Recursive-SPIDER (Paper A Alg. 3) on KL-constrained DRO"
 
     def __init__(self, *, rho: float = 0.5, lam0: float = 1e-3, lam_init: float = 1.0, q: int = 32,
-                 b1: int = 2048, b2: int = 128, b3: int = 2048, b4: int = 128, s_batch: int = 1,
+                 b1: int = 2048, b2: int = 128, b3: int = 2048, b4: int = 128, s_batch: Optional[int] = None,
                  lr: float = 0.01, lam_lr: Optional[float] = None, beta: float = 0.5, clip_v: float = 1.0,
                  clip_u: float = 1.0, clip_s: float = 1.0, gamma_v: Optional[float] = 10.0,
                  gamma_u: Optional[float] = 10.0, clip_v_diff: Optional[float] = None,
-                 clip_u_diff: Optional[float] = None, loss_bound: float = 10.0, shift: Optional[float] = None,
-                 s_min: Optional[float] = None, share_batches: bool = True, epochs: float = 20,
+                 clip_u_diff: Optional[float] = None, loss_bound: float = 10.0,
+                 shift: Union[None, str, float] = "adaptive", shift_offset: float = 1.0,
+                 lam_max: Union[None, str, float] = "auto", lam_step_frac: Optional[float] = 0.5,
+                 cap_v: bool = True, s_min: Optional[float] = None, share_batches: bool = True, epochs: float = 20,
                  steps: Optional[int] = None, output: str = "random", chunk_size: int = 256):
         super().__init__(epochs=epochs, steps=steps, output=output, chunk_size=chunk_size)
         self.rho, self.lam0 = positive("rho", rho), positive("lam0", lam0)
@@ -103,7 +124,7 @@ class DPRecursiveSPIDER(DROAlgorithm):
         self.q = positive_int("q", q)
         self.b1, self.b2 = positive_int("b1", b1), positive_int("b2", b2)
         self.b3, self.b4 = positive_int("b3", b3), positive_int("b4", b4)
-        self.s_batch = positive_int("s_batch", s_batch)
+        self.s_batch = self.b2 if s_batch is None else positive_int("s_batch", s_batch)
         self.lr = positive("lr", lr)
         self.lam_lr = optional_positive("lam_lr", lam_lr)
         self.beta = unit_interval("beta", beta)
@@ -116,8 +137,19 @@ class DPRecursiveSPIDER(DROAlgorithm):
             if g is None and c is None:
                 raise ConfigError(f"gamma_{nm} is None (fixed threshold) but clip_{nm}_diff is not set")
         self.loss_bound = positive("loss_bound", loss_bound)
-        self.objective = KLCompositional(rho=self.rho, lam0=self.lam0, loss_bound=self.loss_bound, shift=shift)
-        self.shift = self.objective.shift
+        if shift is not None and shift != "adaptive" and not isinstance(shift, (int, float)):
+            raise ConfigError(f"shift must be 'adaptive', a number or None, got {shift!r}")
+        self.adaptive_shift = shift == "adaptive"
+        self.objective = KLCompositional(rho=self.rho, lam0=self.lam0, loss_bound=self.loss_bound,
+                                         shift=None if self.adaptive_shift else shift)
+        self.shift = "adaptive" if self.adaptive_shift else self.objective.shift
+        self.shift_offset = positive("shift_offset", shift_offset)
+        lam_max = auto_or_positive("lam_max", lam_max)
+        self.lam_max = self.loss_bound / math.sqrt(8.0 * self.rho) if lam_max == "auto" else lam_max
+        if self.lam_max is not None and self.lam_max < self.lam_init:
+            self.lam_max = self.lam_init
+        self.lam_step_frac = optional_positive("lam_step_frac", lam_step_frac)
+        self.cap_v = bool(cap_v)
         self.s_min = optional_positive("s_min", s_min)
         self.share_batches = bool(share_batches)
         self._state: dict[str, Any] = {}
@@ -172,7 +204,9 @@ class DPRecursiveSPIDER(DROAlgorithm):
             self._samplers["u-refresh"] = self._samplers["v-refresh"]
         if self._shared("v-diff", "u-diff", plans):
             self._samplers["u-diff"] = self._samplers["v-diff"]
-        self._state = {"lam": self.lam_init, "lam_prev": None, "x_prev": None, "v": None, "u": None, "s": None}
+        c0 = initial_loss_scale(ctx) if self.adaptive_shift else self.objective.shift
+        self._state = {"lam": self.lam_init, "lam_prev": None, "x_prev": None, "v": None, "u": None, "s": None,
+                       "c": float(c0)}
         self._last_batches = {}
 
     def state_dict(self) -> dict[str, Any]:
@@ -205,23 +239,24 @@ class DPRecursiveSPIDER(DROAlgorithm):
     # (2−β)·C for the STORM s-query).
     def v_grad_sum(self, idx, *, x: Optional[torch.Tensor], lam: float, clip: float) -> torch.Tensor:
         """``Σ Clip(∇_x h(w; ξ_i), C)`` with ``∇_x h = (h/λ)·∇ℓ`` ([d])."""
-        return self._grad_sum(idx, clip=clip, x=x, weights=self.objective.h_weight_fn(lam))
+        return self._grad_sum(idx, clip=clip, x=x, weights=self.objective.h_weight_fn(lam, shift=self._c()))
 
     def v_diff_sum(self, idx, *, x: Optional[torch.Tensor], lam: float, x_prev: torch.Tensor, lam_prev: float,
                    clip: float) -> torch.Tensor:
         """``Σ Clip(∇_x h(w; ξ_i) − ∇_x h(w_prev; ξ_i), C)`` ([d])."""
-        return self._grad_sum(idx, clip=clip, x=x, weights=self.objective.h_weight_fn(lam), x_prev=x_prev,
-                              weights_prev=self.objective.h_weight_fn(lam_prev))
+        c = self._c()
+        return self._grad_sum(idx, clip=clip, x=x, weights=self.objective.h_weight_fn(lam, shift=c), x_prev=x_prev,
+                              weights_prev=self.objective.h_weight_fn(lam_prev, shift=c))
 
     def _h_lam(self, idx, x, lam) -> torch.Tensor:
         if idx.numel() == 0:
             return torch.zeros(0, dtype=torch.float64)
-        return self.objective.h_lam_grads(self._losses(idx, x), lam)
+        return self.objective.h_lam_grads(self._losses(idx, x), lam, shift=self._c())
 
     def _h(self, idx, x, lam) -> torch.Tensor:
         if idx.numel() == 0:
             return torch.zeros(0, dtype=torch.float64)
-        return self.objective.h(self._losses(idx, x), lam).detach()
+        return self.objective.h(self._losses(idx, x), lam, shift=self._c()).detach()
 
     def u_grad_sum(self, idx, *, x: Optional[torch.Tensor], lam: float, clip: float) -> torch.Tensor:
         """``Σ Clip(∇_λ h(w; ξ_i), C)`` (1-element float64)."""
@@ -243,14 +278,45 @@ class DPRecursiveSPIDER(DROAlgorithm):
         before = self._h(idx, x_prev, lam_prev).clamp(-clip, clip)
         return (now - (1.0 - beta) * before).sum().reshape(1)
 
+    def _c(self) -> float:
+        """The current (public) shift c of the inner function."""
+        if self._state and self._state.get("c") is not None:
+            return float(self._state["c"])
+        return self.objective.shift
+
+    @property
+    def current_shift(self) -> float:
+        """The shift c in use (released: a function of noisy estimates and public constants)."""
+        return self._c()
+
+    def _recentre(self, lam_prev: float) -> None:
+        """Adaptive shift (post-processing): move c so the tracked s becomes e^{−shift_offset}."""
+        st = self._state
+        s_old, c_old = float(st["s"]), float(st["c"])
+        c_new = c_old + lam_prev * (math.log(max(s_old, _TINY)) + self.shift_offset)
+        # s estimates mean exp((ℓ − c)/λ_prev) at w_{t−1}: the exact rescaling for the new c.
+        st["s"] = s_old * math.exp(max(min((c_old - c_new) / lam_prev, 690.0), -690.0))
+        st["c"] = c_new
+
+    def _lam_update(self, lam_t: float, z_lam: float) -> float:
+        move = (self.lam_lr or self.lr) * z_lam
+        if self.lam_step_frac is not None:
+            cap = self.lam_step_frac * lam_t
+            move = min(max(move, -cap), cap)
+        lam = lam_t - move
+        if self.lam_max is not None:
+            lam = min(lam, self.lam_max)
+        return self.objective.project_lam(lam)
+
     # ------------------------------------------------------------------ one iteration
     def _release(self, key: str, batch, stat: torch.Tensor, clip: float) -> torch.Tensor:
         return batch.gaussian(key, stat, clip=clip, normalizer=self._plans_[key].normalizer)
 
     def _s_range(self, lam: float) -> tuple[float, float]:
         """Range of h2 for losses in [0, B] (computed in log space; post-processing bounds of s)."""
-        lo = math.exp(max(-self.shift / lam, -690.0))
-        hi = math.exp(min((self.loss_bound - self.shift) / lam, 690.0))
+        c = self._c()
+        lo = math.exp(max(-c / lam, -690.0))
+        hi = math.exp(min((self.loss_bound - c) / lam, 690.0))
         return max(lo if self.s_min is None else self.s_min, _TINY), hi
 
     def step(self, t: int) -> dict[str, float]:
@@ -260,6 +326,8 @@ class DPRecursiveSPIDER(DROAlgorithm):
             st["x_prev"], st["lam_prev"] = x_t, lam_t
         x_prev, lam_prev = st["x_prev"], float(st["lam_prev"])
         logs: dict[str, float] = {}
+        if t % self.q == 0 and t > 0 and self.adaptive_shift:
+            self._recentre(lam_prev)
         if t % self.q == 0:
             shared = self._samplers["u-refresh"] is self._samplers["v-refresh"]
             names = ["v-refresh"] + (["u-refresh"] if shared else []) + (["s"] if t == 0 else [])
@@ -302,13 +370,16 @@ class DPRecursiveSPIDER(DROAlgorithm):
         s_raw = float(self._release("s", batch, stat, bound)) + (1.0 - self.beta) * float(st["s"])
         lo, hi = self._s_range(lam_t)
         s = min(max(s_raw, lo), hi)
-        z_x, z_lam = KLCompositional.outer_grads(s=s, v=v, u=u, lam=lam_t, rho=self.rho)
+        v_dir = v
+        if self.cap_v and math.isfinite(self.clip_v):
+            v_dir = v * min(1.0, self.clip_v / max(float(v.norm()), 1e-300))
+        z_x, z_lam = KLCompositional.outer_grads(s=s, v=v_dir, u=u, lam=lam_t, rho=self.rho)
         x_next = x_t - self.lr * z_x
-        lam_next = self.objective.project_lam(lam_t - (self.lam_lr or self.lr) * z_lam)
+        lam_next = self._lam_update(lam_t, z_lam)
         self._set_x(x_next)
         st.update(x_prev=x_t, lam_prev=lam_t, lam=lam_next, v=v, u=u, s=s)
         self._maybe_save(t + 1, x_next, lam=lam_next)
-        logs.update(lam=lam_next, s=s, u=u, v_norm=float(v.norm()), z_lam=z_lam)
+        logs.update(lam=lam_next, s=s, u=u, v_norm=float(v.norm()), z_lam=z_lam, shift=self._c())
         return logs
 
 
@@ -328,7 +399,7 @@ class SCDRO(DPRecursiveSPIDER):
     def __init__(self, *, rho: float = 0.5, lam0: float = 1e-3, lam_init: float = 1.0, q: int = 32,
                  b1: int = 2048, b2: int = 128, b3: int = 2048, b4: int = 128, s_batch: int = 128,
                  lr: float = 0.01, lam_lr: Optional[float] = None, beta: float = 0.5, loss_bound: float = 10.0,
-                 shift: Optional[float] = None, s_min: Optional[float] = None, share_batches: bool = True,
+                 shift: Union[None, str, float] = "adaptive", s_min: Optional[float] = None, share_batches: bool = True,
                  epochs: float = 20, steps: Optional[int] = None, output: str = "last", chunk_size: int = 256):
         super().__init__(rho=rho, lam0=lam0, lam_init=lam_init, q=q, b1=b1, b2=b2, b3=b3, b4=b4, s_batch=s_batch,
                          lr=lr, lam_lr=lam_lr, beta=beta, gamma_v=None, gamma_u=None, clip_v_diff=1.0,

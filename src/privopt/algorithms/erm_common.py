@@ -11,16 +11,17 @@ and records keep working.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 
 from privopt.algorithms.base import Algorithm, RunContext
 from privopt.errors import ConfigError, ModelError
+from privopt.validation import positive
 from privopt.objectives.erm import LogisticERM
 
-__all__ = ["LinearERMAlgorithm", "positive", "positive_int", "single_thread_blas"]
+__all__ = ["LinearERMAlgorithm", "single_thread_blas"]
 
 _CONTROLLER = None
 
@@ -40,18 +41,6 @@ def single_thread_blas():
     return _CONTROLLER.limit(limits=1, user_api="blas")
 
 
-def positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not (isinstance(value, int) and value >= 1):
-        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
-
-
 class LinearERMAlgorithm(Algorithm):
     """Base: binds a run to a :class:`LogisticERM` and keeps the model's weight in sync.
 
@@ -68,7 +57,7 @@ class LinearERMAlgorithm(Algorithm):
         self._ctx: Optional[RunContext] = None
         self._param: Optional[torch.nn.Parameter] = None
         self.problem: Optional[LogisticERM] = None
-        self.grad_evals = 0
+        self._grad_evals = 0
 
     def setup(self, ctx: RunContext) -> None:
         params = [p for p in ctx.model.parameters() if p.requires_grad]
@@ -86,7 +75,7 @@ class LinearERMAlgorithm(Algorithm):
             labels=ctx.y_train.detach().cpu().double().numpy(),
             l2=self.l2,
         )
-        self.grad_evals = 0
+        self._grad_evals = 0
         self._start(self._param.detach().cpu().double().reshape(-1).numpy().copy())
 
     def _start(self, w0: np.ndarray) -> None:
@@ -106,6 +95,11 @@ class LinearERMAlgorithm(Algorithm):
         self._sync_model()
 
     @property
+    def grad_evals(self) -> int:
+        """Per-sample gradient evaluations performed so far."""
+        return self._grad_evals
+
+    @property
     def passes(self) -> float:
         """Per-sample gradient evaluations divided by n."""
-        return self.grad_evals / self.problem.n if self.problem is not None else 0.0
+        return self._grad_evals / self.problem.n if self.problem is not None else 0.0

@@ -37,7 +37,8 @@ import numpy as np
 import torch
 
 from privopt.algorithms.base import register_algorithm
-from privopt.algorithms.erm_common import LinearERMAlgorithm, positive, positive_int, single_thread_blas
+from privopt.algorithms.erm_common import LinearERMAlgorithm, single_thread_blas
+from privopt.validation import positive, positive_int
 from privopt.privacy import FullBatch, Gaussian, Inventory, PlannedStep, SingleRecord, Step
 
 __all__ = ["DPSVRG", "DPSVRGPlusPlus", "svrg_inner_loop"]
@@ -127,12 +128,12 @@ class _SVRGBase(LinearERMAlgorithm):
 
     def state_dict(self) -> dict[str, Any]:
         return {"x_start": self._x_start.tolist(), "snapshot": self._snapshot.tolist(),
-                "grad_evals": self.grad_evals}
+                "grad_evals": self._grad_evals}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._x_start = np.asarray(state["x_start"], dtype=np.float64)
         self._snapshot = np.asarray(state["snapshot"], dtype=np.float64)
-        self.grad_evals = int(state["grad_evals"])
+        self._grad_evals = int(state["grad_evals"])
 
     # ------------------------------------------------------------------ one epoch
     def step(self, t: int) -> dict[str, float]:
@@ -146,7 +147,7 @@ class _SVRGBase(LinearERMAlgorithm):
         m = self.epoch_length(t + 1)
         snap_coef = prob.grad_coefficients(self._snapshot, clip=c)
         mu = snap_coef @ prob.x  # clipped SUM (bound C per record), released with normaliser n
-        self.grad_evals += n
+        self._grad_evals += n
         private = ctx.ledger is not None
         if private:
             z_diff, z_snap = float(ctx.noise["diff"]), float(ctx.noise["snapshot"])
@@ -167,7 +168,7 @@ class _SVRGBase(LinearERMAlgorithm):
             x, block_sum = svrg_inner_loop(prob, x_start=x, snap_coef=snap_coef, indices=idx, drift=drift,
                                            step_size=self.step_size, clip=c)
             acc += block_sum
-            self.grad_evals += k
+            self._grad_evals += k
         self._snapshot = acc / m
         # DP-SVRG restarts from the new snapshot; SVRG++ continues from the last iterate.
         self._x_start = x if self.doubling else self._snapshot.copy()

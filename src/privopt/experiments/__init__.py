@@ -28,3 +28,5 @@ register_experiment("dro-table3", "privopt.experiments.dro",
                     "Paper A Table 3 / Figs 1-3: DP DRO methods, accuracy, AUC, F1, gradient norm, MIA")
 register_experiment("dro-mia", "privopt.experiments.dro",
                     "Paper A Table 2: membership-inference AUC of the DP SPIDER methods vs the DP cap")
+register_experiment("erm-covertype", "privopt.experiments.erm_covertype",
+                    "Paper B Figs 1-2: DP-SVRG / DP-SVRG++ vs DP-GD optimality gap on Covertype")

@@ -143,11 +143,11 @@ class Budget:
 
 
 BUDGETS: dict[str, Budget] = {
-    # CPU-sized: MLP-64 on flattened images, 2 epoch-equivalents, 2×2 grid tuned once per method at
-    # ε = 1 (1 epoch-equivalent per trial) and reused for every ε — sized for < 20 min on 2 cores.
+    # CPU-sized: MLP-64 on flattened images, 10 epoch-equivalents per run, a 3×2 grid tuned at every
+    # ε (5 epoch-equivalents per trial) — about 5 min (MNIST-ST) / 10 min (Fashion-MNIST) on 2 cores.
     "quick": Budget(name="quick", image_model="mlp", tabular_model="mlp", model_params={"hidden": 64},
-                    epochs=2, batch_size=128, refresh=1024, q=16, lrs=(0.05, 0.3), clips=(0.1, 1.0),
-                    tune_epochs=1, tune_at=1.0, val_fraction=0.2, eval_points=5, max_train=20_000),
+                    epochs=10, batch_size=128, refresh=1024, q=16, lrs=(0.1, 0.5, 2.0), clips=(0.1, 1.0),
+                    tune_epochs=5, tune_at="each", val_fraction=0.2, eval_points=8, max_train=20_000),
     # The paper's setting (ResNet20 with GroupNorm, batch 128), SPEC §8.10 grid, tuned at every ε.
     "paper": Budget(name="paper", image_model="resnet20", tabular_model="mlp", model_params={},
                     epochs=20, batch_size=128, refresh=2048, q=32, lrs=(1e-3, 3e-3, 1e-2, 3e-2, 1e-1),
@@ -180,7 +180,7 @@ def _delta(n: int) -> float:
 
 # --------------------------------------------------------------------------------- methods
 # Constructor parameters that get the budget's batch sizes (minibatch / correction vs refresh).
-_SMALL_BATCH = ("batch_size", "N2", "N4", "b2", "b4")
+_SMALL_BATCH = ("batch_size", "N2", "N4", "b2", "b4", "s_batch")
 _REFRESH_BATCH = ("N1", "N3", "b1", "b3", "refresh_batch")
 # Methods whose objective is the λ-penalised dual (2)/(3): they share the penalty ``budget.ds_lam``.
 _PENALISED = ("dp-double-spider", "dp-sgda", "private-diff", "dp-sgd-joint")
@@ -191,8 +191,9 @@ def method_params(method: str, *, budget: Budget, lr: float, clip: float, epochs
 
     The mapping is by constructor-parameter name, so every method gets the same treatment:
     ``lr`` → the x step ``lr`` (dual/η/λ steps keep the method's defaults),
-    ``clip`` → every fixed per-sample clip threshold (``clip``, ``clip_x``, ``clip_v`` ...; the
-    step-proportional difference thresholds keep their γ), batch sizes → ``budget.batch_size`` /
+    ``clip`` → every per-sample clip threshold (``clip``, ``clip_x``, ``clip_v`` ...) and the cap of
+    every step-proportional difference threshold (``clip_x_diff`` ...; γ keeps its default),
+    batch sizes (incl. Recursive-SPIDER's ``s_batch``; paper: 1) → ``budget.batch_size`` /
     ``budget.refresh``, ``q`` → ``budget.q``, ``epochs`` → ``epochs``, ``output`` → ``"last"``, and
     the KL-DRO constants ρ, λ0 where the method has them.
 
@@ -213,7 +214,11 @@ def method_params(method: str, *, budget: Budget, lr: float, clip: float, epochs
             continue
         if name == "lr":
             out[name] = lr
-        elif name.startswith("clip") and not name.endswith("_diff") and isinstance(p.default, (int, float)):
+        elif name.startswith("clip") and isinstance(p.default, (int, float)):
+            out[name] = clip
+        elif name.startswith("clip") and name.endswith("_diff"):
+            # Cap of the step-proportional difference threshold: without a cap, C_t = γ‖Δw‖ and the
+            # noise grow with the step, which feeds back into larger steps (observed divergence).
             out[name] = clip
         elif name in _SMALL_BATCH:
             out[name] = budget.batch_size
@@ -474,6 +479,27 @@ def _run_grid(*, kind: str, dataset: Any, data_dir, methods: Sequence[str], epsi
     return rows, meta, out
 
 
+def _single_threaded(fn: Callable) -> Callable:
+    """Run ``fn`` with one torch intra-op thread (restored afterwards).
+
+    Why: these runs are many small, sequential jobs. With 2 intra-op threads on a 2-core machine
+    that is also busy with anything else, every small kernel waits for both threads to be
+    scheduled; a per-sample-gradient call of the quick MLP measured 0.5 s with 2 threads vs 5 ms
+    with 1 thread under load (100×). One thread is never much slower for models this size.
+    """
+    import torch
+
+    def wrapped(*args, **kwargs):
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+
+    return wrapped
+
+
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     vals = [v for v in values if _finite(v)]
     if not vals:
@@ -660,7 +686,7 @@ def run_dro_table3(*, dataset: Any, data_dir=None, epsilons: Sequence[float] = T
         >>> sorted(r["method"] for r in res["rows"])
         ['dp-sgd', 'scdro']
     """
-    rows, meta, out = _run_grid(kind="table3", dataset=dataset, data_dir=data_dir, methods=methods,
+    rows, meta, out = _single_threaded(_run_grid)(kind="table3", dataset=dataset, data_dir=data_dir, methods=methods,
                                 epsilons=epsilons, seeds=seeds, budget=budget, model=model, out_dir=out_dir,
                                 progress=progress, nonprivate=nonprivate, tune=tune, hyperparameters=hyperparameters,
                                 metrics=["grad_norm", "mia"], log=log)
@@ -703,7 +729,7 @@ def run_dro_mia(*, dataset: Any = "cifar10-st", data_dir=None, epsilons: Sequenc
     ``table2.md``, ``summary.json``, ``tuning.json``. Arguments as :func:`run_dro_table3`."""
     from privopt.eval.mia import dp_auc_bound
 
-    rows, meta, out = _run_grid(kind="mia", dataset=dataset, data_dir=data_dir, methods=methods, epsilons=epsilons,
+    rows, meta, out = _single_threaded(_run_grid)(kind="mia", dataset=dataset, data_dir=data_dir, methods=methods, epsilons=epsilons,
                                 seeds=seeds, budget=budget, model=model, out_dir=out_dir, progress=progress,
                                 nonprivate=False, tune=tune, hyperparameters=hyperparameters,
                                 metrics=["mia"], log=log)

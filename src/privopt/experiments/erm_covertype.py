@@ -65,8 +65,8 @@ class Budget:
 
 
 BUDGETS = {
-    "quick": Budget(runs=3, accountant="rdp", svrg_steps=(0.01, 0.05, 0.2), gd_steps=(0.1, 0.5, 1.0), curve_points=60),
-    "paper": Budget(runs=10, accountant="pld", svrg_steps=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3),
+    "quick": Budget(runs=3, accountant="rdp", svrg_steps=(0.0003, 0.001, 0.003), gd_steps=(0.05, 0.1, 0.5), curve_points=60),
+    "paper": Budget(runs=10, accountant="pld", svrg_steps=(0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1),
                     gd_steps=(0.01, 0.05, 0.1, 0.5, 1.0), curve_points=150),
 }
 REG_L2 = 1e-2
@@ -78,19 +78,23 @@ GD_UNREG = dict(iterations=1000, step_size=0.1)
 
 # ------------------------------------------------------------------------------------------- data
 def _find_covtype_file(data_dir: Path) -> Path:
+    """The UCI file in ``data_dir`` or its ``covtype/`` sub-folder (the layout of every privopt data dir)."""
     if data_dir.is_file():
         return data_dir
-    cands = sorted(p for p in data_dir.glob("covtype*.data*") if p.is_file())
-    if not cands:
-        raise DataError(f"no Covertype file (covtype*.data or covtype*.data.gz) found in {data_dir}")
-    return cands[0]
+    for folder in (data_dir, data_dir / "covtype", data_dir / "covertype"):
+        cands = sorted(p for p in folder.glob("covtype*.data*") if p.is_file())
+        if cands:
+            return cands[0]
+    raise DataError(f"no Covertype file (covtype*.data or covtype*.data.gz) found in {data_dir} "
+                    f"or {data_dir / 'covtype'}")
 
 
 def load_covertype_binary(*, data_dir, n_train: Optional[int] = None, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Covertype as ±1 logistic-regression data with unit-norm rows (see the module docstring).
 
     Args:
-        data_dir: folder holding ``covtype*.data[.gz]`` (UCI format), or the file itself.
+        data_dir: a data folder with ``covtype/covtype*.data[.gz]`` (UCI format), the folder
+            holding that file, or the file itself.
         n_train: rows to keep after a seeded shuffle (default: all).
         seed: shuffle seed.
 
@@ -211,7 +215,8 @@ def run_erm_covertype(*, data_dir, n_train: Optional[int] = None, epsilons: Sequ
         for setting, spec in settings.items():
             problem = LogisticERM(features=feats, labels=labels, l2=spec["l2"])
             t0 = time.perf_counter()
-            _, f_star = problem.solve()
+            with single_thread_blas():
+                _, f_star = problem.solve()
             meta[f"f_star_{setting}"] = f_star
             log(f"[{setting}] F* = {f_star:.10f} (L-BFGS, {time.perf_counter() - t0:.1f}s)")
             for eps in epsilons:

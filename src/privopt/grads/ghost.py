@@ -33,6 +33,7 @@ would be missed.
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Callable, Optional
 
 import torch
@@ -134,20 +135,37 @@ class _Pair(_Piece):
     def A(self, sl: slice) -> torch.Tensor:
         return self._A[sl]
 
-    def materialize(self, sl: slice) -> torch.Tensor:  # [b, numel], scaled
-        G = self.G(sl)
+    def materialize_raw(self, sl: slice) -> torch.Tensor:  # [b, numel], NOT scaled, freshly allocated
+        G = self._G[sl]
         return torch.matmul(G, self.A(sl).transpose(2, 3)).reshape(G.shape[0], -1)
 
     def dense(self):
-        return self.materialize(slice(None))
+        return _combine([self], slice(None))
 
     def weighted_sum(self, coef):
-        g, p, q = self.key
-        Gc = self._G * self._coef(coef).view(-1, 1, 1, 1)
-        # [g, p, B*T] @ [g, B*T, q]: one matmul over all samples and tokens.
-        lhs = Gc.permute(1, 2, 0, 3).reshape(g, p, -1)
-        rhs = self._A.permute(1, 0, 3, 2).reshape(g, -1, q)
-        return torch.matmul(lhs, rhs).reshape(self.shape)
+        return _pairs_sum([self], coef)
+
+
+def _pairs_sum(pieces: list[_Pair], coef: torch.Tensor) -> torch.Tensor:
+    """``sum_i coef_i * (sum of pieces)_i`` for plain :class:`_Pair` pieces of one parameter: a single
+    ``[g, p, N] @ [g, N, q]`` matmul over all samples, tokens and points (N = their count)."""
+    g, p, q = pieces[0].key
+    lhs, rhs = [], []
+    for pc in pieces:
+        Gc = pc._G * pc._coef(coef).view(-1, 1, 1, 1)
+        if g == 1 and pc.T == 1:  # plain Linear: [p, B] and [B, q] views, no copies
+            lhs.append(Gc[:, 0, :, 0].t())
+            rhs.append(pc._A[:, 0, :, 0])
+        else:
+            lhs.append(Gc.permute(1, 2, 0, 3).reshape(g, p, -1))
+            rhs.append(pc._A.permute(1, 0, 3, 2).reshape(g, -1, q))
+    if len(pieces) > 1:
+        lhs_t = torch.cat(lhs, dim=-1)
+        rhs_t = torch.cat(rhs, dim=-2)
+    else:
+        lhs_t, rhs_t = lhs[0], rhs[0]
+    out = torch.mm(lhs_t, rhs_t) if lhs_t.dim() == 2 else torch.matmul(lhs_t, rhs_t)
+    return out.reshape(pieces[0].shape)
 
 
 class _ConvPair(_Pair):
@@ -191,18 +209,13 @@ class _ConvPair(_Pair):
             False, [0, 0], groups, [False, True, False],
         )[1]
 
-    def materialize(self, sl):
+    def materialize_raw(self, sl):
         go, x = self.grad_out[sl], self.x[sl]
-        if self.scale is not None:
-            go = go * self.scale[sl].view(-1, 1, 1, 1)
         b = x.shape[0]
         # Per-sample weight gradients in one call: samples become convolution groups.
         w = self._wgrad(go.reshape(1, -1, *go.shape[2:]), x.reshape(1, -1, *x.shape[2:]), b * self.groups) \
             if b > 1 else self._wgrad(go, x, self.groups)
         return w.reshape(b, -1)
-
-    def dense(self):
-        return self.materialize(slice(None))
 
     def weighted_sum(self, coef):
         go = self.grad_out * self._coef(coef).view(-1, 1, 1, 1)
@@ -264,16 +277,10 @@ def _sq_norms(name: str, pieces: list[_Piece], B: int, keep: _Keep) -> torch.Ten
     if kinds == {"emb"}:
         return _emb_sq_norms(pieces, B)
 
-    def make():
-        total = pieces[0].dense()
-        for p in pieces[1:]:
-            total = total + p.dense()
-        return total
-
-    total = keep.offer(name, make, B * int(pieces[0].shape.numel()))
+    total = keep.offer(name, lambda: _sum_dense(pieces), B * int(pieces[0].shape.numel()))
     if total is None:
-        total = make()
-    return total.pow(2).sum(1)
+        total = _sum_dense(pieces)
+    return _row_sq(total)
 
 
 def _pair_sq_norms(name: str, pieces: list[_Pair], B: int, keep: _Keep) -> torch.Tensor:
@@ -284,11 +291,12 @@ def _pair_sq_norms(name: str, pieces: list[_Pair], B: int, keep: _Keep) -> torch
         # row dot products, sum_{j,k} (g_j . g_k)(a_j . a_k).
         G = [pc.G(slice(None))[..., 0] for pc in pieces]
         A = [pc.A(slice(None))[..., 0] for pc in pieces]
+        dot = torch.linalg.vecdot
         out = 0
         for j in range(len(pieces)):
-            out = out + (G[j].pow(2).sum(2) * A[j].pow(2).sum(2)).sum(1)
+            out = out + (dot(G[j], G[j]) * dot(A[j], A[j])).sum(1)
             for k in range(j):
-                out = out + 2 * ((G[j] * G[k]).sum(2) * (A[j] * A[k]).sum(2)).sum(1)
+                out = out + 2 * (dot(G[j], G[k]) * dot(A[j], A[k])).sum(1)
         return out
     # Gram <GG^T, AA^T> costs ~T^2 (p+q) per group, materialising G^T A costs ~T p q.
     if T * (p + q) > p * q:
@@ -311,17 +319,66 @@ def _materialized_sq_norms(name: str, pieces: list[_Pair], B: int, numel: int, k
 
     def chunks():
         for s in range(0, B, step):
-            sl = slice(s, min(B, s + step))
-            m = pieces[0].materialize(sl)
-            for pc in pieces[1:]:
-                m = m + pc.materialize(sl)
-            yield m
+            yield _combine(pieces, slice(s, min(B, s + step)))
 
-    block = keep.offer(name, lambda: torch.cat(list(chunks())), B * numel)
+    def whole():
+        parts = list(chunks())
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    block = keep.offer(name, whole, B * numel)
     if block is not None:
-        return block.pow(2).sum(1)
-    out = [m.pow(2).sum(1) for m in chunks()]
+        return _row_sq(block)
+    out = [_row_sq(m) for m in chunks()]
     return torch.cat(out) if len(out) > 1 else out[0]
+
+
+def _row_sq(m: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vector_norm(m, dim=1).square()  # no [b, numel] temporary, unlike m.pow(2)
+
+
+def _combine(pieces: list[_Pair], sl: slice) -> torch.Tensor:
+    """``sum_k scale_k * piece_k`` materialised for the samples in ``sl``, accumulated in place."""
+    out = None
+    for pc in pieces:
+        m = pc.materialize_raw(sl)
+        s = None if pc.scale is None else pc.scale[sl].unsqueeze(1)
+        if out is None:
+            out = m if s is None else m.mul_(s)
+        elif s is None:
+            out.add_(m)
+        else:
+            out.addcmul_(m, s)
+    return out
+
+
+def _condense(pieces: dict[str, list[_Piece]], keep: _Keep, B: int, n_points: int) -> None:
+    """Right after one point's capture, turn the pieces that the norm pass would materialise anyway
+    into kept per-sample blocks (added into the first point's block for a difference query) and
+    drop their activations, so a difference query never holds both points' activations at once."""
+    for n in list(pieces):
+        lst = pieces[n]
+        if all(pc.kind == "dense" for pc in lst):
+            # clone: a lone unscaled dense piece may alias an autograd output that is later added to
+            make = lambda lst=lst: _sum_dense(lst).clone()  # noqa: E731
+        elif all(pc.kind == "pair" for pc in lst) and len({pc.key for pc in lst}) == 1:
+            g, p, q = lst[0].key
+            if n_points * sum(pc.T for pc in lst) * (p + q) <= p * q:
+                continue  # the Gram route is cheaper: keep the captures
+            make = lambda lst=lst: _combine(lst, slice(None))  # noqa: E731
+        else:
+            continue
+        if n in keep.blocks:
+            keep.blocks[n].add_(make())
+        elif keep.offer(n, make, B * int(lst[0].shape.numel())) is None:
+            continue
+        del pieces[n]
+
+
+def _sum_dense(pieces: list[_Piece]) -> torch.Tensor:
+    total = pieces[0].dense()
+    for p in pieces[1:]:
+        total = total + p.dense()
+    return total
 
 
 def _emb_sq_norms(pieces: list[_Emb], B: int) -> torch.Tensor:
@@ -360,17 +417,12 @@ def _linear(m: nn.Linear, x, gout, B):
 def _conv(m: nn.modules.conv._ConvNd, x, gout, B):
     dim = m.weight.dim() - 2
     x = _batched(x, B, type(m).__name__, min_dim=dim + 2)
-    if m.padding_mode != "zeros":  # what _ConvNd does: pad explicitly, then convolve unpadded
-        x = F.pad(x, m._reversed_padding_repeated_twice, mode=m.padding_mode)
+    if m.padding_mode != "zeros" or isinstance(m.padding, str):
+        # Pad explicitly, as _ConvNd does for these modes ('same' may pad asymmetrically), then
+        # treat the layer as an unpadded convolution.
+        mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
+        x = F.pad(x, m._reversed_padding_repeated_twice, mode=mode)
         padding = (0,) * dim
-    elif isinstance(m.padding, str):
-        if m.padding == "valid":
-            padding = (0,) * dim
-        else:  # "same": symmetric only when every total padding is even
-            tot = [d * (k - 1) for d, k in zip(m.dilation, m.kernel_size)]
-            if any(t % 2 for t in tot):
-                raise _Unsupported("asymmetric 'same' padding")
-            padding = tuple(t // 2 for t in tot)
     else:
         padding = tuple(m.padding)
     out = {"weight": _ConvPair(x, gout, m.weight, tuple(m.stride), tuple(m.dilation), padding, m.groups)}
@@ -408,7 +460,12 @@ def _rms_norm(m, x, gout, B):
 def _group_norm(m: nn.GroupNorm, x, gout, B):
     x = _batched(x, B, "GroupNorm")
     xn = F.group_norm(x, m.num_groups, None, None, m.eps)
-    return _affine(xn, gout, B, tuple(range(2, x.dim())), m.bias is not None)
+    g = gout.flatten(2)
+    # vecdot reduces the spatial dimension without a [B, C, HW] product temporary.
+    out = {"weight": _Dense(torch.linalg.vecdot(g, xn.flatten(2)))}
+    if m.bias is not None:
+        out["bias"] = _Dense(g.sum(2))
+    return out
 
 
 def _embedding_ok(m):
@@ -475,18 +532,21 @@ def _fallback_dense(call: _Call, local: list[str], gout: torch.Tensor, B: int) -
     return {n: _Dense(grads[n]) for n in local}
 
 
-class _Capture:
-    """Forward + one backward at a parameter point; collects per-parameter pieces."""
+class _Structure:
+    """What the capture needs to know about a model's parameters, computed once per model and
+    reused while the module tree and its parameters (objects and ``requires_grad``) are unchanged."""
 
-    def __init__(self, model, names):
-        self.model = model
-        self.names = names
-        # (module id, local name) -> flat name; tied parameters map to the first name
-        by_obj = {id(p): n for n, p in model.named_parameters()}
+    def __init__(self, model: nn.Module, signature):
+        self.signature = signature
+        self.own = dict(model.named_parameters())
+        self.names = flat_param_names(model)
+        self.numels = {n: p.numel() for n, p in self.own.items()}
+        # module -> {local name: flat name}; tied parameters map to their first (flat) name
+        by_obj = {id(p): n for n, p in self.own.items()}
+        trainable = set(self.names)
         self.local_map: dict[int, dict[str, str]] = {}
-        self.modules = []
-        trainable = set(names)
-        for prefix, mod in model.named_modules():
+        self.modules: list[nn.Module] = []
+        for mod in model.modules():
             own = {}
             for ln, p in mod.named_parameters(recurse=False):
                 fn = by_obj.get(id(p))
@@ -494,7 +554,36 @@ class _Capture:
                     own[ln] = fn
             if own:
                 self.local_map[id(mod)] = own
-                self.modules.append((prefix, mod))
+                self.modules.append(mod)
+
+    @staticmethod
+    def signature_of(model: nn.Module):
+        # Holding the structure keeps these objects alive, so their ids cannot be reused.
+        return tuple(
+            (id(m), tuple((k, id(v), v.requires_grad) for k, v in m._parameters.items() if v is not None))
+            for m in model.modules()
+        )
+
+
+_STRUCTURES: "weakref.WeakKeyDictionary[nn.Module, _Structure]" = weakref.WeakKeyDictionary()
+
+
+def _structure(model: nn.Module) -> _Structure:
+    sig = _Structure.signature_of(model)
+    st = _STRUCTURES.get(model)
+    if st is None or st.signature != sig:
+        st = _STRUCTURES[model] = _Structure(model, sig)
+    return st
+
+
+class _Capture:
+    """Forward + one backward at a parameter point; collects per-parameter pieces."""
+
+    def __init__(self, model, structure: _Structure):
+        self.model = model
+        self.st = structure
+        self.names = structure.names
+        self.local_map = structure.local_map
 
     def run(self, loss_fn, inputs, targets, params: Optional[dict]):
         B = inputs.shape[0]
@@ -513,7 +602,7 @@ class _Capture:
             calls.append(_Call(module, None, args, kwargs, get_gradient_edge(output), handler, values))
             return None
 
-        handles = [m.register_forward_hook(hook, with_kwargs=True) for _, m in self.modules]
+        handles = [m.register_forward_hook(hook, with_kwargs=True) for m in self.st.modules]
         try:
             if params is None:
                 out = self.model(inputs)
@@ -564,8 +653,7 @@ class _Capture:
         its owning module, e.g. ``nn.MultiheadAttention.out_proj``)."""
         leaves = {}
         if params is None:
-            named = dict(self.model.named_parameters())
-            leaves = {id(named[n]): n for n in missing}
+            leaves = {id(self.st.own[n]): n for n in missing}
         else:
             leaves = {id(params[n]): n for n in missing}
         seen, stack = set(), [losses.grad_fn]
@@ -610,23 +698,22 @@ class GhostEngine(GradEngine):
     name = "ghost"
 
     @staticmethod
-    def _params(model, names, params):
+    def _params(st: _Structure, params):
         if params is None:
             return None
-        own = dict(model.named_parameters())
-        unknown = [n for n in params if n not in own]
+        unknown = [n for n in params if n not in st.own]
         if unknown:
             raise ConfigError(f"params has names that are not parameters of the model: {unknown[:5]}")
-        trainable = set(names)
         full = {}
-        for n, p in own.items():
+        for n, p in st.own.items():
             t = params.get(n, p).detach()
-            full[n] = t.requires_grad_(True) if n in trainable else t
+            full[n] = t.requires_grad_(True) if p.requires_grad else t
         return full
 
-    def _point(self, model, names, loss_fn, inputs, targets, params, weights, sign):
-        full = self._params(model, names, params)
-        losses, pieces = _Capture(model, names).run(loss_fn, inputs, targets, full)
+    def _point(self, model, st, loss_fn, inputs, targets, params, weights, sign, keep, n_points):
+        full = self._params(st, params)
+        with torch.enable_grad():  # the capture needs a graph even if the caller is in no_grad
+            losses, pieces = _Capture(model, st).run(loss_fn, inputs, targets, full)
         w = resolve_weights(weights, losses)
         scale = None
         if w is not None:
@@ -637,31 +724,36 @@ class GhostEngine(GradEngine):
             for lst in pieces.values():
                 for pc in lst:
                     pc.scale = scale
+        if keep is not None:
+            with torch.no_grad():
+                _condense(pieces, keep, inputs.shape[0], n_points)
         return losses, pieces
 
-    def _collect(self, model, loss_fn, inputs, targets, params, weights, params_prev, weights_prev):
-        names = flat_param_names(model)
-        losses, pieces = self._point(model, names, loss_fn, inputs, targets, params, weights, +1)
+    def _collect(self, model, loss_fn, inputs, targets, params, weights, params_prev, weights_prev, keep=None):
+        st = _structure(model)
+        n_points = 1 if params_prev is None else 2
+        losses, pieces = self._point(model, st, loss_fn, inputs, targets, params, weights, +1, keep, n_points)
         losses_prev = None
         if params_prev is not None:
-            losses_prev, prev = self._point(model, names, loss_fn, inputs, targets, params_prev, weights_prev, -1)
+            losses_prev, prev = self._point(
+                model, st, loss_fn, inputs, targets, params_prev, weights_prev, -1, keep, n_points
+            )
             for n, lst in prev.items():
                 pieces.setdefault(n, []).extend(lst)
-        return names, losses, losses_prev, pieces
+        return st, losses, losses_prev, pieces
 
     def per_sample_grads(self, model, loss_fn, inputs, targets, *, params=None):
         try:
-            names, losses, _, pieces = self._collect(model, loss_fn, inputs, targets, params, None, None, None)
+            st, losses, _, pieces = self._collect(model, loss_fn, inputs, targets, params, None, None, None)
         except _Unsupported as e:
             _warn(e)
             return VmapEngine().per_sample_grads(model, loss_fn, inputs, targets, params=params)
         B = inputs.shape[0]
-        own = dict(model.named_parameters())
         cols = []
-        for n in names:
+        for n in st.names:
             lst = pieces.get(n)
             if not lst:
-                cols.append(losses.new_zeros(B, own[n].numel()))
+                cols.append(losses.new_zeros(B, st.numels[n]))
                 continue
             d = lst[0].dense()
             for pc in lst[1:]:
@@ -675,8 +767,9 @@ class GhostEngine(GradEngine):
         if not clip > 0:
             raise ConfigError(f"clip threshold must be > 0, got {clip}")
         try:
-            names, losses, losses_prev, pieces = self._collect(
-                model, loss_fn, inputs, targets, params, weights, params_prev, weights_prev
+            keep = _Keep(_KEEP_ELEMS)
+            st, losses, losses_prev, pieces = self._collect(
+                model, loss_fn, inputs, targets, params, weights, params_prev, weights_prev, keep
             )
         except _Unsupported as e:
             _warn(e)
@@ -687,21 +780,24 @@ class GhostEngine(GradEngine):
         B = inputs.shape[0]
         with torch.no_grad():
             sq = losses.new_zeros(B)
-            keep = _Keep(_KEEP_ELEMS)
+            for block in keep.blocks.values():  # condensed at capture time
+                sq = sq + _row_sq(block)
             for n, lst in pieces.items():
                 sq = sq + _sq_norms(n, lst, B, keep)
             # Difference norms are formed by cancellation; round-off can make them slightly < 0.
             norms = sq.clamp_min(0).sqrt()
             coef = clip_factors(norms, clip)
-            own = dict(model.named_parameters())
             parts = []
-            for n in names:
+            for n in st.names:
                 lst = pieces.get(n)
-                if not lst:
-                    parts.append(losses.new_zeros(own[n].numel()))
+                if not lst and n not in keep.blocks:
+                    parts.append(losses.new_zeros(st.numels[n]))
                     continue
                 if n in keep.blocks:
                     parts.append(coef @ keep.blocks[n])
+                    continue
+                if all(type(pc) is _Pair for pc in lst) and len({pc.key for pc in lst}) == 1:
+                    parts.append(_pairs_sum(lst, coef).reshape(-1))
                     continue
                 s = lst[0].weighted_sum(coef)
                 for pc in lst[1:]:

@@ -112,20 +112,23 @@ class KLCompositional:
         return max(float(lam), self.lam0)
 
     # ----------------------------------------------------------------- per-sample inner quantities
-    def h(self, losses: TensorLike, lam: TensorLike) -> torch.Tensor:
+    def _c(self, shift: Optional[float]) -> float:
+        return self.shift if shift is None else float(shift)
+
+    def h(self, losses: TensorLike, lam: TensorLike, *, shift: Optional[float] = None) -> torch.Tensor:
         """Shifted inner function ``h(w; ξ_i) = exp((ℓ_i − c)/λ)``, shape ``[B]``, float64.
 
-        Bounded by 1 when ``ℓ ≤ c`` (e.g. ``c = B`` with clamped losses) — a public per-sample
-        bound for the clipped s-estimator of DP Recursive-SPIDER.
+        ``shift`` overrides the object's c for this call (a public value, e.g. re-centred from
+        released estimates). Bounded by 1 when ``ℓ ≤ c`` (e.g. ``c = B`` with clamped losses).
         """
-        return torch.exp((self._losses(losses) - self.shift) / self._lam(lam))
+        return torch.exp((self._losses(losses) - self._c(shift)) / self._lam(lam))
 
-    def h_x_weights(self, losses: TensorLike, lam: TensorLike) -> torch.Tensor:
+    def h_x_weights(self, losses: TensorLike, lam: TensorLike, *, shift: Optional[float] = None) -> torch.Tensor:
         """Weights ``h_i/λ`` with ``∇_x h(w; ξ_i) = (h_i/λ)·∇_x ℓ_i`` (engine ``weights=``), detached."""
         with torch.no_grad():
-            return (self.h(losses, lam) / self._lam(lam)).detach()
+            return (self.h(losses, lam, shift=shift) / self._lam(lam)).detach()
 
-    def h_lam_grads(self, losses: TensorLike, lam: TensorLike) -> torch.Tensor:
+    def h_lam_grads(self, losses: TensorLike, lam: TensorLike, *, shift: Optional[float] = None) -> torch.Tensor:
         """Per-sample ``∇_λ h(w; ξ_i) = −h_i·(ℓ_i − c)/λ²``, shape ``[B]``, float64, detached.
 
         With ``ℓ ∈ [0, c]`` this lies in ``[0, 1/(e·λ)]`` (max of ``a e^{−a/λ}/λ²`` over a ≥ 0).
@@ -133,14 +136,14 @@ class KLCompositional:
         with torch.no_grad():
             ell = self._losses(losses)
             lam_t = self._lam(lam)
-            return (-self.h(ell, lam_t) * (ell - self.shift) / lam_t**2).detach()
+            return (-self.h(ell, lam_t, shift=shift) * (ell - self._c(shift)) / lam_t**2).detach()
 
-    def h_weight_fn(self, lam: float) -> Callable[[torch.Tensor], torch.Tensor]:
-        """Callable ``losses -> h_i/λ`` for the engine's ``weights=`` at a fixed λ."""
+    def h_weight_fn(self, lam: float, *, shift: Optional[float] = None) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Callable ``losses -> h_i/λ`` for the engine's ``weights=`` at a fixed λ (and shift)."""
         lam_f = float(lam)
 
         def weights(losses: torch.Tensor) -> torch.Tensor:
-            return self.h_x_weights(losses, lam_f).to(losses.dtype)
+            return self.h_x_weights(losses, lam_f, shift=shift).to(losses.dtype)
 
         return weights
 

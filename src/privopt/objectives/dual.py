@@ -34,21 +34,12 @@ from typing import Callable, Optional, Union
 import torch
 
 from privopt.errors import ConfigError
+from privopt.validation import positive
 from privopt.objectives.divergences import Divergence, KL, as_float64, get_divergence
 
 __all__ = ["DualObjective"]
 
 TensorLike = Union[torch.Tensor, float]
-
-
-def _positive(name: str, v: float) -> float:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be a positive number, got {v!r}") from None
-    if not (f > 0 and math.isfinite(f)):
-        raise ConfigError(f"{name} must be a finite positive number, got {v!r}")
-    return f
 
 
 class DualObjective:
@@ -82,10 +73,10 @@ class DualObjective:
         loss_bound: Optional[float] = None,
     ):
         self.divergence = get_divergence(divergence)
-        self.lam = _positive("lam", lam)
-        self.g_eta = _positive("g_eta", g_eta)
-        self.a_max = None if a_max is None else _positive("a_max", a_max)
-        self.loss_bound = None if loss_bound is None else _positive("loss_bound", loss_bound)
+        self.lam = positive("lam", lam)
+        self.g_eta = positive("g_eta", g_eta)
+        self.a_max = None if a_max is None else positive("a_max", a_max)
+        self.loss_bound = None if loss_bound is None else positive("loss_bound", loss_bound)
 
     def __repr__(self) -> str:
         return (

@@ -17,7 +17,6 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Union
 
-import dp_accounting as dpa
 
 from privopt.errors import ConfigError
 

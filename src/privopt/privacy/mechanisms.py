@@ -16,20 +16,13 @@ right event:
 
 from __future__ import annotations
 
-import math
-import numbers
 
 import numpy as np
 
 from privopt.errors import ConfigError
+from privopt.validation import positive
 
 __all__ = ["gaussian_noise", "laplace_noise", "report_noisy_max", "report_noisy_max_epsilon", "laplace_scale"]
-
-
-def _positive(name: str, value) -> float:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not (0.0 < float(value) < math.inf):
-        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
 
 
 def _rng(rng) -> np.random.Generator:
@@ -49,7 +42,7 @@ def gaussian_noise(*, std: float, size, rng: np.random.Generator) -> np.ndarray:
         >>> gaussian_noise(std=2.0, size=3, rng=np.random.default_rng(0)).shape
         (3,)
     """
-    return _rng(rng).normal(0.0, _positive("std", std), size=size)
+    return _rng(rng).normal(0.0, positive("std", std), size=size)
 
 
 def laplace_noise(*, scale: float, size, rng: np.random.Generator) -> np.ndarray:
@@ -63,12 +56,12 @@ def laplace_noise(*, scale: float, size, rng: np.random.Generator) -> np.ndarray
         >>> laplace_noise(scale=1.0, size=(2, 2), rng=np.random.default_rng(0)).shape
         (2, 2)
     """
-    return _rng(rng).laplace(0.0, _positive("scale", scale), size=size)
+    return _rng(rng).laplace(0.0, positive("scale", scale), size=size)
 
 
 def laplace_scale(*, sensitivity: float, epsilon: float) -> float:
     """Laplace scale giving ``epsilon``-DP for an L1 ``sensitivity``: ``sensitivity / epsilon``."""
-    return _positive("sensitivity", sensitivity) / _positive("epsilon", epsilon)
+    return positive("sensitivity", sensitivity) / positive("epsilon", epsilon)
 
 
 def report_noisy_max(values, *, scale: float, rng: np.random.Generator) -> int:
@@ -101,5 +94,5 @@ def report_noisy_max_epsilon(*, sensitivity: float, scale: float, monotone: bool
             when it changes a single coordinate, as for per-group losses): ``Delta / scale``.
             Otherwise ``2 Delta / scale`` (Dwork & Roth 2014, Claim 3.9).
     """
-    eps = _positive("sensitivity", sensitivity) / _positive("scale", scale)
+    eps = positive("sensitivity", sensitivity) / positive("scale", scale)
     return eps if monotone else 2.0 * eps
