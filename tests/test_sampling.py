@@ -45,3 +45,22 @@ def test_disjoint_partition_never_reuses_a_record():
     q = DisjointPartition(n=103, generator=torch.Generator().manual_seed(99))
     q.load_state_dict(state)
     assert torch.equal(q.take(3), p.take(3))
+
+
+def test_single_record_draws_match_the_accounted_sampling():
+    from privopt.sampling import single_record_draws
+
+    g = torch.Generator().manual_seed(5)
+    idx, counts = single_record_draws(n=50, steps=4000, neighbouring="add_remove", generator=g)
+    # Poisson(1/n): Binomial(n, 1/n) records per step, mean 1, some empty and some with several
+    assert abs(counts.float().mean().item() - 1.0) < 0.05
+    assert (counts == 0).any() and (counts >= 2).any()
+    assert int(counts.sum()) == len(idx)
+    pos = 0
+    for c in counts.tolist():
+        assert len(set(idx[pos : pos + c].tolist())) == c  # a Poisson sample has no repeats
+        pos += c
+    idx1, counts1 = single_record_draws(n=50, steps=100, neighbouring="replace_one", generator=g)
+    assert (counts1 == 1).all() and len(idx1) == 100 and int(idx1.max()) < 50
+    with pytest.raises(ConfigError, match="neighbouring"):
+        single_record_draws(n=5, steps=1, neighbouring="bogus", generator=g)

@@ -94,3 +94,32 @@ class DisjointPartition:
 
     def load_state_dict(self, state: dict) -> None:
         self._order, self._next = state["order"], int(state["next"])
+
+
+def single_record_draws(*, n: int, steps: int, neighbouring: str,
+                        generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Record indices for ``steps`` queries at rate 1/n (``SingleRecord(n)`` in the accountant).
+
+    Returns ``(indices, counts)``: step ``t`` uses ``indices[sum(counts[:t]) : sum(counts[:t+1])]``.
+    The realised sampling must be the one the accountant assumes:
+
+    * ``replace_one``: exactly one uniformly drawn record per step (without replacement, b = 1);
+    * ``add_remove``: Poisson sampling with rate 1/n — each record independently, so a step holds
+      0, 1, 2, ... records (Binomial(n, 1/n)); a uniform draw of exactly one record would NOT be
+      Poisson-subsampled and the Poisson(1/n) accounting would not apply to it.
+    """
+    _check_n(n)
+    if neighbouring == "replace_one":
+        return torch.randint(n, (steps,), generator=generator), torch.ones(steps, dtype=torch.int64)
+    if neighbouring != "add_remove":
+        raise ConfigError(f"unknown neighbouring relation {neighbouring!r}")
+    counts = torch.binomial(torch.full((steps,), float(n)), torch.full((steps,), 1.0 / n),
+                            generator=generator).to(torch.int64)
+    idx = torch.randint(n, (int(counts.sum()),), generator=generator)
+    # Given its size c, a Poisson sample is a uniform c-subset: redraw the rare repeated indices.
+    offsets = torch.cumsum(counts, 0) - counts
+    for t in torch.nonzero(counts >= 2).squeeze(1).tolist():
+        a, c = int(offsets[t]), int(counts[t])
+        while len(set(idx[a : a + c].tolist())) < c:
+            idx[a : a + c] = torch.randint(n, (c,), generator=generator)
+    return idx, counts

@@ -4,7 +4,8 @@ Every inner step releases the variance-reduced gradient
 
     v = [clip(g_i(x)) - clip(g_i(x~))] + N(0, s1^2 I)  +  mean_j clip(g_j(x~)) + N(0, s2^2 I)
 
-as two accounted releases (SPEC §8.3): the one-record difference (``SingleRecord(n)`` sampling,
+as two accounted releases (SPEC §8.3): the one-record difference (``SingleRecord(n)`` sampling —
+realised as Poisson(1/n) under add/remove neighbours, one uniform record under replace-one,
 per-record bound ``2C``, noise ``"diff"``) and the snapshot mean gradient (``FullBatch``, bound
 ``C``, normaliser ``n``, noise ``"snapshot"``). The paper re-releases the snapshot gradient with
 fresh noise at every inner step and splits the noise equally (``s1 = s2``, §8.11); the knob
@@ -40,6 +41,7 @@ from privopt.algorithms.base import register_algorithm
 from privopt.algorithms.erm_common import LinearERMAlgorithm, single_thread_blas
 from privopt.validation import positive, positive_int
 from privopt.privacy import FullBatch, Gaussian, Inventory, PlannedStep, SingleRecord, Step
+from privopt.sampling import single_record_draws
 
 __all__ = ["DPSVRG", "DPSVRGPlusPlus", "svrg_inner_loop"]
 
@@ -52,35 +54,43 @@ def svrg_inner_loop(
     x_start: np.ndarray,
     snap_coef: np.ndarray,
     indices: np.ndarray,
+    counts: np.ndarray,
     drift: np.ndarray,
     step_size: float,
     clip: float,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Run ``len(indices)`` proximal SVRG steps; return ``(last iterate, sum of iterates)``.
+    """Run ``len(counts)`` proximal SVRG steps; return ``(last iterate, sum of iterates)``.
 
-    Step t: ``x <- prox(x - eta * ((c_t(x) - snap_coef[i_t]) * x_{i_t} + drift[t]))`` where
-    ``c_t(x) x_{i_t}`` is the clipped gradient of record ``i_t`` at ``x`` and ``drift[t]`` holds
+    Step t uses the ``counts[t]`` records ``B_t`` that follow in ``indices`` (see
+    :func:`privopt.sampling.single_record_draws`; usually one, possibly none or several):
+    ``x <- prox(x - eta * (sum_{i in B_t} (c_i(x) - snap_coef[i]) * x_i + drift[t]))`` where
+    ``c_i(x) x_i`` is the clipped gradient of record ``i`` at ``x`` and ``drift[t]`` holds
     everything that does not depend on ``x`` (snapshot mean gradient plus both noises).
     """
     xs, ys, norms = problem.x, problem.y, problem.row_norms
     shrink = 1.0 / (1.0 + step_size * problem.l2)
     x = np.array(x_start, dtype=np.float64, copy=True)
     acc = np.zeros_like(x)
-    for t, i in enumerate(indices.tolist()):
-        xi = xs[i]
-        yi = ys[i]
-        margin = yi * float(xi @ x)
-        # sigmoid(-margin) without overflow
-        if margin >= 0:
-            e = math.exp(-margin)
-            s = e / (1.0 + e)
-        else:
-            s = 1.0 / (1.0 + math.exp(margin))
-        coef = -yi * s
-        gnorm = s * norms[i]
-        if gnorm > clip:
-            coef *= clip / gnorm
-        x = (x - step_size * ((coef - snap_coef[i]) * xi + drift[t])) * shrink
+    idx_list, pos = indices.tolist(), 0
+    for t, c in enumerate(counts.tolist()):
+        direction = drift[t]
+        for i in idx_list[pos : pos + c]:
+            xi = xs[i]
+            yi = ys[i]
+            margin = yi * float(xi @ x)
+            # sigmoid(-margin) without overflow
+            if margin >= 0:
+                e = math.exp(-margin)
+                s = e / (1.0 + e)
+            else:
+                s = 1.0 / (1.0 + math.exp(margin))
+            coef = -yi * s
+            gnorm = s * norms[i]
+            if gnorm > clip:
+                coef *= clip / gnorm
+            direction = direction + (coef - snap_coef[i]) * xi
+        pos += c
+        x = (x - step_size * direction) * shrink
         acc += x
     return x, acc
 
@@ -157,7 +167,9 @@ class _SVRGBase(LinearERMAlgorithm):
         x, acc = self._x_start, np.zeros(prob.dim)
         for start in range(0, m, _BLOCK):
             k = min(_BLOCK, m - start)
-            idx = torch.randint(n, (k,), generator=ctx.sampler_rng).numpy()
+            neighbouring = ctx.ledger.neighbouring if private else "replace_one"
+            idx, counts = single_record_draws(n=n, steps=k, neighbouring=neighbouring, generator=ctx.sampler_rng)
+            idx, counts = idx.numpy(), counts.numpy()
             drift = np.broadcast_to(mu / n, (k, prob.dim))
             if private:
                 for _ in range(k):  # record before any noise is drawn (budget guard)
@@ -165,10 +177,10 @@ class _SVRGBase(LinearERMAlgorithm):
                         ctx.ledger.record(st)
                 noise = torch.randn((2, k, prob.dim), generator=ctx.noise_rng, dtype=torch.float64).numpy()
                 drift = drift + std_diff * noise[0] + std_snap * noise[1]
-            x, block_sum = svrg_inner_loop(prob, x_start=x, snap_coef=snap_coef, indices=idx, drift=drift,
+            x, block_sum = svrg_inner_loop(prob, x_start=x, snap_coef=snap_coef, indices=idx, counts=counts, drift=drift,
                                            step_size=self.step_size, clip=c)
             acc += block_sum
-            self._grad_evals += k
+            self._grad_evals += int(counts.sum())
         self._snapshot = acc / m
         # DP-SVRG restarts from the new snapshot; SVRG++ continues from the last iterate.
         self._x_start = x if self.doubling else self._snapshot.copy()
