@@ -39,7 +39,7 @@ def my_dataset(seed: int = 0) -> Dataset:
     n_test, n_val = 120, 80
     mean, std = x[n_test + n_val:].mean(0), x[n_test + n_val:].std(0) + 1e-6  # training statistics only
     x = (x - mean) / std
-    t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a))
     return Dataset(name="my-breast-cancer", x_train=t(x[n_test + n_val:]), y_train=t(y[n_test + n_val:]),
                    x_val=t(x[n_test:n_test + n_val]), y_val=t(y[n_test:n_test + n_val]),
                    x_test=t(x[:n_test]), y_test=t(y[:n_test]), num_classes=2, input_shape=(30,))

@@ -8,8 +8,14 @@ import torch
 
 from privopt.cli import main as cli_main
 from privopt.errors import ConfigError
-from privopt.experiments.dro import (BUDGETS, PAPER_TABLE3, Budget, format_table, method_params, run_dro_mia,
-                                     run_dro_table3)
+from privopt.experiments.dro import (
+    BUDGETS,
+    PAPER_TABLE3,
+    Budget,
+    format_table,
+    method_params,
+    run_dro_table3,
+)
 from privopt.experiments.dro_metrics import class_matched_indices
 
 TINY = Budget(**{**BUDGETS["quick"].__dict__, "epochs": 1, "tune_epochs": 0.5, "eval_points": 2,
@@ -27,7 +33,7 @@ def table3(tmp_path_factory):
 
 
 def test_outputs_written(table3):
-    out, res = table3
+    out, _ = table3
     lines = [json.loads(s) for s in (out / "results.jsonl").read_text().splitlines()]
     # 2 private methods x 1 epsilon x 1 seed + the non-private reference
     assert len(lines) == 3 and {r["method"] for r in lines} == {"dp-sgda", "dp-recursive-spider", "scdro"}

@@ -37,18 +37,31 @@ import subprocess
 import sys
 import time
 import warnings
-from typing import Callable, Iterable, Optional, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import nn
 
 from privopt.errors import ConfigError
 
-__all__ = ["run_bench", "format_table", "METHODS", "MODELS"]
+__all__ = ["METHODS", "MODELS", "format_table", "run_bench"]
 
-METHODS = ("nonprivate", "dp-sgd", "dp-sgd-vmap", "clipped-difference", "opacus-hooks", "opacus-ghost", "noise-only")
+METHODS = (
+    "nonprivate",
+    "dp-sgd",
+    "dp-sgd-vmap",
+    "clipped-difference",
+    "opacus-hooks",
+    "opacus-ghost",
+    "noise-only",
+)
 MODELS = ("mlp", "cnn", "resnet20", "tiny")
-_INPUT = {"mlp": (1, 28, 28), "cnn": (1, 28, 28), "resnet20": (3, 32, 32), "tiny": (1, 4, 4)}
+_INPUT = {
+    "mlp": (1, 28, 28),
+    "cnn": (1, 28, 28),
+    "resnet20": (3, 32, 32),
+    "tiny": (1, 4, 4),
+}
 _NUM_CLASSES = 10
 _LR, _CLIP, _SIGMA = 0.05, 1.0, 1.0
 
@@ -58,70 +71,20 @@ _LR, _CLIP, _SIGMA = 0.05, 1.0, 1.0
 # ------------------------------------------------------------------------------------------
 
 
-class _Block(nn.Module):
-    """CIFAR ResNet basic block with GroupNorm (BatchNorm would mix samples)."""
-
-    def __init__(self, cin: int, cout: int, stride: int):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.gn1 = nn.GroupNorm(min(8, cout // 2), cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.gn2 = nn.GroupNorm(min(8, cout // 2), cout)
-        self.short = (
-            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.GroupNorm(min(8, cout // 2), cout))
-            if stride != 1 or cin != cout
-            else nn.Identity()
-        )
-
-    def forward(self, x):
-        out = torch.relu(self.gn1(self.conv1(x)))
-        out = self.gn2(self.conv2(out))
-        return torch.relu(out + self.short(x))
-
-
-def _resnet20(in_ch: int, num_classes: int) -> nn.Module:
-    layers: list[nn.Module] = [nn.Conv2d(in_ch, 16, 3, 1, 1, bias=False), nn.GroupNorm(8, 16), nn.ReLU()]
-    cin = 16
-    for cout, stride in ((16, 1), (32, 2), (64, 2)):
-        for i in range(3):
-            layers.append(_Block(cin, cout, stride if i == 0 else 1))
-            cin = cout
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, num_classes)]
-    return nn.Sequential(*layers)
-
-
-def _local_model(name: str, input_shape: tuple, num_classes: int) -> nn.Module:
-    c, h, w = input_shape
-    if name == "mlp":
-        return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 128), nn.ReLU(), nn.Linear(128, num_classes))
-    if name == "cnn":  # the small MNIST CNN of the DP-SGD literature (Papernot et al. 2021 style)
-        return nn.Sequential(
-            nn.Conv2d(c, 16, 8, 2, padding=3), nn.Tanh(), nn.MaxPool2d(2, 1),
-            nn.Conv2d(16, 32, 4, 2), nn.Tanh(), nn.MaxPool2d(2, 1),
-            nn.Flatten(), nn.LazyLinear(32), nn.Tanh(), nn.Linear(32, num_classes),
-        )
-    if name == "resnet20":
-        return _resnet20(c, num_classes)
-    if name == "tiny":
-        return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 8), nn.ReLU(), nn.Linear(8, num_classes))
-    raise ConfigError(f"unknown benchmark model {name!r}; choose from {', '.join(MODELS)}")
-
-
 def build_bench_model(name: str, *, seed: int = 0) -> nn.Module:
-    """The benchmark model ``name`` (from :mod:`privopt.models` when it has it), initialised."""
+    """The benchmark model ``name`` from :mod:`privopt.models` (``tiny``: a toy MLP), initialised."""
     if name not in _INPUT:
-        raise ConfigError(f"unknown benchmark model {name!r}; choose from {', '.join(MODELS)}")
+        raise ConfigError(
+            f"unknown benchmark model {name!r}; choose from {', '.join(MODELS)}"
+        )
     torch.manual_seed(seed)
-    model = None
-    try:
-        from privopt.models import build_model  # type: ignore[attr-defined]
+    if name == "tiny":  # smoke tests only
+        c, h, w = _INPUT[name]
+        model = nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 8), nn.ReLU(), nn.Linear(8, _NUM_CLASSES))
+    else:
+        from privopt.models import build_model
 
-        if name != "tiny":
-            model = build_model(name, input_shape=_INPUT[name], num_classes=_NUM_CLASSES)
-    except (ImportError, AttributeError, ConfigError):
-        model = None
-    if model is None:
-        model = _local_model(name, _INPUT[name], _NUM_CLASSES)
+        model = build_model(name, input_shape=_INPUT[name], num_classes=_NUM_CLASSES)
     with torch.no_grad():  # materialise lazy layers
         model(torch.zeros(1, *_INPUT[name]))
     return model
@@ -146,7 +109,9 @@ def _apply_flat(model: nn.Module, flat: torch.Tensor, lr: float) -> None:
                 off += n
 
 
-def _make_step(method: str, base: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Optional[Callable[[], None]]:
+def _make_step(
+    method: str, base: nn.Module, x: torch.Tensor, y: torch.Tensor
+) -> Callable[[], None] | None:
     """A closure performing one step of ``method`` on a private copy of ``base`` (None: unavailable)."""
     from privopt.grads import get_engine
 
@@ -167,11 +132,16 @@ def _make_step(method: str, base: nn.Module, x: torch.Tensor, y: torch.Tensor) -
         prev = None
         if method == "clipped-difference":
             g = torch.Generator().manual_seed(1)
-            prev = {n: p.detach() + 0.01 * torch.randn(p.shape, generator=g) for n, p in model.named_parameters()}
+            prev = {
+                n: p.detach() + 0.01 * torch.randn(p.shape, generator=g)
+                for n, p in model.named_parameters()
+            }
         gen = torch.Generator().manual_seed(2)
 
         def step():
-            res = engine.clipped_sum(model, _per_sample_ce, x, y, clip=_CLIP, params_prev=prev)
+            res = engine.clipped_sum(
+                model, _per_sample_ce, x, y, clip=_CLIP, params_prev=prev
+            )
             noisy = res.total + torch.randn(d, generator=gen) * (_SIGMA * _CLIP)
             _apply_flat(model, noisy / B, _LR)
 
@@ -181,7 +151,9 @@ def _make_step(method: str, base: nn.Module, x: torch.Tensor, y: torch.Tensor) -
         gen = torch.Generator().manual_seed(2)
 
         def step():
-            _apply_flat(model, torch.randn(d, generator=gen) * (_SIGMA * _CLIP) / B, _LR)
+            _apply_flat(
+                model, torch.randn(d, generator=gen) * (_SIGMA * _CLIP) / B, _LR
+            )
 
         return step
     if method in ("opacus-hooks", "opacus-ghost"):
@@ -191,7 +163,9 @@ def _make_step(method: str, base: nn.Module, x: torch.Tensor, y: torch.Tensor) -
                 return _opacus_step(method, model, x, y)
         except ImportError:
             return None
-    raise ConfigError(f"unknown benchmark method {method!r}; choose from {', '.join(METHODS)}")
+    raise ConfigError(
+        f"unknown benchmark method {method!r}; choose from {', '.join(METHODS)}"
+    )
 
 
 def _opacus_step(method, model, x, y):
@@ -203,8 +177,12 @@ def _opacus_step(method, model, x, y):
     B = x.shape[0]
     if method == "opacus-hooks":
         gsm = GradSampleModule(model)
-        opt = DPOptimizer(torch.optim.SGD(gsm.parameters(), lr=_LR), noise_multiplier=_SIGMA,
-                          max_grad_norm=_CLIP, expected_batch_size=B)
+        opt = DPOptimizer(
+            torch.optim.SGD(gsm.parameters(), lr=_LR),
+            noise_multiplier=_SIGMA,
+            max_grad_norm=_CLIP,
+            expected_batch_size=B,
+        )
 
         def step():
             opt.zero_grad(set_to_none=True)
@@ -212,10 +190,18 @@ def _opacus_step(method, model, x, y):
             opt.step()
 
         return step
-    gsm = GradSampleModuleFastGradientClipping(model, max_grad_norm=_CLIP, use_ghost_clipping=True)
-    opt = DPOptimizerFastGradientClipping(torch.optim.SGD(gsm.parameters(), lr=_LR), noise_multiplier=_SIGMA,
-                                          max_grad_norm=_CLIP, expected_batch_size=B)
-    crit = DPLossFastGradientClipping(gsm, opt, nn.CrossEntropyLoss(), loss_reduction="mean")
+    gsm = GradSampleModuleFastGradientClipping(
+        model, max_grad_norm=_CLIP, use_ghost_clipping=True
+    )
+    opt = DPOptimizerFastGradientClipping(
+        torch.optim.SGD(gsm.parameters(), lr=_LR),
+        noise_multiplier=_SIGMA,
+        max_grad_norm=_CLIP,
+        expected_batch_size=B,
+    )
+    crit = DPLossFastGradientClipping(
+        gsm, opt, nn.CrossEntropyLoss(), loss_reduction="mean"
+    )
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -237,7 +223,7 @@ def _data(name: str, batch_size: int):
 # ------------------------------------------------------------------------------------------
 
 
-def _status_mb(field: str) -> Optional[float]:
+def _status_mb(field: str) -> float | None:
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -258,7 +244,9 @@ def _reset_peak() -> bool:
         return False
 
 
-def _probe(model_name: str, batch_size: int, method: str, threads: Optional[int]) -> Optional[float]:
+def _probe(
+    model_name: str, batch_size: int, method: str, threads: int | None
+) -> float | None:
     if threads:
         torch.set_num_threads(threads)
     base = build_bench_model(model_name)
@@ -277,23 +265,38 @@ def _probe(model_name: str, batch_size: int, method: str, threads: Optional[int]
             step()
     # VmHWM is the peak RSS since the reset; without a reset, ru_maxrss (lifetime peak) is the
     # best available and may include import-time peaks.
-    peak = _status_mb("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = (
+        _status_mb("VmHWM")
+        if reset
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    )
     if baseline is None or peak is None:
         return None
     return max(0.0, peak - baseline)
 
 
-def _peak_mb(model_name: str, batch_size: int, method: str, threads: Optional[int]) -> Optional[float]:
+def _peak_mb(
+    model_name: str, batch_size: int, method: str, threads: int | None
+) -> float | None:
     code = (
         "import json,sys; from privopt.bench import _probe; "
         f"print(json.dumps(_probe({model_name!r}, {batch_size}, {method!r}, {threads!r})))"
     )
     # A fixed mmap threshold makes glibc return every large block to the OS when freed, so RSS
     # follows the live tensors instead of whatever the allocator chose to keep.
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+    env = {
+        **os.environ,
+        "MALLOC_MMAP_THRESHOLD_": "131072",
+        "MALLOC_TRIM_THRESHOLD_": "131072",
+    }
     try:
         out = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=1800, check=True, env=env
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            check=True,
+            env=env,
         )
         return json.loads(out.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, ValueError, IndexError):
@@ -310,7 +313,7 @@ def run_bench(
     models: Sequence[str] = ("mlp", "cnn", "resnet20"),
     batch_sizes: Sequence[int] = (128, 512),
     repeats: int = 5,
-    threads: Optional[int] = None,
+    threads: int | None = None,
     progress: bool = True,
     methods: Iterable[str] = METHODS,
     memory: bool = True,
@@ -340,7 +343,9 @@ def run_bench(
     methods = list(methods)
     bad = [m for m in methods if m not in METHODS]
     if bad:
-        raise ConfigError(f"unknown benchmark method(s) {bad}; choose from {', '.join(METHODS)}")
+        raise ConfigError(
+            f"unknown benchmark method(s) {bad}; choose from {', '.join(METHODS)}"
+        )
     if repeats < 1:
         raise ConfigError(f"repeats must be >= 1, got {repeats}")
     if "nonprivate" not in methods:  # every ratio needs the baseline
@@ -355,37 +360,57 @@ def run_bench(
                 base = build_bench_model(name)
                 x, y = _data(name, int(bs))
                 steps = {m: _make_step(m, base, x, y) for m in methods}
-                times: dict[str, list[float]] = {m: [] for m in methods if steps[m] is not None}
-                with warnings.catch_warnings():  # Opacus warns on every step about its hooks
-                    warnings.simplefilter("ignore")
+                times: dict[str, list[float]] = {
+                    m: [] for m in methods if steps[m] is not None
+                }
+                with warnings.catch_warnings():
+                    warnings.simplefilter(
+                        "ignore"
+                    )  # Opacus warns on every step about its hooks
                     for s in steps.values():  # warm-up (lazy init, allocator)
                         if s is not None:
                             s()
                     for _ in range(repeats):
-                        for m in times:
+                        for m, ts in times.items():
                             t0 = time.perf_counter()
                             steps[m]()
-                            times[m].append(time.perf_counter() - t0)
+                            ts.append(time.perf_counter() - t0)
                 del steps
                 block = []
                 for m in methods:
-                    row = {"model": name, "batch_size": int(bs), "method": m, "threads": torch.get_num_threads(),
-                           "repeats": repeats, "median_s": None, "min_s": None, "peak_mb": None, "ratio_to_nonprivate": None,
-                           "mem_ratio_to_nonprivate": None, "note": ""}
+                    row = {
+                        "model": name,
+                        "batch_size": int(bs),
+                        "method": m,
+                        "threads": torch.get_num_threads(),
+                        "repeats": repeats,
+                        "median_s": None,
+                        "min_s": None,
+                        "peak_mb": None,
+                        "ratio_to_nonprivate": None,
+                        "mem_ratio_to_nonprivate": None,
+                        "note": "",
+                    }
                     if m not in times:
                         row["note"] = "opacus not importable"
                     else:
                         row["median_s"] = statistics.median(times[m])
                         row["min_s"] = min(times[m])
                         if memory:
-                            row["peak_mb"] = _peak_mb(name, int(bs), m, torch.get_num_threads())
+                            row["peak_mb"] = _peak_mb(
+                                name, int(bs), m, torch.get_num_threads()
+                            )
                     block.append(row)
                 ref = block[0]
                 for row in block:
                     if row["median_s"] is not None:
                         row["ratio_to_nonprivate"] = row["median_s"] / ref["median_s"]
                     # below ~1 MB the baseline is allocator noise and a ratio would mean nothing
-                    if row["peak_mb"] is not None and ref["peak_mb"] is not None and ref["peak_mb"] >= 1.0:
+                    if (
+                        row["peak_mb"] is not None
+                        and ref["peak_mb"] is not None
+                        and ref["peak_mb"] >= 1.0
+                    ):
                         row["mem_ratio_to_nonprivate"] = row["peak_mb"] / ref["peak_mb"]
                     if progress:
                         print(_fmt_row(row), file=sys.stderr, flush=True)
@@ -396,12 +421,16 @@ def run_bench(
 
 
 def _num(v, fmt):
-    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+    return (
+        "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+    )
 
 
 def _fmt_row(r: dict) -> str:
-    return (f"{r['model']} B={r['batch_size']} {r['method']}: {_num(r['median_s'], '.4f')} s "
-            f"(x{_num(r['ratio_to_nonprivate'], '.2f')}), peak {_num(r['peak_mb'], '.0f')} MB {r['note']}")
+    return (
+        f"{r['model']} B={r['batch_size']} {r['method']}: {_num(r['median_s'], '.4f')} s "
+        f"(x{_num(r['ratio_to_nonprivate'], '.2f')}), peak {_num(r['peak_mb'], '.0f')} MB {r['note']}"
+    )
 
 
 def format_table(rows: Sequence[dict]) -> str:
@@ -412,8 +441,10 @@ def format_table(rows: Sequence[dict]) -> str:
         ...                      "peak_mb": 1.0, "ratio_to_nonprivate": 1.0}]).splitlines()[2])
         | mlp | 8 | nonprivate | 1.00 | 1.00 | 1.0 | – |  |
     """
-    head = ("| model | batch | method | median ms | × non-private | peak MB | × non-private mem | note |\n"
-            "|---|---:|---|---:|---:|---:|---:|---|")
+    head = (
+        "| model | batch | method | median ms | × non-private | peak MB | × non-private mem | note |\n"
+        "|---|---:|---|---:|---:|---:|---:|---|"
+    )
     lines = [head]
     for r in rows:
         ms = None if r.get("median_s") is None else 1000 * r["median_s"]

@@ -37,9 +37,10 @@ import json
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Union
 
 from torch import nn
 
@@ -47,9 +48,21 @@ from privopt.checkpoint import atomic_write_json, atomic_write_text
 from privopt.errors import ConfigError, PrivoptError
 
 __all__ = [
-    "Budget", "BUDGETS", "DRO_DATASETS", "TABLE3_METHODS", "MIA_METHODS", "METHOD_LABELS", "PAPER_TABLE3",
-    "PAPER_TABLE2", "load_dro_dataset", "method_params", "run_dro_table3", "run_dro_mia", "format_table",
-    "add_arguments", "main",
+    "BUDGETS",
+    "DRO_DATASETS",
+    "METHOD_LABELS",
+    "MIA_METHODS",
+    "PAPER_TABLE2",
+    "PAPER_TABLE3",
+    "TABLE3_METHODS",
+    "Budget",
+    "add_arguments",
+    "format_table",
+    "load_dro_dataset",
+    "main",
+    "method_params",
+    "run_dro_mia",
+    "run_dro_table3",
 ]
 
 # ------------------------------------------------------------------------------ constants
@@ -132,10 +145,10 @@ class Budget:
     lrs: tuple[float, ...]
     clips: tuple[float, ...]
     tune_epochs: float
-    tune_at: Union[str, float]
+    tune_at: str | float
     val_fraction: float
     eval_points: int
-    max_train: Optional[int]
+    max_train: int | None
     ds_lam: float = 0.1
 
     def grid(self) -> list[dict[str, float]]:
@@ -158,7 +171,7 @@ BUDGETS: dict[str, Budget] = {
 
 # ------------------------------------------------------------------------------------ data
 def load_dro_dataset(name: str, *, data_dir=None, seed: int = 0, val_fraction: float = 0.0,
-                     max_train: Optional[int] = None):
+                     max_train: int | None = None):
     """Load one of :data:`DRO_DATASETS` with the reproduction's options.
 
     Example:
@@ -243,7 +256,7 @@ def method_params(method: str, *, budget: Budget, lr: float, clip: float, epochs
 ModelSpec = Union[str, Callable[[], nn.Module]]
 
 
-def _model_for(model: Optional[ModelSpec], budget: Budget, data) -> tuple[str, Optional[nn.Module], dict]:
+def _model_for(model: ModelSpec | None, budget: Budget, data) -> tuple[str, nn.Module | None, dict]:
     """(config model name, module to pass to train() or None, model params)."""
     if callable(model):
         m = model()
@@ -257,8 +270,24 @@ def _model_for(model: Optional[ModelSpec], budget: Budget, data) -> tuple[str, O
     return name, None, (dict(budget.model_params) if name in ("mlp",) else {})
 
 
-def _run(method: str, *, data, dataset_label: str, budget: Budget, model: Optional[ModelSpec], hp: dict,
-         epochs: float, epsilon: Optional[float], seed: int, out_dir: Path, eval_split: str,
+def _planned_steps(method: str, params: dict, n: int) -> int | None:
+    """Iterations the method will run on n records (so every method gets ``eval_points`` curve points).
+
+    The Algorithm contract exposes the count only after ``setup``; until it has a public
+    ``planned_steps(n)``, use the schedule helpers of the built-in base classes (None if absent).
+    """
+    from privopt.algorithms import get_algorithm
+
+    algo = get_algorithm(method, **params)
+    for attr in ("_T_for", "_planned_steps"):
+        fn = getattr(algo, attr, None)
+        if callable(fn):
+            return int(fn(n))
+    return None
+
+
+def _run(method: str, *, data, dataset_label: str, budget: Budget, model: ModelSpec | None, hp: dict,
+         epochs: float, epsilon: float | None, seed: int, out_dir: Path, eval_split: str,
          metrics: list[str], progress: bool) -> dict[str, Any]:
     """One training run through the shared loop; returns a flat result row (+ ``history``)."""
     from privopt.algorithms import available_algorithms
@@ -269,13 +298,14 @@ def _run(method: str, *, data, dataset_label: str, budget: Budget, model: Option
     n = int(data.x_train.shape[0])
     delta = _delta(n)
     model_name, module, model_params = _model_for(model, budget, data)
-    total_guess = max(1, int(math.ceil(epochs * n / budget.batch_size)))
+    params = method_params(method, budget=budget, lr=hp["lr"], clip=hp["clip"], epochs=epochs)
+    total = _planned_steps(method, params, n) or max(1, math.ceil(epochs * n / budget.batch_size))
     cfg = RunConfig.from_dict({
         "algorithm": method, "dataset": data.name, "model": model_name if module is None else "mlp",
         "model_params": model_params, "seed": seed, "eval_split": eval_split, "metrics": metrics,
-        "algorithm_params": method_params(method, budget=budget, lr=hp["lr"], clip=hp["clip"], epochs=epochs),
+        "algorithm_params": params,
         "privacy": {"epsilon": epsilon if private else None, "delta": delta},
-        "eval_every": max(1, total_guess // budget.eval_points), "checkpoint_every": 10**9,
+        "eval_every": max(1, total // budget.eval_points), "checkpoint_every": 10**9,
     })
     t0 = time.perf_counter()
     rec = train(cfg, out_dir=out_dir, progress=progress, dataset=data, model=module)
@@ -322,8 +352,8 @@ def _finite(x: Any) -> bool:
 
 # ------------------------------------------------------------------------------- tuning
 def _tune(methods: Sequence[str], *, dataset: Any, dataset_label: str, data_dir, budget: Budget,
-          model: Optional[ModelSpec], epsilons: Sequence[float], out: Path, log: Callable[[str], None],
-          progress: bool) -> tuple[dict[tuple[str, Optional[float]], dict], dict[str, Any]]:
+          model: ModelSpec | None, epsilons: Sequence[float], out: Path, log: Callable[[str], None],
+          progress: bool) -> tuple[dict[tuple[str, float | None], dict], dict[str, Any]]:
     """Grid search on the validation split; returns best (lr, clip) per (method, ε) and a report."""
     from privopt.algorithms import available_algorithms
 
@@ -336,13 +366,13 @@ def _tune(methods: Sequence[str], *, dataset: Any, dataset_label: str, data_dir,
             raise ConfigError("tuning needs a validation split: pass a Dataset with x_val/y_val "
                               "(e.g. load_dataset(..., val_fraction=0.2)) or tune=False with explicit hyper-parameters")
     grid = budget.grid()
-    best: dict[tuple[str, Optional[float]], dict] = {}
+    best: dict[tuple[str, float | None], dict] = {}
     trials: list[dict[str, Any]] = []
     t_all = time.perf_counter()
     per_method_s: dict[str, float] = {}
     for method in methods:
         private = available_algorithms()[method].private
-        tune_eps: list[Optional[float]]
+        tune_eps: list[float | None]
         if not private:
             tune_eps = [None]
         elif budget.tune_at == "each":
@@ -389,7 +419,7 @@ def _tune(methods: Sequence[str], *, dataset: Any, dataset_label: str, data_dir,
     return best, report
 
 
-def _best_for(best: dict, method: str, eps: Optional[float], budget: Budget) -> dict:
+def _best_for(best: dict, method: str, eps: float | None, budget: Budget) -> dict:
     if (method, eps) in best:
         return best[(method, eps)]
     for (m, e), hp in best.items():
@@ -400,12 +430,11 @@ def _best_for(best: dict, method: str, eps: Optional[float], budget: Budget) -> 
 
 # -------------------------------------------------------------------------- experiment
 def _run_grid(*, kind: str, dataset: Any, data_dir, methods: Sequence[str], epsilons: Sequence[float],
-              seeds: int, budget: Union[str, Budget], model: Optional[ModelSpec], out_dir, progress: bool,
-              nonprivate: bool, tune: bool, hyperparameters: Optional[dict], metrics: list[str],
-              log: Optional[Callable[[str], None]]) -> tuple[list[dict], dict[str, Any], Path]:
-    from privopt.algorithms import available_algorithms
-
+              seeds: int, budget: str | Budget, model: ModelSpec | None, out_dir, progress: bool,
+              nonprivate: bool, tune: bool, hyperparameters: dict | None, metrics: list[str],
+              log: Callable[[str], None] | None) -> tuple[list[dict], dict[str, Any], Path]:
     import privopt.experiments.dro_metrics  # noqa: F401  (registers grad_norm / mia)
+    from privopt.algorithms import available_algorithms
 
     b = BUDGETS[budget] if isinstance(budget, str) else budget
     if isinstance(budget, str) and budget not in BUDGETS:
@@ -507,17 +536,24 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
 
 
-def _cell(values: Sequence[float], scale: float = 1.0, digits: int = 2) -> str:
+def _cell(values: Sequence[float], scale: float = 1.0, digits: int = 2, failed: int = 0) -> str:
     m, s = _mean_std(values)
+    note = f" ({failed}/{len(values)} failed)" if failed else ""
     if math.isnan(m):
-        return "–"
-    return f"{m * scale:.{digits}f} ± {s * scale:.{digits}f}"
+        return "failed" + note if failed else "–"
+    return f"{m * scale:.{digits}f} ± {s * scale:.{digits}f}{note}"
+
+
+def _cell_of(rows: Sequence[dict], metric: str, scale: float, digits: int) -> str:
+    """Mean ± std of ``metric`` over ``rows``; runs that diverged (``error``) are counted, not averaged."""
+    return _cell([r.get(metric) for r in rows], scale, digits, failed=sum(1 for r in rows if r.get("error")))
 
 
 def format_table(rows: Sequence[dict], *, metric: str = "test_accuracy", scale: float = 100.0, digits: int = 2,
-                 methods: Optional[Sequence[str]] = None, epsilons: Optional[Sequence[float]] = None) -> str:
+                 methods: Sequence[str] | None = None, epsilons: Sequence[float] | None = None) -> str:
     """Markdown table laid out like Table 3: one row per setting (non-private, then each ε), one
-    column per method, cells ``mean ± std`` over seeds of ``metric`` (× ``scale``).
+    column per method, cells ``mean ± std`` over seeds of ``metric`` (× ``scale``); runs that
+    diverged are excluded from the mean and counted as ``(k/N failed)``.
 
     Example:
         >>> rows = [{"method": "dp-sgda", "epsilon": 1.0, "private": True, "test_accuracy": a} for a in (0.9, 0.92)]
@@ -533,25 +569,25 @@ def format_table(rows: Sequence[dict], *, metric: str = "test_accuracy", scale: 
         # As in the paper, the non-private reference (SCDRO = Recursive-SPIDER without noise) sits in
         # the Recursive-SPIDER column (or the last column when that method is not shown).
         names = ", ".join(sorted({r["method"].upper() for r in nonpriv}))
-        cell = _cell([r.get(metric) for r in nonpriv], scale, digits)
+        cell = _cell_of(nonpriv, metric, scale, digits)
         col = methods.index("dp-recursive-spider") if "dp-recursive-spider" in methods else len(methods) - 1
         lines.append(f"| non-private ({names}) | " + " | ".join(cell if i == col else "–" for i in range(len(methods)))
                      + " |")
     for eps in eps_list:
-        cells = [_cell([r.get(metric) for r in rows if r["method"] == m and r["epsilon"] == eps], scale, digits)
+        cells = [_cell_of([r for r in rows if r["method"] == m and r["epsilon"] == eps], metric, scale, digits)
                  for m in methods]
         lines.append(f"| ε = {eps:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _paper_table3(dataset: str, methods: Sequence[str], epsilons: Sequence[float]) -> Optional[str]:
+def _paper_table3(dataset: str, methods: Sequence[str], epsilons: Sequence[float]) -> str | None:
     paper = PAPER_TABLE3.get(dataset)
     if paper is None:
         return None
     cols = [m for m in methods if m in _T3_ORDER]
     lines = ["| setting | " + " | ".join(METHOD_LABELS[m] for m in cols) + " |", "|---" * (len(cols) + 1) + "|"]
     if dataset in PAPER_NONPRIVATE:
-        lines.append(f"| non-private (SCDRO) | " + " | ".join(f"{PAPER_NONPRIVATE[dataset]:.2f}" for _ in cols) + " |")
+        lines.append("| non-private (SCDRO) | " + " | ".join(f"{PAPER_NONPRIVATE[dataset]:.2f}" for _ in cols) + " |")
     for eps in epsilons:
         if eps in paper:
             lines.append(f"| ε = {eps:g} | " + " | ".join(f"{paper[eps][m]:.2f}" for m in cols) + " |")
@@ -589,12 +625,13 @@ def _ordering_notes(dataset: str, rows: Sequence[dict], methods: Sequence[str], 
     return "\n".join(out)
 
 
-def _curves(rows: Sequence[dict], key: str, methods: Sequence[str], eps: Optional[float],
+def _curves(rows: Sequence[dict], key: str, methods: Sequence[str], eps: float | None,
             include_nonprivate: bool) -> dict[str, tuple[list[float], list[float]]]:
     """Mean (over seeds) curve of ``key`` per method, x = fraction of the run completed."""
     series = {}
     for m in methods:
-        rs = [r for r in rows if r["method"] == m and (r["epsilon"] == eps or (not r["private"] and include_nonprivate))]
+        rs = [r for r in rows if r["method"] == m and r["history"]
+              and (r["epsilon"] == eps or (not r["private"] and include_nonprivate))]
         if not rs:
             continue
         length = min(len(r["history"]) for r in rs)
@@ -649,10 +686,10 @@ def _summary_table(rows: Sequence[dict], methods: Sequence[str], epsilons: Seque
 
 
 def run_dro_table3(*, dataset: Any, data_dir=None, epsilons: Sequence[float] = TABLE3_EPSILONS, seeds: int = 3,
-                   budget: Union[str, Budget] = "quick", methods: Sequence[str] = TABLE3_METHODS,
-                   model: Optional[ModelSpec] = None, out_dir, progress: bool = False, nonprivate: bool = True,
-                   tune: bool = True, hyperparameters: Optional[dict[str, dict]] = None,
-                   log: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
+                   budget: str | Budget = "quick", methods: Sequence[str] = TABLE3_METHODS,
+                   model: ModelSpec | None = None, out_dir, progress: bool = False, nonprivate: bool = True,
+                   tune: bool = True, hyperparameters: dict[str, dict] | None = None,
+                   log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Reproduce Paper A's Table 3 / Figures 1–3 on one dataset and write every output.
 
     Args:
@@ -696,16 +733,16 @@ def run_dro_table3(*, dataset: Any, data_dir=None, epsilons: Sequence[float] = T
     figs = _write_figures(out, rows, private_methods, eps_list, label)
     violations = _mia_check(rows)
     md = [f"# Paper A Table 3 reproduction — {label} (budget {meta['budget']['name']})", "",
-          f"Test accuracy (%), mean ± std over {meta['seeds']} seed(s); δ = n^-1.1; KL-DRO ρ = {RHO}, λ0 = {LAM0}; "
-          f"{meta['budget']['epochs']} epoch-equivalents per run for every method.", "", "## Measured", "", table]
+          (f"Test accuracy (%), mean ± std over {meta['seeds']} seed(s); δ = n^-1.1; KL-DRO ρ = {RHO}, λ0 = {LAM0}; "
+           f"{meta['budget']['epochs']} epoch-equivalents per run for every method."), "", "## Measured", "", table]
     paper = _paper_table3(label, private_methods, eps_list)
     if paper:
         md += ["", "## Paper (Table 3)", "", paper, "", "## Ordering", "", _ordering_notes(label, rows, private_methods,
                                                                                            eps_list)]
     md += ["", "## Other metrics", "", _summary_table(rows, private_methods, eps_list), "",
-           "## Tuning", "", f"grid lr × clip = {list(meta['budget']['lrs'])} × {list(meta['budget']['clips'])} "
-           f"(same for every method; see tuning.json); tuning wall time {meta['tuning_wall_s']:.0f} s; "
-           f"total wall time {meta['total_wall_s']:.0f} s."]
+           "## Tuning", "", (f"grid lr × clip = {list(meta['budget']['lrs'])} × {list(meta['budget']['clips'])} "
+                             f"(same for every method; see tuning.json); tuning wall time "
+                             f"{meta['tuning_wall_s']:.0f} s; total wall time {meta['total_wall_s']:.0f} s.")]
     if violations:
         md += ["", "## PRIVACY CHECK FAILED", "",
                f"{len(violations)} DP run(s) have a membership-attack AUC above the DP cap + 3 SE: "
@@ -720,10 +757,10 @@ def run_dro_table3(*, dataset: Any, data_dir=None, epsilons: Sequence[float] = T
 
 
 def run_dro_mia(*, dataset: Any = "cifar10-st", data_dir=None, epsilons: Sequence[float] = MIA_EPSILONS,
-                seeds: int = 5, budget: Union[str, Budget] = "quick", methods: Sequence[str] = MIA_METHODS,
-                model: Optional[ModelSpec] = None, out_dir, progress: bool = False, tune: bool = True,
-                hyperparameters: Optional[dict[str, dict]] = None,
-                log: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
+                seeds: int = 5, budget: str | Budget = "quick", methods: Sequence[str] = MIA_METHODS,
+                model: ModelSpec | None = None, out_dir, progress: bool = False, tune: bool = True,
+                hyperparameters: dict[str, dict] | None = None,
+                log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Reproduce Paper A's Table 2: membership-attack AUC per method and ε, next to the DP cap
     and the paper's numbers (which exceed the cap, SPEC E-A.20). Outputs ``results.jsonl``,
     ``table2.md``, ``summary.json``, ``tuning.json``. Arguments as :func:`run_dro_table3`."""

@@ -27,14 +27,14 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
 
 from privopt.training import register_run_metric
 
-__all__ = ["DEFAULT_RHO", "DEFAULT_LAM0", "class_matched_indices", "grad_norm_metric", "mia_metric"]
+__all__ = ["DEFAULT_LAM0", "DEFAULT_RHO", "class_matched_indices", "grad_norm_metric", "mia_metric"]
 
 DEFAULT_RHO = 0.5
 DEFAULT_LAM0 = 1e-3
@@ -42,7 +42,7 @@ MIA_NUM_SE = 3.0
 MIA_MAX_PER_SIDE = 10_000  # SPEC §2.8: 10,000 members / non-members
 
 
-def _dro_constants(record: dict[str, Any]) -> tuple[float, float, Optional[float]]:
+def _dro_constants(record: dict[str, Any]) -> tuple[float, float, float | None]:
     """(ρ, λ0, loss bound) of the run: algorithm hyper-parameters, else Paper A's values.
 
     Non-DRO methods (DP-SGD, ERM) have no ρ/λ0; the metric still uses Paper A's constants so all
@@ -66,7 +66,7 @@ def grad_norm_metric(*, model, loss_fn, data, record) -> dict[str, float]:
 
 
 def class_matched_indices(y_members: torch.Tensor, y_non_members: torch.Tensor, *, num_classes: int,
-                          seed: int = 0, max_per_side: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+                          seed: int = 0, max_per_side: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Indices of equally sized member / non-member subsets, both with the members' label mix.
 
     The common size N is the largest with ``round(N·p_c)`` records of every class c available on
@@ -78,7 +78,7 @@ def class_matched_indices(y_members: torch.Tensor, y_non_members: torch.Tensor, 
         >>> yn = torch.tensor([0] * 50 + [1] * 50)
         >>> a, b = class_matched_indices(ym, yn, num_classes=2)
         >>> len(a) == len(b), int((yn[b] == 1).sum()), int((ym[a] == 1).sum())
-        (True, 5, 5)
+        (True, 6, 6)
     """
     ym, yn = np.asarray(y_members), np.asarray(y_non_members)
     cm = np.bincount(ym, minlength=num_classes)

@@ -14,27 +14,36 @@ per-sample gradient of a Linear weight is ``G_i^T A_i`` (``G_i``/``A_i``: one ro
 A *difference* ``w_i grad l(w; x_i) - w'_i grad l(w'; x_i)`` is the same bilinear form with the
 tokens of both points concatenated and the second point's output-gradients negated, which yields
 ``||g||^2||a||^2 + ||g'||^2||a'||^2 - 2 (g.g')(a.a')`` for a plain Linear layer without ever forming
-either gradient. Convolutions are Linear layers over unfolded patches; Embedding uses the token
-index equality pattern; the affine parameters of LayerNorm/GroupNorm/RMSNorm have tiny per-sample
-gradients that are materialised directly. Any other layer that owns parameters falls back to
-``vmap`` over that layer only.
+either gradient. Convolutions are Linear layers over input patches: the Gram route uses strided
+patch views, the materialising route computes all per-sample weight gradients with one grouped
+convolution-backward call (samples folded into groups), which on CPU is far faster than
+``F.unfold`` + ``bmm``. Embedding uses the token-index equality pattern; the affine parameters of
+LayerNorm/GroupNorm/RMSNorm have small per-sample gradients that are materialised directly. Any
+other layer that owns parameters falls back to ``vmap`` over that layer only.
+
+Per-sample blocks that the norm pass materialises anyway are kept (up to ``_KEEP_ELEMS`` elements,
+and only when smaller than the activations they replace) so that their clipped sum is a cheap
+``coef @ block``; for a difference query they are formed right after each point's capture, so the
+first point's activations are released before the second forward pass.
 
 Whenever the capture cannot be attributed to samples (a parameter used outside its module, a layer
 whose input is not batch-first, a layer output that is not a tensor, ...) the
 query is answered by :class:`~privopt.grads.engine.VmapEngine` instead, with a warning: slower but
 exact.
 
-Limitation: a parameter must be used only inside the ``forward`` of the module that owns it, or not
-reachable otherwise. Use outside an owning module that *is* called (e.g. ``F.linear(h,
-self.embed.weight)`` in a parent while ``self.embed`` is also called) cannot be detected cheaply and
-would be missed.
+Limitations: a parameter must be used only inside the ``forward`` of the module that owns it (a
+use outside an owning module that is *also* called, e.g. ``F.linear(h, self.embed.weight)`` in a
+parent while ``self.embed`` runs too, cannot be detected cheaply and would be missed); with dropout
+in train mode the two points of a difference query draw different masks (as with any two forward
+passes). Peak memory holds every layer's input and output-gradient at the end of the backward pass,
+about twice the activations of a plain step.
 """
 
 from __future__ import annotations
 
 import warnings
 import weakref
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +70,8 @@ _CHUNK_ELEMS = 1 << 24
 # Budget (elements, all parameters together) for per-sample gradient blocks that the norm pass
 # materialises anyway and keeps for the clipped sum (128 MiB in float32).
 _KEEP_ELEMS = 1 << 25
+# Blocks larger than the captured activations they replace are kept only below this size.
+_SMALL_KEEP_ELEMS = 1 << 20
 
 
 class _Unsupported(Exception):
@@ -77,12 +88,14 @@ class _Piece:
     sample's contribution (per-sample weight, and the sign of the previous point)."""
 
     kind = "dense"
-    scale: Optional[torch.Tensor] = None
+    scale: torch.Tensor | None = None
 
     def dense(self) -> torch.Tensor:  # [B, numel], scaled
         raise NotImplementedError
 
-    def weighted_sum(self, coef: torch.Tensor) -> torch.Tensor:  # sum_i coef_i * scale_i * grad_i
+    def weighted_sum(
+        self, coef: torch.Tensor
+    ) -> torch.Tensor:  # sum_i coef_i * scale_i * grad_i
         raise NotImplementedError
 
     def _coef(self, coef: torch.Tensor) -> torch.Tensor:
@@ -96,6 +109,10 @@ class _Dense(_Piece):
         self.grads = grads
         self.shape = grads.shape[1:]
 
+    @property
+    def captured(self) -> int:
+        return self.grads.numel()
+
     def dense(self):
         g = self.grads.reshape(self.grads.shape[0], -1)
         return g if self.scale is None else g * self.scale.unsqueeze(1)
@@ -106,13 +123,19 @@ class _Dense(_Piece):
 
 
 class _Pair(_Piece):
-    """Per-sample gradient ``sum_t G[i, :, :, t]^T A[i, :, :, t]`` per group, laid out as
-    ``G: [B, g, p, T]`` and ``A: [B, g, q, T]``; the parameter is ``[g*p, q]`` reshaped."""
+    """Per-sample gradient ``sum_t outer(G[i, j, :, t], A[i, j, :, t])`` for each group ``j``, with
+    ``G: [B, g, p, T]`` and ``A: [B, g, q, T]``; the parameter is that ``[g*p, q]`` reshaped."""
 
     kind = "pair"
 
     def __init__(self, G: torch.Tensor, A: torch.Tensor, shape: torch.Size):
         self._G, self._A, self.shape = G, A, shape
+
+    @property
+    def captured(
+        self,
+    ) -> int:  # elements of activations/gradients this piece holds on to
+        return self._G.numel() + self._A.numel()
 
     @property
     def key(self):
@@ -135,7 +158,9 @@ class _Pair(_Piece):
     def A(self, sl: slice) -> torch.Tensor:
         return self._A[sl]
 
-    def materialize_raw(self, sl: slice) -> torch.Tensor:  # [b, numel], NOT scaled, freshly allocated
+    def materialize_raw(
+        self, sl: slice
+    ) -> torch.Tensor:  # [b, numel], NOT scaled, freshly allocated
         G = self._G[sl]
         return torch.matmul(G, self.A(sl).transpose(2, 3)).reshape(G.shape[0], -1)
 
@@ -147,8 +172,8 @@ class _Pair(_Piece):
 
 
 def _pairs_sum(pieces: list[_Pair], coef: torch.Tensor) -> torch.Tensor:
-    """``sum_i coef_i * (sum of pieces)_i`` for plain :class:`_Pair` pieces of one parameter: a single
-    ``[g, p, N] @ [g, N, q]`` matmul over all samples, tokens and points (N = their count)."""
+    """``sum_i coef_i * (sum of pieces)_i`` for plain :class:`_Pair` pieces of one parameter: per
+    piece one ``[g, p, B*T] @ [g, B*T, q]`` matmul over all samples and tokens, accumulated."""
     g, p, q = pieces[0].key
     lhs, rhs = [], []
     for pc in pieces:
@@ -159,12 +184,11 @@ def _pairs_sum(pieces: list[_Pair], coef: torch.Tensor) -> torch.Tensor:
         else:
             lhs.append(Gc.permute(1, 2, 0, 3).reshape(g, p, -1))
             rhs.append(pc._A.permute(1, 0, 3, 2).reshape(g, -1, q))
-    if len(pieces) > 1:
-        lhs_t = torch.cat(lhs, dim=-1)
-        rhs_t = torch.cat(rhs, dim=-2)
-    else:
-        lhs_t, rhs_t = lhs[0], rhs[0]
-    out = torch.mm(lhs_t, rhs_t) if lhs_t.dim() == 2 else torch.matmul(lhs_t, rhs_t)
+    # Accumulate one matmul per piece into the same output: no concatenated copies.
+    mm = torch.mm if lhs[0].dim() == 2 else torch.matmul
+    out = mm(lhs[0], rhs[0])
+    for left, right in zip(lhs[1:], rhs[1:]):
+        out = out.addmm_(left, right) if out.dim() == 2 else out.baddbmm_(left, right)
     return out.reshape(pieces[0].shape)
 
 
@@ -180,13 +204,22 @@ class _ConvPair(_Pair):
             stride, dilation, padding = (1, *stride), (1, *dilation), (0, *padding)
         self.x, self.grad_out, self.shape = x, grad_out, weight.shape
         self.w4 = weight.reshape(weight.shape[0], weight.shape[1], -1, weight.shape[-1])
-        self.stride, self.dilation, self.padding, self.groups = stride, dilation, padding, groups
+        self.stride, self.dilation, self.padding, self.groups = (
+            stride,
+            dilation,
+            padding,
+            groups,
+        )
         B, cout = grad_out.shape[:2]
         self._G = grad_out.reshape(B, groups, cout // groups, -1)
 
     @property
     def q(self) -> int:
         return int(self.shape[1:].numel())
+
+    @property
+    def captured(self) -> int:
+        return self.x.numel() + self.grad_out.numel()
 
     def A(self, sl):
         x = self.x[sl]
@@ -197,7 +230,9 @@ class _ConvPair(_Pair):
         (sh, sw), (dh, dw) = self.stride, self.dilation
         ho, wo = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
         s0, s1, s2, s3 = x.stride()
-        view = x.as_strided((b, c, kh, kw, ho, wo), (s0, s1, s2 * dh, s3 * dw, s2 * sh, s3 * sw))
+        view = x.as_strided(
+            (b, c, kh, kw, ho, wo), (s0, s1, s2 * dh, s3 * dw, s2 * sh, s3 * sw)
+        )
         return view.reshape(b, self.groups, self.q, ho * wo)
 
     def _wgrad(self, go, x, groups):
@@ -205,16 +240,32 @@ class _ConvPair(_Pair):
         o, rest = go.shape[1], self.w4.shape[1:]
         w = self.w4 if o == self.w4.shape[0] else self.w4.new_empty(o, *rest)
         return torch.ops.aten.convolution_backward(
-            go, x, w, None, list(self.stride), list(self.padding), list(self.dilation),
-            False, [0, 0], groups, [False, True, False],
+            go,
+            x,
+            w,
+            None,
+            list(self.stride),
+            list(self.padding),
+            list(self.dilation),
+            False,
+            [0, 0],
+            groups,
+            [False, True, False],
         )[1]
 
     def materialize_raw(self, sl):
         go, x = self.grad_out[sl], self.x[sl]
         b = x.shape[0]
         # Per-sample weight gradients in one call: samples become convolution groups.
-        w = self._wgrad(go.reshape(1, -1, *go.shape[2:]), x.reshape(1, -1, *x.shape[2:]), b * self.groups) \
-            if b > 1 else self._wgrad(go, x, self.groups)
+        w = (
+            self._wgrad(
+                go.reshape(1, -1, *go.shape[2:]),
+                x.reshape(1, -1, *x.shape[2:]),
+                b * self.groups,
+            )
+            if b > 1
+            else self._wgrad(go, x, self.groups)
+        )
         return w.reshape(b, -1)
 
     def weighted_sum(self, coef):
@@ -227,9 +278,15 @@ class _Emb(_Piece):
 
     kind = "emb"
 
-    def __init__(self, idx: torch.Tensor, G: torch.Tensor, num: int, padding_idx: Optional[int]):
+    def __init__(
+        self, idx: torch.Tensor, G: torch.Tensor, num: int, padding_idx: int | None
+    ):
         B = idx.shape[0]
-        self.idx, self.G, self.num = idx.reshape(B, -1), G.reshape(B, -1, G.shape[-1]), num
+        self.idx, self.G, self.num = (
+            idx.reshape(B, -1),
+            G.reshape(B, -1, G.shape[-1]),
+            num,
+        )
         self.shape = torch.Size((num, G.shape[-1]))
         if padding_idx is not None:  # the padding row never receives gradient
             self.G = self.G * (self.idx != padding_idx).unsqueeze(-1).to(self.G.dtype)
@@ -238,9 +295,11 @@ class _Emb(_Piece):
         return self.G if self.scale is None else self.G * self.scale.view(-1, 1, 1)
 
     def dense(self):
-        B, T, D = self.G.shape
+        B, _T, D = self.G.shape
         out = self.G.new_zeros(B * self.num, D)
-        keys = (torch.arange(B, device=self.idx.device).unsqueeze(1) * self.num + self.idx).reshape(-1)
+        keys = (
+            torch.arange(B, device=self.idx.device).unsqueeze(1) * self.num + self.idx
+        ).reshape(-1)
         out.index_add_(0, keys, self.scaled_G().reshape(-1, D))
         return out.reshape(B, -1)
 
@@ -260,8 +319,18 @@ class _Keep:
         self.left = elems
         self.blocks: dict[str, torch.Tensor] = {}
 
-    def offer(self, name: str, make: Callable[[], torch.Tensor], numel: int) -> Optional[torch.Tensor]:
-        if numel > self.left:
+    def offer(
+        self,
+        name: str,
+        make: Callable[[], torch.Tensor],
+        numel: int,
+        captured: int | None = None,
+    ) -> torch.Tensor | None:
+        # A block bigger than the activations it replaces would raise peak memory: keep it only
+        # when it is small in absolute terms.
+        if numel > self.left or (
+            captured is not None and numel > max(captured, _SMALL_KEEP_ELEMS)
+        ):
             return None
         self.left -= numel
         block = make()
@@ -277,7 +346,9 @@ def _sq_norms(name: str, pieces: list[_Piece], B: int, keep: _Keep) -> torch.Ten
     if kinds == {"emb"}:
         return _emb_sq_norms(pieces, B)
 
-    total = keep.offer(name, lambda: _sum_dense(pieces), B * int(pieces[0].shape.numel()))
+    total = keep.offer(
+        name, lambda: _sum_dense(pieces), B * int(pieces[0].shape.numel())
+    )
     if total is None:
         total = _sum_dense(pieces)
     return _row_sq(total)
@@ -291,12 +362,21 @@ def _pair_sq_norms(name: str, pieces: list[_Pair], B: int, keep: _Keep) -> torch
         # row dot products, sum_{j,k} (g_j . g_k)(a_j . a_k).
         G = [pc.G(slice(None))[..., 0] for pc in pieces]
         A = [pc.A(slice(None))[..., 0] for pc in pieces]
-        dot = torch.linalg.vecdot
+        memo: dict = {}
+
+        def dot(X, j, k):
+            # A difference query feeds the same input batch to the first layer at both points:
+            # identical tensors give identical dot products, computed once.
+            key = tuple(sorted((_tensor_key(X[j]), _tensor_key(X[k]))))
+            if key not in memo:
+                memo[key] = torch.linalg.vecdot(X[j], X[k])
+            return memo[key]
+
         out = 0
         for j in range(len(pieces)):
-            out = out + (dot(G[j], G[j]) * dot(A[j], A[j])).sum(1)
+            out = out + (dot(G, j, j) * dot(A, j, j)).sum(1)
             for k in range(j):
-                out = out + 2 * (dot(G[j], G[k]) * dot(A[j], A[k])).sum(1)
+                out = out + 2 * (dot(G, j, k) * dot(A, j, k)).sum(1)
         return out
     # Gram <GG^T, AA^T> costs ~T^2 (p+q) per group, materialising G^T A costs ~T p q.
     if T * (p + q) > p * q:
@@ -306,15 +386,29 @@ def _pair_sq_norms(name: str, pieces: list[_Pair], B: int, keep: _Keep) -> torch
     out = []
     for s in range(0, B, step):
         sl = slice(s, min(B, s + step))
-        G = torch.cat([pc.G(sl) for pc in pieces], dim=3) if len(pieces) > 1 else pieces[0].G(sl)
-        A = torch.cat([pc.A(sl) for pc in pieces], dim=3) if len(pieces) > 1 else pieces[0].A(sl)
+        G = (
+            torch.cat([pc.G(sl) for pc in pieces], dim=3)
+            if len(pieces) > 1
+            else pieces[0].G(sl)
+        )
+        A = (
+            torch.cat([pc.A(sl) for pc in pieces], dim=3)
+            if len(pieces) > 1
+            else pieces[0].A(sl)
+        )
         gg = torch.matmul(G.transpose(2, 3), G)
         aa = torch.matmul(A.transpose(2, 3), A)
         out.append((gg * aa).sum((1, 2, 3)))
     return torch.cat(out) if len(out) > 1 else out[0]
 
 
-def _materialized_sq_norms(name: str, pieces: list[_Pair], B: int, numel: int, keep: _Keep) -> torch.Tensor:
+def _tensor_key(t: torch.Tensor):
+    return (t.data_ptr(), tuple(t.shape), t.stride(), t._version)
+
+
+def _materialized_sq_norms(
+    name: str, pieces: list[_Pair], B: int, numel: int, keep: _Keep
+) -> torch.Tensor:
     step = max(1, _CHUNK_ELEMS // max(2 * numel, 1))
 
     def chunks():
@@ -325,7 +419,7 @@ def _materialized_sq_norms(name: str, pieces: list[_Pair], B: int, numel: int, k
         parts = list(chunks())
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
-    block = keep.offer(name, whole, B * numel)
+    block = keep.offer(name, whole, B * numel, sum(pc.captured for pc in pieces))
     if block is not None:
         return _row_sq(block)
     out = [_row_sq(m) for m in chunks()]
@@ -333,7 +427,9 @@ def _materialized_sq_norms(name: str, pieces: list[_Pair], B: int, numel: int, k
 
 
 def _row_sq(m: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vector_norm(m, dim=1).square()  # no [b, numel] temporary, unlike m.pow(2)
+    return torch.linalg.vector_norm(
+        m, dim=1
+    ).square()  # no [b, numel] temporary, unlike m.pow(2)
 
 
 def _combine(pieces: list[_Pair], sl: slice) -> torch.Tensor:
@@ -351,7 +447,9 @@ def _combine(pieces: list[_Pair], sl: slice) -> torch.Tensor:
     return out
 
 
-def _condense(pieces: dict[str, list[_Piece]], keep: _Keep, B: int, n_points: int) -> None:
+def _condense(
+    pieces: dict[str, list[_Piece]], keep: _Keep, B: int, n_points: int
+) -> None:
     """Right after one point's capture, turn the pieces that the norm pass would materialise anyway
     into kept per-sample blocks (added into the first point's block for a difference query) and
     drop their activations, so a difference query never holds both points' activations at once."""
@@ -359,17 +457,22 @@ def _condense(pieces: dict[str, list[_Piece]], keep: _Keep, B: int, n_points: in
         lst = pieces[n]
         if all(pc.kind == "dense" for pc in lst):
             # clone: a lone unscaled dense piece may alias an autograd output that is later added to
-            make = lambda lst=lst: _sum_dense(lst).clone()  # noqa: E731
+            make = lambda lst=lst: _sum_dense(lst).clone()
         elif all(pc.kind == "pair" for pc in lst) and len({pc.key for pc in lst}) == 1:
-            g, p, q = lst[0].key
+            _g, p, q = lst[0].key
             if n_points * sum(pc.T for pc in lst) * (p + q) <= p * q:
                 continue  # the Gram route is cheaper: keep the captures
-            make = lambda lst=lst: _combine(lst, slice(None))  # noqa: E731
+            make = lambda lst=lst: _combine(lst, slice(None))
         else:
             continue
         if n in keep.blocks:
             keep.blocks[n].add_(make())
-        elif keep.offer(n, make, B * int(lst[0].shape.numel())) is None:
+        elif (
+            keep.offer(
+                n, make, B * int(lst[0].shape.numel()), sum(pc.captured for pc in lst)
+            )
+            is None
+        ):
             continue
         del pieces[n]
 
@@ -390,7 +493,9 @@ def _emb_sq_norms(pieces: list[_Emb], B: int) -> torch.Tensor:
     keys = (torch.arange(B, device=idx.device).unsqueeze(1) * num + idx).reshape(-1)
     uniq, inv = torch.unique(keys, return_inverse=True)
     rows = G.new_zeros(uniq.shape[0], D).index_add_(0, inv, G.reshape(-1, D))
-    return G.new_zeros(B).index_add_(0, torch.div(uniq, num, rounding_mode="floor"), rows.pow(2).sum(1))
+    return G.new_zeros(B).index_add_(
+        0, torch.div(uniq, num, rounding_mode="floor"), rows.pow(2).sum(1)
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -407,7 +512,9 @@ def _batched(x: torch.Tensor, B: int, what: str, min_dim: int = 2) -> torch.Tens
 def _linear(m: nn.Linear, x, gout, B):
     x = _batched(x, B, "Linear")
     A = x.reshape(B, -1, x.shape[-1]).transpose(1, 2).unsqueeze(1)  # [B, 1, in, T]
-    G = gout.reshape(B, -1, gout.shape[-1]).transpose(1, 2).unsqueeze(1)  # [B, 1, out, T]
+    G = (
+        gout.reshape(B, -1, gout.shape[-1]).transpose(1, 2).unsqueeze(1)
+    )  # [B, 1, out, T]
     out = {"weight": _Pair(G, A, m.weight.shape)}
     if m.bias is not None:
         out["bias"] = _Dense(G.sum(3).reshape(B, -1))
@@ -425,7 +532,11 @@ def _conv(m: nn.modules.conv._ConvNd, x, gout, B):
         padding = (0,) * dim
     else:
         padding = tuple(m.padding)
-    out = {"weight": _ConvPair(x, gout, m.weight, tuple(m.stride), tuple(m.dilation), padding, m.groups)}
+    out = {
+        "weight": _ConvPair(
+            x, gout, m.weight, tuple(m.stride), tuple(m.dilation), padding, m.groups
+        )
+    }
     if m.bias is not None:
         out["bias"] = _Dense(gout.reshape(B, gout.shape[1], -1).sum(2))
     return out
@@ -436,8 +547,14 @@ def _embedding(m: nn.Embedding, x, gout, B):
     return {"weight": _Emb(x, gout, m.num_embeddings, m.padding_idx)}
 
 
-def _affine(normalised: torch.Tensor, gout: torch.Tensor, B: int, reduce_dims, has_bias: bool):
-    out = {"weight": _Dense((gout * normalised).sum(reduce_dims) if reduce_dims else gout * normalised)}
+def _affine(
+    normalised: torch.Tensor, gout: torch.Tensor, B: int, reduce_dims, has_bias: bool
+):
+    out = {
+        "weight": _Dense(
+            (gout * normalised).sum(reduce_dims) if reduce_dims else gout * normalised
+        )
+    }
     if has_bias:
         out["bias"] = _Dense(gout.sum(reduce_dims) if reduce_dims else gout)
     return out
@@ -498,21 +615,40 @@ def _handler_for(m: nn.Module):
 
 
 class _Call:
-    __slots__ = ("module", "prefix", "args", "kwargs", "edge", "versions", "values", "handler")
+    __slots__ = (
+        "args",
+        "edge",
+        "handler",
+        "kwargs",
+        "module",
+        "prefix",
+        "values",
+        "versions",
+    )
 
     def __init__(self, module, prefix, args, kwargs, edge, handler, values):
-        self.module, self.prefix, self.args, self.kwargs, self.edge = module, prefix, args, kwargs, edge
+        self.module, self.prefix, self.args, self.kwargs, self.edge = (
+            module,
+            prefix,
+            args,
+            kwargs,
+            edge,
+        )
         self.handler, self.values = handler, values
         self.versions = [a._version for a in args if isinstance(a, torch.Tensor)]
 
 
-def _fallback_dense(call: _Call, local: list[str], gout: torch.Tensor, B: int) -> dict[str, _Piece]:
+def _fallback_dense(
+    call: _Call, local: list[str], gout: torch.Tensor, B: int
+) -> dict[str, _Piece]:
     """Per-sample gradients of ``local`` (the module's own parameters) by vmap over this layer."""
     module = call.module
     values = call.values
     flat, spec = torch.utils._pytree.tree_flatten((call.args, call.kwargs))
     tensors = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
-    in_dims = tuple(0 if flat[i].dim() > 0 and flat[i].shape[0] == B else None for i in tensors)
+    in_dims = tuple(
+        0 if flat[i].dim() > 0 and flat[i].shape[0] == B else None for i in tensors
+    )
     if 0 not in in_dims:
         raise _Unsupported(f"{type(module).__name__}: no batch-first input")
 
@@ -528,7 +664,9 @@ def _fallback_dense(call: _Call, local: list[str], gout: torch.Tensor, B: int) -
         _, pull = vjp(f, {n: values[n] for n in local})
         return pull(g.unsqueeze(0))[0]
 
-    grads = vmap(one, in_dims=(in_dims, 0), randomness="different")(tuple(flat[i] for i in tensors), gout)
+    grads = vmap(one, in_dims=(in_dims, 0), randomness="different")(
+        tuple(flat[i] for i in tensors), gout
+    )
     return {n: _Dense(grads[n]) for n in local}
 
 
@@ -560,12 +698,21 @@ class _Structure:
     def signature_of(model: nn.Module):
         # Holding the structure keeps these objects alive, so their ids cannot be reused.
         return tuple(
-            (id(m), tuple((k, id(v), v.requires_grad) for k, v in m._parameters.items() if v is not None))
+            (
+                id(m),
+                tuple(
+                    (k, id(v), v.requires_grad)
+                    for k, v in m._parameters.items()
+                    if v is not None
+                ),
+            )
             for m in model.modules()
         )
 
 
-_STRUCTURES: "weakref.WeakKeyDictionary[nn.Module, _Structure]" = weakref.WeakKeyDictionary()
+_STRUCTURES: weakref.WeakKeyDictionary[nn.Module, _Structure] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _structure(model: nn.Module) -> _Structure:
@@ -585,24 +732,43 @@ class _Capture:
         self.names = structure.names
         self.local_map = structure.local_map
 
-    def run(self, loss_fn, inputs, targets, params: Optional[dict]):
+    def run(self, loss_fn, inputs, targets, params: dict | None):
         B = inputs.shape[0]
         calls: list[_Call] = []
         active = [True]
 
         def hook(module, args, kwargs, output):
             if not active[0]:
-                return None
+                return
             if not isinstance(output, torch.Tensor) or not output.requires_grad:
-                raise _Unsupported(f"{type(module).__name__} output is not a differentiable tensor")
+                raise _Unsupported(
+                    f"{type(module).__name__} output is not a differentiable tensor"
+                )
             handler = _handler_for(module)
             values = None
-            if handler is None:  # fallback needs the parameter/buffer values of this point
-                values = {**dict(module.named_parameters()), **dict(module.named_buffers())}
-            calls.append(_Call(module, None, args, kwargs, get_gradient_edge(output), handler, values))
-            return None
+            if (
+                handler is None
+            ):  # fallback needs the parameter/buffer values of this point
+                values = {
+                    **dict(module.named_parameters()),
+                    **dict(module.named_buffers()),
+                }
+            calls.append(
+                _Call(
+                    module,
+                    None,
+                    args,
+                    kwargs,
+                    get_gradient_edge(output),
+                    handler,
+                    values,
+                )
+            )
+            return
 
-        handles = [m.register_forward_hook(hook, with_kwargs=True) for m in self.st.modules]
+        handles = [
+            m.register_forward_hook(hook, with_kwargs=True) for m in self.st.modules
+        ]
         try:
             if params is None:
                 out = self.model(inputs)
@@ -616,14 +782,18 @@ class _Capture:
                 )
             active[0] = False
             for c in calls:
-                if [a._version for a in c.args if isinstance(a, torch.Tensor)] != c.versions:
+                if [
+                    a._version for a in c.args if isinstance(a, torch.Tensor)
+                ] != c.versions:
                     # Plain autograd would reject this too (the weight gradient reads that input).
                     raise ModelError(
                         f"the input of layer {type(c.module).__name__} was modified in place after the layer "
                         "read it; per-sample gradients (and ordinary backward) would be wrong — avoid the in-place op"
                     )
             if calls:
-                gouts = torch.autograd.grad(losses.sum(), [c.edge for c in calls], allow_unused=True)
+                gouts = torch.autograd.grad(
+                    losses.sum(), [c.edge for c in calls], allow_unused=True
+                )
             else:
                 gouts = []
             pieces: dict[str, list[_Piece]] = {}
@@ -633,7 +803,9 @@ class _Capture:
                     continue
                 g = g.detach()
                 if c.handler is not None:
-                    got = c.handler(c.module, c.args[0].detach() if c.args else None, g, B)
+                    got = c.handler(
+                        c.module, c.args[0].detach() if c.args else None, g, B
+                    )
                     got = {k: v for k, v in got.items() if k in own}
                 else:
                     got = _fallback_dense(c, list(own), g, B)
@@ -664,7 +836,9 @@ class _Capture:
             seen.add(fn)
             var = getattr(fn, "variable", None)
             if var is not None and id(var) in leaves:
-                raise _Unsupported(f"parameter {leaves[id(var)]!r} is used outside its module's forward")
+                raise _Unsupported(
+                    f"parameter {leaves[id(var)]!r} is used outside its module's forward"
+                )
             stack.extend(nf for nf, _ in fn.next_functions)
 
 
@@ -703,16 +877,22 @@ class GhostEngine(GradEngine):
             return None
         unknown = [n for n in params if n not in st.own]
         if unknown:
-            raise ConfigError(f"params has names that are not parameters of the model: {unknown[:5]}")
+            raise ConfigError(
+                f"params has names that are not parameters of the model: {unknown[:5]}"
+            )
         full = {}
         for n, p in st.own.items():
             t = params.get(n, p).detach()
             full[n] = t.requires_grad_(True) if p.requires_grad else t
         return full
 
-    def _point(self, model, st, loss_fn, inputs, targets, params, weights, sign, keep, n_points):
+    def _point(
+        self, model, st, loss_fn, inputs, targets, params, weights, sign, keep, n_points
+    ):
         full = self._params(st, params)
-        with torch.enable_grad():  # the capture needs a graph even if the caller is in no_grad
+        with (
+            torch.enable_grad()
+        ):  # the capture needs a graph even if the caller is in no_grad
             losses, pieces = _Capture(model, st).run(loss_fn, inputs, targets, full)
         w = resolve_weights(weights, losses)
         scale = None
@@ -729,14 +909,36 @@ class GhostEngine(GradEngine):
                 _condense(pieces, keep, inputs.shape[0], n_points)
         return losses, pieces
 
-    def _collect(self, model, loss_fn, inputs, targets, params, weights, params_prev, weights_prev, keep=None):
+    def _collect(
+        self,
+        model,
+        loss_fn,
+        inputs,
+        targets,
+        params,
+        weights,
+        params_prev,
+        weights_prev,
+        keep=None,
+    ):
         st = _structure(model)
         n_points = 1 if params_prev is None else 2
-        losses, pieces = self._point(model, st, loss_fn, inputs, targets, params, weights, +1, keep, n_points)
+        losses, pieces = self._point(
+            model, st, loss_fn, inputs, targets, params, weights, +1, keep, n_points
+        )
         losses_prev = None
         if params_prev is not None:
             losses_prev, prev = self._point(
-                model, st, loss_fn, inputs, targets, params_prev, weights_prev, -1, keep, n_points
+                model,
+                st,
+                loss_fn,
+                inputs,
+                targets,
+                params_prev,
+                weights_prev,
+                -1,
+                keep,
+                n_points,
             )
             for n, lst in prev.items():
                 pieces.setdefault(n, []).extend(lst)
@@ -744,10 +946,14 @@ class GhostEngine(GradEngine):
 
     def per_sample_grads(self, model, loss_fn, inputs, targets, *, params=None):
         try:
-            st, losses, _, pieces = self._collect(model, loss_fn, inputs, targets, params, None, None, None)
+            st, losses, _, pieces = self._collect(
+                model, loss_fn, inputs, targets, params, None, None, None
+            )
         except _Unsupported as e:
             _warn(e)
-            return VmapEngine().per_sample_grads(model, loss_fn, inputs, targets, params=params)
+            return VmapEngine().per_sample_grads(
+                model, loss_fn, inputs, targets, params=params
+            )
         B = inputs.shape[0]
         cols = []
         for n in st.names:
@@ -762,20 +968,45 @@ class GhostEngine(GradEngine):
         return losses, torch.cat(cols, dim=1).detach()
 
     def clipped_sum(
-        self, model, loss_fn, inputs, targets, *, clip, params=None, weights=None, params_prev=None, weights_prev=None
+        self,
+        model,
+        loss_fn,
+        inputs,
+        targets,
+        *,
+        clip,
+        params=None,
+        weights=None,
+        params_prev=None,
+        weights_prev=None,
     ):
         if not clip > 0:
             raise ConfigError(f"clip threshold must be > 0, got {clip}")
         try:
             keep = _Keep(_KEEP_ELEMS)
             st, losses, losses_prev, pieces = self._collect(
-                model, loss_fn, inputs, targets, params, weights, params_prev, weights_prev, keep
+                model,
+                loss_fn,
+                inputs,
+                targets,
+                params,
+                weights,
+                params_prev,
+                weights_prev,
+                keep,
             )
         except _Unsupported as e:
             _warn(e)
             return VmapEngine().clipped_sum(
-                model, loss_fn, inputs, targets, clip=clip, params=params, weights=weights,
-                params_prev=params_prev, weights_prev=weights_prev,
+                model,
+                loss_fn,
+                inputs,
+                targets,
+                clip=clip,
+                params=params,
+                weights=weights,
+                params_prev=params_prev,
+                weights_prev=weights_prev,
             )
         B = inputs.shape[0]
         with torch.no_grad():
@@ -796,7 +1027,10 @@ class GhostEngine(GradEngine):
                 if n in keep.blocks:
                     parts.append(coef @ keep.blocks[n])
                     continue
-                if all(type(pc) is _Pair for pc in lst) and len({pc.key for pc in lst}) == 1:
+                if (
+                    all(type(pc) is _Pair for pc in lst)
+                    and len({pc.key for pc in lst}) == 1
+                ):
                     parts.append(_pairs_sum(lst, coef).reshape(-1))
                     continue
                 s = lst[0].weighted_sum(coef)
@@ -804,8 +1038,18 @@ class GhostEngine(GradEngine):
                     s = s + pc.weighted_sum(coef)
                 parts.append(s.reshape(-1))
             total = torch.cat(parts)
-        return ClippedSum(total=total, norms=norms, losses=losses, losses_prev=losses_prev, clip=float(clip))
+        return ClippedSum(
+            total=total,
+            norms=norms,
+            losses=losses,
+            losses_prev=losses_prev,
+            clip=float(clip),
+        )
 
 
 def _warn(e: Exception) -> None:
-    warnings.warn(f"ghost engine: {e}; answering with the vmap engine instead", RuntimeWarning, stacklevel=3)
+    warnings.warn(
+        f"ghost engine: {e}; answering with the vmap engine instead",
+        RuntimeWarning,
+        stacklevel=3,
+    )
