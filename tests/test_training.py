@@ -81,7 +81,7 @@ def test_budget_guard_stops_and_saves(tmp_path, monkeypatch):
     """A run asked to do more steps than it planned is refused before the extra release."""
     from privopt.algorithms.dpsgd import DPSGD
 
-    monkeypatch.setattr(DPSGD, "num_steps", lambda self: 10 * self._planned_steps(self._n))
+    monkeypatch.setattr(DPSGD, "num_steps", lambda self: 10 * self.steps_for(n=self._n))
     with pytest.raises(PrivacyBudgetExceeded):
         train(cfg(privacy={"epsilon": 1.0}), out_dir=tmp_path / "run", progress=False)
     rec = json.loads((tmp_path / "run" / "record.json").read_text())

@@ -77,7 +77,12 @@ class Algorithm(abc.ABC):
 
     @abc.abstractmethod
     def num_steps(self) -> int:
-        """Total number of iterations the loop will call :meth:`step` for."""
+        """Total number of iterations the loop will call :meth:`step` for (after :meth:`setup`)."""
+
+    def steps_for(self, *, n: int) -> int:
+        """Iterations planned for a dataset of ``n`` records, before :meth:`setup` (for schedules
+        and budgets computed ahead of a run). Algorithms override it when they can say."""
+        raise NotImplementedError(f"{type(self).__name__} does not report its step count ahead of setup")
 
     @abc.abstractmethod
     def step(self, t: int) -> dict[str, float]:

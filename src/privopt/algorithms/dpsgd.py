@@ -73,7 +73,7 @@ class _BatchAlgorithm(_GradientStepAlgorithm):
             raise ConfigError(f"batch_size {self.batch_size} exceeds the training set size {n}")
         return self.batch_size / n
 
-    def _planned_steps(self, n: int) -> int:
+    def steps_for(self, *, n: int) -> int:
         return max(1, math.ceil(self.epochs * n / self.batch_size))
 
     def setup(self, ctx: RunContext) -> None:
@@ -82,7 +82,7 @@ class _BatchAlgorithm(_GradientStepAlgorithm):
         self._sampler = PoissonSampler(n=ctx.n, rate=self._rate(ctx.n), generator=ctx.sampler_rng)
 
     def num_steps(self) -> int:
-        return self._planned_steps(self._n)
+        return self.steps_for(n=self._n)
 
 
 @register_algorithm
@@ -138,7 +138,7 @@ class DPSGD(_BatchAlgorithm):
         self.clip = positive("clip", clip)
 
     def inventory(self, *, n: int) -> Inventory:
-        return Inventory([PlannedStep(Poisson(self._rate(n)), (("grad", 1.0),), self._planned_steps(n))])
+        return Inventory([PlannedStep(Poisson(self._rate(n)), (("grad", 1.0),), self.steps_for(n=n))])
 
     def step(self, t: int) -> dict[str, float]:
         ctx = self._ctx
@@ -174,6 +174,9 @@ class DPGD(_GradientStepAlgorithm):
         return Inventory([PlannedStep(FullBatch(), (("grad", 1.0),), self.num_steps())])
 
     def num_steps(self) -> int:
+        return self.steps_for(n=0)
+
+    def steps_for(self, *, n: int) -> int:
         return max(1, int(round(self.epochs)))
 
     def step(self, t: int) -> dict[str, float]:

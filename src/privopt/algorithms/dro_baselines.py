@@ -304,7 +304,7 @@ class DPSGDJoint(_BatchAlgorithm):
         self._eta = self.eta_init
 
     def inventory(self, *, n: int) -> Inventory:
-        return Inventory([PlannedStep(Poisson(self._rate(n)), (("grad", 1.0),), self._planned_steps(n))])
+        return Inventory([PlannedStep(Poisson(self._rate(n)), (("grad", 1.0),), self.steps_for(n=n))])
 
     def setup(self, ctx) -> None:
         super().setup(ctx)

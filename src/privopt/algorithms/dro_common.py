@@ -165,6 +165,9 @@ class DROAlgorithm(Algorithm):
     def _planned_T(self, n: int) -> int:
         raise NotImplementedError
 
+    def steps_for(self, *, n: int) -> int:
+        return self._T_for(n)
+
     def _T_for(self, n: int) -> int:
         return self.steps if self.steps is not None else self._planned_T(n)
 

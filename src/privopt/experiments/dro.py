@@ -271,19 +271,13 @@ def _model_for(model: ModelSpec | None, budget: Budget, data) -> tuple[str, nn.M
 
 
 def _planned_steps(method: str, params: dict, n: int) -> int | None:
-    """Iterations the method will run on n records (so every method gets ``eval_points`` curve points).
-
-    The Algorithm contract exposes the count only after ``setup``; until it has a public
-    ``planned_steps(n)``, use the schedule helpers of the built-in base classes (None if absent).
-    """
+    """Iterations the method will run on n records (so every method gets ``eval_points`` curve points)."""
     from privopt.algorithms import get_algorithm
 
-    algo = get_algorithm(method, **params)
-    for attr in ("_T_for", "_planned_steps"):
-        fn = getattr(algo, attr, None)
-        if callable(fn):
-            return int(fn(n))
-    return None
+    try:
+        return int(get_algorithm(method, **params).steps_for(n=n))
+    except NotImplementedError:
+        return None
 
 
 def _run(method: str, *, data, dataset_label: str, budget: Budget, model: ModelSpec | None, hp: dict,
