@@ -420,3 +420,44 @@ def test_recursive_spider_default_s_batch_is_the_correction_batch():
     assert algo.s_batch == 25
     rates = {s.mechanisms: s.sampling for s in algo.inventory(n=N).steps}
     assert rates[(("s", 1.0),)].rate == pytest.approx(25 / N)
+
+
+@pytest.mark.parametrize("name", ["dp-double-spider", "dp-recursive-spider", "dp-sgda", "private-diff"])
+def test_private_false_runs_the_same_updates_without_noise_or_events(name):
+    # The documented noise-free reference mode: no inventory, nothing recorded, deterministic given
+    # the sampler seed, while the class itself stays private (the harness treats it as DP).
+    kw = dict(steps=6, q=3, batch_size=20, refresh_batch=60) if name == "private-diff" else (
+        dict(steps=6, batch_size=20) if name == "dp-sgda" else dict(steps=6, q=3))
+    algo = get_algorithm(name, private=False, **kw)
+    assert algo.private is False and type(algo).private is True
+    assert algo.inventory(n=N) is None
+    ledger = PrivacyLedger(delta=1e-5)
+    finals = []
+    for _ in range(2):
+        model = fresh_model()
+        a = get_algorithm(name, private=False, **kw)
+        a.setup(make_ctx(model, ledger=ledger, noise={}))
+        for t in range(6):
+            a.step(t)
+        finals.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    torch.testing.assert_close(finals[0], finals[1])
+    assert not ledger.counts  # nothing was recorded
+
+
+def test_recursive_spider_x_step_is_capped_and_lambda_gradient_projected():
+    # ‖x_{t+1} − x_t‖ ≤ lr·x_step_cap, and the λ move never exceeds lam_lr·max(ρ, log n − ρ),
+    # the range of the true ∂_λΨ = ρ − KL(π‖uniform), even with large noise.
+    model = fresh_model()
+    kw = dict(steps=12, q=4, b1=60, b2=20, b3=60, b4=20, lr=0.3, lam_lr=0.01, x_step_cap=0.5, rho=0.5,
+              lam_step_frac=None)
+    algo = get_algorithm("dp-recursive-spider", **kw)
+    noise = {nm: 5.0 for nm in algo.inventory(n=N).names}
+    algo.setup(make_ctx(model, ledger=PrivacyLedger(delta=1e-5), noise=noise))
+    for t in range(12):
+        x0 = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+        lam0 = algo.lam
+        logs = algo.step(t)
+        x1 = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        assert float((x1 - x0).norm()) <= 0.3 * 0.5 + 1e-6
+        assert 0.5 - math.log(N) - 1e-12 <= logs["z_lam"] <= 0.5 + 1e-12
+        assert abs(algo.lam - lam0) <= 0.01 * max(0.5, math.log(N) - 0.5) + 1e-12

@@ -104,7 +104,7 @@ def _cmd_bench(args) -> int:
     from privopt.bench import format_table, run_bench
 
     rows = run_bench(models=tuple(args.models.split(",")), batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")),
-                     repeats=args.repeats, progress=not (args.quiet or args.json))
+                     repeats=args.repeats, threads=args.threads, progress=not (args.quiet or args.json))
     print(json.dumps(rows) if args.json else format_table(rows))
     return 0
 
@@ -150,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--models", default="mlp,cnn,resnet20")
     b.add_argument("--batch-sizes", default="128,512")
     b.add_argument("--repeats", type=int, default=5)
+    b.add_argument("--threads", type=int, default=None, help="torch threads for every method (default: torch's)")
     b.add_argument("--json", action="store_true")
     b.add_argument("--quiet", action="store_true")
     b.set_defaults(func=_cmd_bench)

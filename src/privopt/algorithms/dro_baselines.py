@@ -148,16 +148,19 @@ class DPSGDA(_PrimalDualBase):
     def __init__(self, *, divergence: str = "kl", divergence_params: Optional[dict] = None, lam: float = 1e-3,
                  batch_size: int = 128, lr: float = 0.1, dual_lr: float = 0.01, clip_x: float = 1.0,
                  loss_bound: float = 10.0, epochs: float = 20, steps: Optional[int] = None, output: str = "last",
-                 chunk_size: int = 256):
+                 chunk_size: int = 256, private: bool = True):
         super().__init__(divergence=divergence, divergence_params=divergence_params, lam=lam, lr=lr,
                          dual_lr=dual_lr, clip_x=clip_x, loss_bound=loss_bound, epochs=epochs, steps=steps,
                          output=output, chunk_size=chunk_size)
+        self.private = bool(private)  # False: same clipped updates without noise (reference runs)
         self.batch_size = positive_int("batch_size", batch_size)
 
     def _planned_T(self, n: int) -> int:
         return max(1, math.ceil(self.epochs * n / min(self.batch_size, n)))
 
-    def inventory(self, *, n: int) -> Inventory:
+    def inventory(self, *, n: int) -> Optional[Inventory]:
+        if not self.private:
+            return None
         plan = BatchPlan(self.batch_size, n)
         return Inventory((PlannedStep(plan.sampling, (("x-grad", 1.0), ("p-grad", 1.0)), self._T_for(n)),))
 
@@ -205,10 +208,11 @@ class PrivateDiff(_PrimalDualBase):
                  q: int = 32, refresh_batch: int = 2048, batch_size: int = 128, lr: float = 0.1,
                  dual_lr: float = 0.01, clip_x: float = 1.0, gamma_x: Optional[float] = 10.0,
                  clip_x_diff: Optional[float] = None, loss_bound: float = 10.0, epochs: float = 20,
-                 steps: Optional[int] = None, output: str = "last", chunk_size: int = 256):
+                 steps: Optional[int] = None, output: str = "last", chunk_size: int = 256, private: bool = True):
         super().__init__(divergence=divergence, divergence_params=divergence_params, lam=lam, lr=lr,
                          dual_lr=dual_lr, clip_x=clip_x, loss_bound=loss_bound, epochs=epochs, steps=steps,
                          output=output, chunk_size=chunk_size)
+        self.private = bool(private)  # False: same clipped updates without noise (reference runs)
         self.q = positive_int("q", q)
         self.refresh_batch = positive_int("refresh_batch", refresh_batch)
         self.batch_size = positive_int("batch_size", batch_size)
@@ -220,7 +224,9 @@ class PrivateDiff(_PrimalDualBase):
     def _planned_T(self, n: int) -> int:
         return spider_steps(epochs=self.epochs, n=n, q=self.q, refresh=self.refresh_batch, correction=self.batch_size)
 
-    def inventory(self, *, n: int) -> Inventory:
+    def inventory(self, *, n: int) -> Optional[Inventory]:
+        if not self.private:
+            return None
         T = self._T_for(n)
         R = math.ceil(T / self.q)
         ref, dif = BatchPlan(self.refresh_batch, n), BatchPlan(self.batch_size, n)

@@ -111,8 +111,10 @@ class DPDoubleSPIDER(DROAlgorithm):
                  gamma_eta: Optional[float] = 10.0, gamma_x: Optional[float] = 10.0,
                  clip_eta_diff: Optional[float] = None, clip_x_diff: Optional[float] = None,
                  loss_bound: float = 10.0, exp_cap: Optional[float] = 30.0, share_batches: bool = True,
-                 epochs: float = 20, steps: Optional[int] = None, output: str = "random", chunk_size: int = 256):
+                 epochs: float = 20, steps: Optional[int] = None, output: str = "random", chunk_size: int = 256,
+                 private: bool = True):
         super().__init__(epochs=epochs, steps=steps, output=output, chunk_size=chunk_size)
+        self.private = bool(private)  # False: same clipped updates without noise (reference runs)
         self.divergence = divergence
         self.divergence_params = dict(divergence_params or {})
         self.lam = positive("lam", lam)
@@ -164,7 +166,9 @@ class DPDoubleSPIDER(DROAlgorithm):
     def _shared(self, a: str, b: str, plans: dict[str, BatchPlan]) -> bool:
         return self.share_batches and plans[a].normalizer == plans[b].normalizer
 
-    def inventory(self, *, n: int) -> Inventory:
+    def inventory(self, *, n: int) -> Optional[Inventory]:
+        if not self.private:
+            return None
         T = self._T_for(n)
         refreshes = math.ceil(T / self.q)
         plans = self._plans(n)

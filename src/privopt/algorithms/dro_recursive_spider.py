@@ -92,6 +92,9 @@ class DPRecursiveSPIDER(DROAlgorithm):
         lam_max: upper bound of λ (default ``"auto"`` = B/√(8ρ); ``None``: none).
         lam_step_frac: largest relative λ move per step (default 0.5; ``None``: no cap).
         cap_v: cap ‖v‖ at clip_v before the x step (default True).
+        x_step_cap: cap of ‖z_x‖ (the x direction) before the step (default 1: a normalised step
+            of length ≤ lr, like clipped SGD; ``None``: none). z_x = (λ/s)·v divides by the tracked
+            s, so a momentarily small s would otherwise produce an arbitrarily long step.
         s_min: floor of s (default ``exp(−c/λ_t)``, the smallest value h2 can take).
         share_batches: v- and u-queries share one batch when their sizes agree.
         epochs, steps, output, chunk_size: see :class:`DROAlgorithm`.
@@ -114,9 +117,11 @@ class DPRecursiveSPIDER(DROAlgorithm):
                  clip_u_diff: Optional[float] = None, loss_bound: float = 10.0,
                  shift: Union[None, str, float] = "adaptive", shift_offset: float = 1.0,
                  lam_max: Union[None, str, float] = "auto", lam_step_frac: Optional[float] = 0.5,
-                 cap_v: bool = True, s_min: Optional[float] = None, share_batches: bool = True, epochs: float = 20,
-                 steps: Optional[int] = None, output: str = "random", chunk_size: int = 256):
+                 cap_v: bool = True, x_step_cap: Optional[float] = 1.0, s_min: Optional[float] = None, share_batches: bool = True, epochs: float = 20,
+                 steps: Optional[int] = None, output: str = "random", chunk_size: int = 256,
+                 private: bool = True):
         super().__init__(epochs=epochs, steps=steps, output=output, chunk_size=chunk_size)
+        self.private = bool(private)  # False: same clipped updates without noise (reference runs)
         self.rho, self.lam0 = positive("rho", rho), positive("lam0", lam0)
         self.lam_init = positive("lam_init", lam_init)
         if self.lam_init < self.lam0:
@@ -150,6 +155,7 @@ class DPRecursiveSPIDER(DROAlgorithm):
             self.lam_max = self.lam_init
         self.lam_step_frac = optional_positive("lam_step_frac", lam_step_frac)
         self.cap_v = bool(cap_v)
+        self.x_step_cap = optional_positive("x_step_cap", x_step_cap)
         self.s_min = optional_positive("s_min", s_min)
         self.share_batches = bool(share_batches)
         self._state: dict[str, Any] = {}
@@ -290,12 +296,23 @@ class DPRecursiveSPIDER(DROAlgorithm):
         return self._c()
 
     def _recentre(self, lam_prev: float) -> None:
-        """Adaptive shift (post-processing): move c so the tracked s becomes e^{−shift_offset}."""
+        """Adaptive shift (post-processing): move c so the tracked s becomes e^{−shift_offset}.
+
+        s, v and u estimate h2, ∇_x h2 and ∂_λ h2 at ``w_{t−1}`` (λ = λ_{t−1}) for the old c. A new
+        shift rescales them exactly: with ``f = exp((c_old − c_new)/λ)``, ``h ↦ f·h`` so
+        ``s ↦ f·s``, ``v ↦ f·v`` and, since ``∂_λ h = −h·(ℓ − c)/λ²``,
+        ``u ↦ f·(u − s·(c_old − c_new)/λ²)``. The next correction then adds differences computed
+        at the new c for both points, so the SPIDER/STORM recursions stay consistent.
+        """
         st = self._state
         s_old, c_old = float(st["s"]), float(st["c"])
         c_new = c_old + lam_prev * (math.log(max(s_old, _TINY)) + self.shift_offset)
-        # s estimates mean exp((ℓ − c)/λ_prev) at w_{t−1}: the exact rescaling for the new c.
-        st["s"] = s_old * math.exp(max(min((c_old - c_new) / lam_prev, 690.0), -690.0))
+        f = math.exp(max(min((c_old - c_new) / lam_prev, 690.0), -690.0))
+        st["s"] = s_old * f
+        if st.get("v") is not None:
+            st["v"] = st["v"] * f
+        if st.get("u") is not None:
+            st["u"] = f * (float(st["u"]) - s_old * (c_old - c_new) / lam_prev**2)
         st["c"] = c_new
 
     def _lam_update(self, lam_t: float, z_lam: float) -> float:
@@ -326,7 +343,9 @@ class DPRecursiveSPIDER(DROAlgorithm):
             st["x_prev"], st["lam_prev"] = x_t, lam_t
         x_prev, lam_prev = st["x_prev"], float(st["lam_prev"])
         logs: dict[str, float] = {}
-        if t % self.q == 0 and t > 0 and self.adaptive_shift:
+        if t > 0 and self.adaptive_shift:
+            # Every step (not only at refreshes): between refreshes λ and x move, and a stale c lets
+            # h = exp((ℓ − c)/λ) drift over orders of magnitude, which the recursions amplify.
             self._recentre(lam_prev)
         if t % self.q == 0:
             shared = self._samplers["u-refresh"] is self._samplers["v-refresh"]
@@ -374,6 +393,12 @@ class DPRecursiveSPIDER(DROAlgorithm):
         if self.cap_v and math.isfinite(self.clip_v):
             v_dir = v * min(1.0, self.clip_v / max(float(v.norm()), 1e-300))
         z_x, z_lam = KLCompositional.outer_grads(s=s, v=v_dir, u=u, lam=lam_t, rho=self.rho)
+        if self.x_step_cap is not None:
+            z_x = z_x * min(1.0, self.x_step_cap / max(float(z_x.norm()), 1e-300))
+        # ∂_λΨ = ρ − KL(π‖uniform) lies in [ρ − log n, ρ] (n public); the estimate combines log s
+        # and (λ/s)·u, two O((ℓ − c)/λ) terms that cancel — estimation error in either is amplified
+        # by 1/λ, so project the estimate onto the range of the true value (post-processing).
+        z_lam = min(max(z_lam, self.rho - math.log(self._ctx.n)), self.rho)
         x_next = x_t - self.lr * z_x
         lam_next = self._lam_update(lam_t, z_lam)
         self._set_x(x_next)
@@ -390,22 +415,30 @@ class SCDRO(DPRecursiveSPIDER):
     Same estimators and updates as :class:`DPRecursiveSPIDER` on KL-constrained DRO (eq. 5), with
     every clip threshold infinite and no privacy noise; the s-estimator uses a minibatch
     (``s_batch``, default 128) as in Qi et al.'s SCDRO. Returns the last iterate by default.
+
+    Defaults (measured on mnist-st, MLP-64, 10 epoch-equivalents: 83.8 % mean test accuracy over
+    3 seeds, no failures; the previous q = 32, λ step = x step, β = 0.5 failed 2/3 seeds): short
+    phases ``q = 4`` with refresh batches 512 (SPIDER drift grows with the phase length because
+    ∇h carries the exp(ℓ/λ) weights), a separate small λ step ``lam_lr = 0.01`` (λ* ≈ 0.3 for
+    cross-entropy on this task; λ moving with the x step made h = exp((ℓ − c)/λ) jump by orders
+    of magnitude), ``lam_init = 0.5``, and ``β = 1`` (s = the minibatch mean; STORM's stale term
+    added variance to log s).
     """
 
     name = "scdro"
     private = False
     summary = "non-private Recursive-SPIDER on KL-DRO (SCDRO reference)"
 
-    def __init__(self, *, rho: float = 0.5, lam0: float = 1e-3, lam_init: float = 1.0, q: int = 32,
-                 b1: int = 2048, b2: int = 128, b3: int = 2048, b4: int = 128, s_batch: int = 128,
-                 lr: float = 0.01, lam_lr: Optional[float] = None, beta: float = 0.5, loss_bound: float = 10.0,
+    def __init__(self, *, rho: float = 0.5, lam0: float = 1e-3, lam_init: float = 0.5, q: int = 4,
+                 b1: int = 512, b2: int = 128, b3: int = 512, b4: int = 128, s_batch: int = 128,
+                 lr: float = 0.1, lam_lr: Optional[float] = 0.01, beta: float = 1.0, loss_bound: float = 10.0,
                  shift: Union[None, str, float] = "adaptive", s_min: Optional[float] = None, share_batches: bool = True,
                  epochs: float = 20, steps: Optional[int] = None, output: str = "last", chunk_size: int = 256):
         super().__init__(rho=rho, lam0=lam0, lam_init=lam_init, q=q, b1=b1, b2=b2, b3=b3, b4=b4, s_batch=s_batch,
                          lr=lr, lam_lr=lam_lr, beta=beta, gamma_v=None, gamma_u=None, clip_v_diff=1.0,
                          clip_u_diff=1.0, loss_bound=loss_bound, shift=shift, s_min=s_min,
                          share_batches=share_batches, epochs=epochs, steps=steps, output=output,
-                         chunk_size=chunk_size)
+                         chunk_size=chunk_size, private=False)
         # No clipping: infinite thresholds make every clip factor 1 (engine and scalar sums).
         self.clip_v = self.clip_u = self.clip_s = self.clip_v_diff = self.clip_u_diff = math.inf
 

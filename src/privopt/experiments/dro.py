@@ -197,6 +197,9 @@ _SMALL_BATCH = ("batch_size", "N2", "N4", "b2", "b4", "s_batch")
 _REFRESH_BATCH = ("N1", "N3", "b1", "b3", "refresh_batch")
 # Methods whose objective is the λ-penalised dual (2)/(3): they share the penalty ``budget.ds_lam``.
 _PENALISED = ("dp-double-spider", "dp-sgda", "private-diff", "dp-sgd-joint")
+_METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
+    "scdro": {"q": 4, "b1": 512, "b3": 512},
+}
 
 
 def method_params(method: str, *, budget: Budget, lr: float, clip: float, epochs: float) -> dict[str, Any]:
@@ -249,6 +252,11 @@ def method_params(method: str, *, budget: Budget, lr: float, clip: float, epochs
             out[name] = LAM0
     if method in _PENALISED and "lam" in sig:
         out["lam"] = budget.ds_lam
+    # Per-method schedule overrides (documented deviations): SCDRO needs short SPIDER phases with
+    # moderate refresh batches (its own defaults, see :class:`privopt.algorithms.SCDRO`).
+    for name, value in _METHOD_OVERRIDES.get(method, {}).items():
+        if name in sig:
+            out[name] = value
     return out
 
 
