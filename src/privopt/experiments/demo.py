@@ -31,7 +31,9 @@ DEMO_HYPERPARAMETERS = {
     "private-diff": {"lr": 2.0, "clip": 1.0},
     "dp-double-spider": {"lr": 2.0, "clip": 1.0},
     "dp-recursive-spider": {"lr": 0.1, "clip": 0.1},
-    "scdro": {"lr": 0.5, "clip": 1.0},
+    # SCDRO: lr 0.1 with its new defaults (q = 4, λ step 0.01): 62.9 % on digits-st vs 64.0 % for
+    # ERM on the same schedule (lr 0.5 diverges to a constant predictor, 50.6 %).
+    "scdro": {"lr": 0.1, "clip": 1.0},
 }
 
 

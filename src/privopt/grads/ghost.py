@@ -175,15 +175,24 @@ def _pairs_sum(pieces: list[_Pair], coef: torch.Tensor) -> torch.Tensor:
     """``sum_i coef_i * (sum of pieces)_i`` for plain :class:`_Pair` pieces of one parameter: per
     piece one ``[g, p, B*T] @ [g, B*T, q]`` matmul over all samples and tokens, accumulated."""
     g, p, q = pieces[0].key
-    lhs, rhs = [], []
+    # Pieces reading the same input (the first layer of a difference query sees the same batch
+    # at both points) share one matmul: sum_i c_i (G_i - G'_i) a_i^T instead of two products.
+    groups: dict = {}
     for pc in pieces:
         Gc = pc._G * pc._coef(coef).view(-1, 1, 1, 1)
-        if g == 1 and pc.T == 1:  # plain Linear: [p, B] and [B, q] views, no copies
+        key = (_tensor_key(pc._A), pc.T)
+        if key in groups:
+            groups[key][0] = groups[key][0] + Gc
+        else:
+            groups[key] = [Gc, pc._A, pc.T]
+    lhs, rhs = [], []
+    for Gc, A, T in groups.values():
+        if g == 1 and T == 1:  # plain Linear: [p, B] and [B, q] views, no copies
             lhs.append(Gc[:, 0, :, 0].t())
-            rhs.append(pc._A[:, 0, :, 0])
+            rhs.append(A[:, 0, :, 0])
         else:
             lhs.append(Gc.permute(1, 2, 0, 3).reshape(g, p, -1))
-            rhs.append(pc._A.permute(1, 0, 3, 2).reshape(g, -1, q))
+            rhs.append(A.permute(1, 0, 3, 2).reshape(g, -1, q))
     # Accumulate one matmul per piece into the same output: no concatenated copies.
     mm = torch.mm if lhs[0].dim() == 2 else torch.matmul
     out = mm(lhs[0], rhs[0])
@@ -448,33 +457,34 @@ def _combine(pieces: list[_Pair], sl: slice) -> torch.Tensor:
 
 
 def _condense(
-    pieces: dict[str, list[_Piece]], keep: _Keep, B: int, n_points: int
+    n: str, pieces: dict[str, list[_Piece]], keep: _Keep, B: int, n_points: int
 ) -> None:
-    """Right after one point's capture, turn the pieces that the norm pass would materialise anyway
-    into kept per-sample blocks (added into the first point's block for a difference query) and
-    drop their activations, so a difference query never holds both points' activations at once."""
-    for n in list(pieces):
-        lst = pieces[n]
-        if all(pc.kind == "dense" for pc in lst):
-            # clone: a lone unscaled dense piece may alias an autograd output that is later added to
-            make = lambda lst=lst: _sum_dense(lst).clone()
-        elif all(pc.kind == "pair" for pc in lst) and len({pc.key for pc in lst}) == 1:
-            _g, p, q = lst[0].key
-            if n_points * sum(pc.T for pc in lst) * (p + q) <= p * q:
-                continue  # the Gram route is cheaper: keep the captures
-            make = lambda lst=lst: _combine(lst, slice(None))
-        else:
-            continue
-        if n in keep.blocks:
-            keep.blocks[n].add_(make())
-        elif (
-            keep.offer(
-                n, make, B * int(lst[0].shape.numel()), sum(pc.captured for pc in lst)
-            )
-            is None
-        ):
-            continue
-        del pieces[n]
+    """Once all of one point's pieces of parameter ``n`` are in, turn them into a kept per-sample
+    block if the norm pass would materialise it anyway (added into the first point's block for a
+    difference query) and drop their activations/output-gradients. Called from inside the backward
+    pass, so a layer's captures are released as soon as its block exists, and a difference query
+    never holds both points' activations at once."""
+    lst = pieces[n]
+    if all(pc.kind == "dense" for pc in lst):
+        # clone: a lone unscaled dense piece may alias an autograd output that is later added to
+        make = lambda: _sum_dense(lst).clone()
+    elif all(pc.kind == "pair" for pc in lst) and len({pc.key for pc in lst}) == 1:
+        _g, p, q = lst[0].key
+        if n_points * sum(pc.T for pc in lst) * (p + q) <= p * q:
+            return  # the Gram route is cheaper: keep the captures
+        make = lambda: _combine(lst, slice(None))
+    else:
+        return
+    if n in keep.blocks:
+        keep.blocks[n].add_(make())
+    elif (
+        keep.offer(
+            n, make, B * int(lst[0].shape.numel()), sum(pc.captured for pc in lst)
+        )
+        is None
+    ):
+        return
+    del pieces[n]
 
 
 def _sum_dense(pieces: list[_Piece]) -> torch.Tensor:
@@ -670,6 +680,34 @@ def _fallback_dense(
     return {n: _Dense(grads[n]) for n in local}
 
 
+def _point_scale(weights, losses: torch.Tensor, sign: int) -> torch.Tensor | None:
+    """Per-sample factor of one point's pieces: its weights, negated for a difference's second point."""
+    w = resolve_weights(weights, losses)
+    if w is not None:
+        return w if sign > 0 else -w
+    return -torch.ones_like(losses.detach()) if sign < 0 else None
+
+
+def _has_target_below(root, targets: set) -> dict:
+    """For every autograd node reachable from ``root``: whether a node of ``targets`` lies strictly
+    below it (iterative post-order walk; graphs can be deeper than Python's recursion limit)."""
+    below: dict = {}
+    stack = [root]
+    while stack:
+        fn = stack[-1]
+        if fn is None or fn in below:
+            stack.pop()
+            continue
+        kids = [k for k, _ in fn.next_functions if k is not None]
+        todo = [k for k in kids if k not in below]
+        if todo:
+            stack.extend(todo)
+            continue
+        stack.pop()
+        below[fn] = any(k in targets or below[k] for k in kids)
+    return below
+
+
 class _Structure:
     """What the capture needs to know about a model's parameters, computed once per model and
     reused while the module tree and its parameters (objects and ``requires_grad``) are unchanged."""
@@ -732,7 +770,22 @@ class _Capture:
         self.names = structure.names
         self.local_map = structure.local_map
 
-    def run(self, loss_fn, inputs, targets, params: dict | None):
+    def run(
+        self,
+        loss_fn,
+        inputs,
+        targets,
+        params: dict | None,
+        *,
+        weights=None,
+        sign: int = 1,
+        keep: _Keep | None = None,
+        n_points: int = 1,
+    ):
+        """Forward, then one backward (output-gradients only) that turns each layer call into
+        pieces *as its output-gradient arrives* (a pre-hook on the layer's output node), so that
+        a layer whose pieces condense into a kept block releases its input and output-gradient
+        right away instead of holding them until the end of the backward pass."""
         B = inputs.shape[0]
         calls: list[_Call] = []
         active = [True]
@@ -769,6 +822,7 @@ class _Capture:
         handles = [
             m.register_forward_hook(hook, with_kwargs=True) for m in self.st.modules
         ]
+        prehooks = []
         try:
             if params is None:
                 out = self.model(inputs)
@@ -781,6 +835,9 @@ class _Capture:
                     f"{tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__}"
                 )
             active[0] = False
+            for h in handles:
+                h.remove()
+            handles = []
             for c in calls:
                 if [
                     a._version for a in c.args if isinstance(a, torch.Tensor)
@@ -790,17 +847,20 @@ class _Capture:
                         f"the input of layer {type(c.module).__name__} was modified in place after the layer "
                         "read it; per-sample gradients (and ordinary backward) would be wrong — avoid the in-place op"
                     )
-            if calls:
-                gouts = torch.autograd.grad(
-                    losses.sum(), [c.edge for c in calls], allow_unused=True
-                )
-            else:
-                gouts = []
+            # The per-sample weights are known once the losses are: pieces are scaled (and, for
+            # the previous point of a difference, negated) as they are created.
+            scale = _point_scale(weights, losses, sign)
             pieces: dict[str, list[_Piece]] = {}
-            for c, g in zip(calls, gouts):
+            uses: dict[str, int] = {}
+            for c in calls:
+                for n in self.local_map[id(c.module)].values():
+                    uses[n] = uses.get(n, 0) + 1
+            arrived: dict[str, int] = {}
+            done: set[str] = set()
+            errors: list[BaseException] = []
+
+            def process(c: _Call, g: torch.Tensor) -> None:
                 own = self.local_map[id(c.module)]
-                if g is None:
-                    continue
                 g = g.detach()
                 if c.handler is not None:
                     got = c.handler(
@@ -809,16 +869,77 @@ class _Capture:
                     got = {k: v for k, v in got.items() if k in own}
                 else:
                     got = _fallback_dense(c, list(own), g, B)
+                c.args = c.kwargs = c.values = None  # our references to its activations
                 for ln, piece in got.items():
+                    piece.scale = scale
                     pieces.setdefault(own[ln], []).append(piece)
-            missing = [n for n in self.names if n not in pieces]
+                if keep is None:
+                    return
+                for n in own.values():
+                    arrived[n] = arrived.get(n, 0) + 1
+                    if arrived[n] == uses[n] and n in pieces:
+                        done.add(n)
+                        with torch.no_grad():
+                            _condense(n, pieces, keep, B, n_points)
+
+            total = losses.sum()
+            direct = self._attach(total, calls, process, errors, prehooks)
+            if direct:
+                gouts = torch.autograd.grad(
+                    total, [c.edge for c in direct], allow_unused=True
+                )
+                for h in prehooks:
+                    h.remove()
+                prehooks = []
+                if errors:
+                    raise errors[0]
+                for c, g in zip(direct, gouts):
+                    if g is not None:
+                        process(c, g)
+            if keep is not None:  # parameters with an unused call (no gradient) end here
+                for n in list(pieces):
+                    if n not in done:
+                        with torch.no_grad():
+                            _condense(n, pieces, keep, B, n_points)
+            missing = [
+                n for n in self.names if n not in pieces and n not in done
+            ]
             if missing:
                 self._check_unreachable(losses, missing, params)
         finally:
             active[0] = False
-            for h in handles:
+            for h in handles + prehooks:
                 h.remove()
         return losses.detach(), pieces
+
+    @staticmethod
+    def _attach(total, calls, process, errors, prehooks) -> list[_Call]:
+        """Register an output-gradient pre-hook on every handled layer call that the backward
+        pass executes anyway, and return the calls whose output-gradients must be requested.
+
+        A node runs in ``autograd.grad`` only if a requested gradient lies below it, and every
+        requested gradient is held until the call returns. So only the *lowest* handled calls
+        (no other handled call below them, e.g. the first layer) and the vmap-fallback calls are
+        requested; every other handled call sits above one of them, runs, and is processed in its
+        pre-hook, its output-gradient released after the node has run."""
+        targets = {c.edge.node for c in calls if c.handler is not None}
+        below = _has_target_below(total.grad_fn, targets)
+        direct = []
+        for c in calls:
+            if c.handler is None or not below.get(c.edge.node, False):
+                direct.append(c)
+                continue
+
+            def pre(grad_outputs, c=c, k=c.edge.output_nr):
+                g = grad_outputs[k]
+                if g is not None and not errors:
+                    try:
+                        process(c, g)
+                    except BaseException as e:  # re-raised after the backward pass
+                        errors.append(e)
+
+            prehooks.append(c.edge.node.register_prehook(pre))
+        return direct
 
     def _check_unreachable(self, losses, missing, params):
         """A parameter with no captured use must not influence the loss (else it is used outside
@@ -893,21 +1014,16 @@ class GhostEngine(GradEngine):
         with (
             torch.enable_grad()
         ):  # the capture needs a graph even if the caller is in no_grad
-            losses, pieces = _Capture(model, st).run(loss_fn, inputs, targets, full)
-        w = resolve_weights(weights, losses)
-        scale = None
-        if w is not None:
-            scale = w if sign > 0 else -w
-        elif sign < 0:
-            scale = -torch.ones_like(losses)
-        if scale is not None:
-            for lst in pieces.values():
-                for pc in lst:
-                    pc.scale = scale
-        if keep is not None:
-            with torch.no_grad():
-                _condense(pieces, keep, inputs.shape[0], n_points)
-        return losses, pieces
+            return _Capture(model, st).run(
+                loss_fn,
+                inputs,
+                targets,
+                full,
+                weights=weights,
+                sign=sign,
+                keep=keep,
+                n_points=n_points,
+            )
 
     def _collect(
         self,
