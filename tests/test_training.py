@@ -122,7 +122,7 @@ def _privopt(*args, **kw):
 def test_kill_9_then_resume_spends_the_same_epsilon(tmp_path):
     cfg_file = tmp_path / "c.json"
     d = json.loads(json.dumps(BASE))
-    d["algorithm_params"]["epochs"] = 6
+    d["algorithm_params"]["epochs"] = 15  # long enough to be killed mid-run on a fast machine
     d["checkpoint_every"] = 2
     cfg_file.write_text(json.dumps(d))  # JSON is valid YAML
     ref = _privopt("train", "--config", str(cfg_file), "--out", str(tmp_path / "ref"), "--quiet")
