@@ -461,3 +461,26 @@ def test_recursive_spider_x_step_is_capped_and_lambda_gradient_projected():
         assert float((x1 - x0).norm()) <= 0.3 * 0.5 + 1e-6
         assert 0.5 - math.log(N) - 1e-12 <= logs["z_lam"] <= 0.5 + 1e-12
         assert abs(algo.lam - lam0) <= 0.01 * max(0.5, math.log(N) - 0.5) + 1e-12
+
+
+@pytest.mark.parametrize("exp_cap", [None, 20.0])
+def test_recursive_spider_exp_cap_keeps_queries_finite(exp_cap):
+    """Regression (mnist-st failures): small λ and a shift far below the losses gave weights
+    h/λ ≈ 1e34+ that overflow float32 per-sample gradients (inf norms → nan sums, then s = nan).
+    The default exponent cap keeps every pre-noise statistic finite."""
+    model = fresh_model()
+    with torch.no_grad():
+        model.weight.mul_(50.0)  # confident, often wrong predictions: losses up to the bound
+    algo = get_algorithm("dp-recursive-spider", steps=4, q=2, b1=N, b2=N, b3=N, b4=N, exp_cap=exp_cap)
+    algo.setup(make_ctx(model))
+    algo._state["c"] = 0.0
+    idx = torch.arange(N)
+    x_prev = algo._x() * 0.9
+    stats = [algo.v_grad_sum(idx, x=None, lam=0.05, clip=1.0),
+             algo.v_diff_sum(idx, x=None, lam=0.05, x_prev=x_prev, lam_prev=0.1, clip=1.0),
+             algo.u_diff_sum(idx, x=None, lam=0.05, x_prev=x_prev, lam_prev=0.1, clip=1.0),
+             algo.s_storm_sum(idx, x=None, lam=0.05, x_prev=x_prev, lam_prev=0.1, beta=0.5, clip=1.0)]
+    finite = all(bool(torch.isfinite(s).all()) for s in stats)
+    assert finite == (exp_cap is not None)
+    if exp_cap is not None:  # per-record clipping still bounds each sum by n·C
+        assert all(float(s.norm()) <= N * 1.5 + 1e-6 for s in stats)

@@ -312,3 +312,28 @@ def test_compositional_rejects_bad_configuration():
     with pytest.raises(ConfigError, match="must be > 0"):
         KLCompositional.outer_grads(s=0.0, v=torch.zeros(2), u=0.0, lam=1.0, rho=0.5)
     assert obj.project_lam(1e-5) == 1e-3 and obj.project_lam(0.7) == 0.7
+
+
+def test_kl_compositional_exponent_cap_is_consistent():
+    """a_max caps (ℓ − c)/λ inside h, the x-weights h/λ and ∂_λ h alike; None leaves h exact."""
+    from privopt.objectives.compositional import KLCompositional
+
+    losses = torch.tensor([0.1, 1.0, 5.0, 9.0], dtype=torch.float64)
+    lam, c = 0.05, 0.5
+    exact = KLCompositional(rho=0.5, lam0=1e-3, loss_bound=10.0, shift=c)
+    capped = KLCompositional(rho=0.5, lam0=1e-3, loss_bound=10.0, shift=c, a_max=20.0)
+    a = (losses - c) / lam
+    torch.testing.assert_close(exact.h(losses, lam), torch.exp(a))
+    h = capped.h(losses, lam)
+    torch.testing.assert_close(h, torch.exp(a.clamp(max=20.0)))
+    assert float(h.max()) == pytest.approx(math.exp(20.0))
+    torch.testing.assert_close(capped.h_x_weights(losses, lam), h / lam)
+    torch.testing.assert_close(capped.h_lam_grads(losses, lam), -h * (losses - c) / lam**2)
+    # Uncapped records are untouched; the exact objective quantities ignore the cap.
+    assert float(h[0]) == pytest.approx(float(exact.h(losses, lam)[0]))
+    torch.testing.assert_close(capped.x_weights(losses, lam), exact.x_weights(losses, lam))
+    # The float32 weight the engine receives overflows without the cap, not with it.
+    assert not bool(torch.isfinite(exact.h_weight_fn(lam, shift=c)(losses.float())).all())
+    assert bool(torch.isfinite(capped.h_weight_fn(lam, shift=c)(losses.float())).all())
+    with pytest.raises(ConfigError, match="a_max"):
+        KLCompositional(rho=0.5, lam0=1e-3, a_max=-1.0)

@@ -96,6 +96,11 @@ class DPRecursiveSPIDER(DROAlgorithm):
             of length ≤ lr, like clipped SGD; ``None``: none). z_x = (λ/s)·v divides by the tracked
             s, so a momentarily small s would otherwise produce an arbitrarily long step.
         s_min: floor of s (default ``exp(−c/λ_t)``, the smallest value h2 can take).
+        exp_cap: cap on the exponent ``(ℓ − c)/λ`` of h (default 20; ``None``: off). A per-record
+            transformation before clipping with a public constant (privacy unaffected); without it
+            λ ≈ 0.1 and losses near B gave weights h/λ ≈ 1e34 whose products with float32
+            per-sample gradients overflowed to inf/nan (the failed mnist-st runs). e^20 times the
+            tracked mean (≈ e^{−shift_offset}) saturates any clip threshold anyway.
         share_batches: v- and u-queries share one batch when their sizes agree.
         epochs, steps, output, chunk_size: see :class:`DROAlgorithm`.
 
@@ -117,7 +122,8 @@ class DPRecursiveSPIDER(DROAlgorithm):
                  clip_u_diff: Optional[float] = None, loss_bound: float = 10.0,
                  shift: Union[None, str, float] = "adaptive", shift_offset: float = 1.0,
                  lam_max: Union[None, str, float] = "auto", lam_step_frac: Optional[float] = 0.5,
-                 cap_v: bool = True, x_step_cap: Optional[float] = 1.0, s_min: Optional[float] = None, share_batches: bool = True, epochs: float = 20,
+                 cap_v: bool = True, x_step_cap: Optional[float] = 1.0, s_min: Optional[float] = None,
+                 exp_cap: Optional[float] = 20.0, share_batches: bool = True, epochs: float = 20,
                  steps: Optional[int] = None, output: str = "random", chunk_size: int = 256,
                  private: bool = True):
         super().__init__(epochs=epochs, steps=steps, output=output, chunk_size=chunk_size)
@@ -145,8 +151,9 @@ class DPRecursiveSPIDER(DROAlgorithm):
         if shift is not None and shift != "adaptive" and not isinstance(shift, (int, float)):
             raise ConfigError(f"shift must be 'adaptive', a number or None, got {shift!r}")
         self.adaptive_shift = shift == "adaptive"
+        self.exp_cap = optional_positive("exp_cap", exp_cap)
         self.objective = KLCompositional(rho=self.rho, lam0=self.lam0, loss_bound=self.loss_bound,
-                                         shift=None if self.adaptive_shift else shift)
+                                         shift=None if self.adaptive_shift else shift, a_max=self.exp_cap)
         self.shift = "adaptive" if self.adaptive_shift else self.objective.shift
         self.shift_offset = positive("shift_offset", shift_offset)
         lam_max = auto_or_positive("lam_max", lam_max)

@@ -19,6 +19,15 @@ bound B):
 Exact values (``value``, ``x_weights``, ``lam_grad``, ``optimal_lam``) are computed with
 log-sum-exp and do not depend on c. Loss clamping to ``[0, B]`` is a straight-through surrogate as
 in :mod:`privopt.objectives.dual`.
+
+Optional exponent cap ``a_max`` (the private estimators use it, SPEC §8.7): the exponent
+``a = (ℓ − c)/λ`` of ``h`` is capped at ``a_max`` (``h = exp(min(a, a_max))``, used consistently
+in ``h``, ``h_x_weights`` and ``h_lam_grads``). Why: with λ small and a stale shift, ``a`` can reach
+~80 and the weight ``h/λ ≈ 1e34`` times a float32 per-sample gradient overflows; the engine then
+gets ``inf`` norms and ``inf·0 = nan`` terms, which poisoned DP Recursive-SPIDER runs. A record at
+``a_max`` is already ``e^{a_max}`` times heavier than the tracked mean, so the cap only changes
+records whose (clipped) contribution is saturated anyway; it is a per-record transformation before
+clipping with a public constant, so privacy is unaffected. The exact quantities below ignore it.
 """
 
 from __future__ import annotations
@@ -46,6 +55,8 @@ class KLCompositional:
         loss_bound: public clamp B on the losses (``None``: no clamping).
         shift: the data-independent shift c of the inner function; defaults to ``loss_bound``
             (so ``h ∈ (0, 1]``) or 0 when no bound is set.
+        a_max: cap on the exponent ``(ℓ − c)/λ`` of ``h`` (see the module docstring); ``None``
+            (default) leaves ``h`` exact.
 
     Example:
         >>> import torch
@@ -65,6 +76,7 @@ class KLCompositional:
         lam0: float,
         loss_bound: Optional[float] = None,
         shift: Optional[float] = None,
+        a_max: Optional[float] = None,
     ):
         self.rho = self._pos("rho", rho)
         self.lam0 = self._pos("lam0", lam0)
@@ -77,6 +89,7 @@ class KLCompositional:
             raise ConfigError(f"shift must be a number, got {shift!r}") from None
         if not math.isfinite(self.shift):
             raise ConfigError(f"shift must be finite, got {shift!r}")
+        self.a_max = None if a_max is None else self._pos("a_max", a_max)
 
     @staticmethod
     def _pos(name: str, v: float) -> float:
@@ -89,7 +102,8 @@ class KLCompositional:
         return f
 
     def __repr__(self) -> str:
-        return f"KLCompositional(rho={self.rho}, lam0={self.lam0}, loss_bound={self.loss_bound}, shift={self.shift})"
+        return (f"KLCompositional(rho={self.rho}, lam0={self.lam0}, loss_bound={self.loss_bound}, "
+                f"shift={self.shift}, a_max={self.a_max})")
 
     # ----------------------------------------------------------------- helpers
     def _losses(self, losses: TensorLike) -> torch.Tensor:
@@ -119,9 +133,13 @@ class KLCompositional:
         """Shifted inner function ``h(w; ξ_i) = exp((ℓ_i − c)/λ)``, shape ``[B]``, float64.
 
         ``shift`` overrides the object's c for this call (a public value, e.g. re-centred from
-        released estimates). Bounded by 1 when ``ℓ ≤ c`` (e.g. ``c = B`` with clamped losses).
+        released estimates). Bounded by 1 when ``ℓ ≤ c`` (e.g. ``c = B`` with clamped losses);
+        at most ``e^{a_max}`` when the exponent cap is set.
         """
-        return torch.exp((self._losses(losses) - self._c(shift)) / self._lam(lam))
+        a = (self._losses(losses) - self._c(shift)) / self._lam(lam)
+        if self.a_max is not None:
+            a = a.clamp(max=self.a_max)
+        return torch.exp(a)
 
     def h_x_weights(self, losses: TensorLike, lam: TensorLike, *, shift: Optional[float] = None) -> torch.Tensor:
         """Weights ``h_i/λ`` with ``∇_x h(w; ξ_i) = (h_i/λ)·∇_x ℓ_i`` (engine ``weights=``), detached."""
