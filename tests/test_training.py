@@ -145,3 +145,28 @@ def test_kill_9_then_resume_spends_the_same_epsilon(tmp_path):
     assert b["privacy"]["epsilon_spent"] == pytest.approx(a["privacy"]["epsilon_spent"], rel=1e-12)
     assert b["privacy"]["ledger"] == a["privacy"]["ledger"]
     assert b["metrics"]["test_loss"] == pytest.approx(a["metrics"]["test_loss"], rel=1e-6)
+
+
+def test_own_dataset_with_nan_is_rejected_before_any_output(tmp_path):
+    from privopt.data import load_dataset
+
+    data = load_dataset("digits", seed=0)
+    data.x_train[3, 0] = float("nan")
+    with pytest.raises(DataError, match="NaN or infinite"):
+        train(cfg(), out_dir=tmp_path / "run", progress=False, dataset=data)
+    assert not (tmp_path / "run").exists()
+    data = load_dataset("digits", seed=0)
+    data.y_test[0] = 99
+    with pytest.raises(DataError, match="labels outside"):
+        train(cfg(), out_dir=tmp_path / "run", progress=False, dataset=data)
+
+
+def test_batchnorm_model_is_rejected(tmp_path):
+    from torch import nn
+
+    from privopt.errors import ModelError
+
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.BatchNorm1d(16), nn.Linear(16, 10))
+    with pytest.raises(ModelError, match="BatchNorm1d"):
+        train(cfg(), out_dir=tmp_path / "run", progress=False, model=model)
+    assert not (tmp_path / "run").exists()

@@ -141,6 +141,7 @@ def train(cfg: RunConfig, *, out_dir: str | Path, resume: bool = False, progress
     torch.manual_seed(cfg.seed)
     data = dataset if dataset is not None else load_dataset(cfg.dataset, data_dir=cfg.data_dir, seed=cfg.seed,
                                                             **cfg.dataset_params)
+    data.validate()  # user datasets especially: NaN/inf, shapes and labels fail here, before any output
     if model is None:
         model = build_model(cfg.model, input_shape=data.input_shape, num_classes=data.num_classes,
                             **cfg.model_params)

@@ -59,6 +59,48 @@ class Dataset:
             raise ConfigError(f"unknown split {which!r}; use 'train', 'val' or 'test'")
         return getattr(self, f"x_{which}"), getattr(self, f"y_{which}")
 
+    def validate(self) -> "Dataset":
+        """Check a dataset (e.g. one built from your own tensors) before training on it.
+
+        Raises :class:`privopt.errors.DataError` naming the split and the problem: mismatched
+        lengths, a feature shape other than ``input_shape``, NaN/inf features, labels outside
+        ``0..num_classes-1``, or an empty training split.
+
+        Example:
+            >>> import torch
+            >>> bad = Dataset(name="mine", x_train=torch.tensor([[0.0], [float("nan")]]),
+            ...               y_train=torch.tensor([0, 1]), x_val=torch.zeros(0, 1),
+            ...               y_val=torch.zeros(0, dtype=torch.long), x_test=torch.zeros(1, 1),
+            ...               y_test=torch.zeros(1, dtype=torch.long), num_classes=2, input_shape=(1,))
+            >>> bad.validate()
+            Traceback (most recent call last):
+            ...
+            privopt.errors.DataError: dataset 'mine': the train split has NaN or infinite feature values
+        """
+        from privopt.errors import DataError
+
+        if self.n_train == 0:
+            raise DataError(f"dataset {self.name!r}: the training split is empty")
+        for split in ("train", "val", "test"):
+            x, y = self.split(split)
+            if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+                raise DataError(f"dataset {self.name!r}: the {split} split must hold torch tensors")
+            if x.shape[0] != y.shape[0]:
+                raise DataError(f"dataset {self.name!r}: the {split} split has {x.shape[0]} feature rows but "
+                                f"{y.shape[0]} labels")
+            if x.shape[0] == 0:
+                continue
+            if tuple(x.shape[1:]) != tuple(self.input_shape):
+                raise DataError(f"dataset {self.name!r}: {split} features have shape {tuple(x.shape[1:])}, "
+                                f"expected input_shape {tuple(self.input_shape)}")
+            if not torch.isfinite(x).all():
+                raise DataError(f"dataset {self.name!r}: the {split} split has NaN or infinite feature values")
+            if y.dtype.is_floating_point or y.dim() != 1:
+                raise DataError(f"dataset {self.name!r}: {split} labels must be a 1-D integer tensor")
+            if int(y.min()) < 0 or int(y.max()) >= self.num_classes:
+                raise DataError(f"dataset {self.name!r}: {split} labels outside 0..{self.num_classes - 1}")
+        return self
+
     def __repr__(self) -> str:  # the default repr would print whole tensors
         return (
             f"Dataset(name={self.name!r}, train={self.n_train}, val={len(self.y_val)}, test={len(self.y_test)}, "
