@@ -15,9 +15,6 @@ import pytest
 import torch
 
 from privopt.data import (
-    DisjointPartition,
-    PoissonSampler,
-    WithoutReplacementSampler,
     available_datasets,
     dataset_options,
     describe_datasets,
@@ -26,7 +23,6 @@ from privopt.data import (
 )
 from privopt.data import formats
 from privopt.errors import ConfigError, DataError
-from privopt.privacy.events import FullBatch, Poisson, WithoutReplacement
 
 MNIST_HIST = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
 CIFAR_TRAIN_HIST = [202, 191, 203, 195, 214, 183, 207, 199, 203, 203]
