@@ -27,10 +27,15 @@ EPSILONS = (0.5, 1.0, 5.0, 10.0)
 # every method, balanced validation accuracy); fixed here so the demo needs no tuning. SCDRO has
 # no clipping (its clip is unused).
 DEMO_HYPERPARAMETERS = {
-    "dp-sgda": {"lr": 0.1, "clip": 1.0},
+    # DP-SGDA / DP Recursive-SPIDER re-picked on digits-st's VALIDATION split (val_fraction 0.2, seed 0,
+    # ε = 1, 10 epochs, lr ∈ {0.05, 0.2, 0.5, 2} × clip ∈ {0.1, 1}): DP-SGDA lr 2 / clip 1 scored 0.69
+    # balanced val. accuracy (every other point ≤ 0.50; the old lr 0.1 gave a constant predictor);
+    # Recursive-SPIDER's best was lr 0.2 / clip 0.1 at 0.50 (the rest 0.43–0.50) — its 23 iterations
+    # at this budget are too few to learn, so treat its demo number as chance level.
+    "dp-sgda": {"lr": 2.0, "clip": 1.0},
     "private-diff": {"lr": 2.0, "clip": 1.0},
     "dp-double-spider": {"lr": 2.0, "clip": 1.0},
-    "dp-recursive-spider": {"lr": 0.1, "clip": 0.1},
+    "dp-recursive-spider": {"lr": 0.2, "clip": 0.1},
     # SCDRO: lr 0.1 with its new defaults (q = 4, λ step 0.01): 62.9 % on digits-st vs 64.0 % for
     # ERM on the same schedule (lr 0.5 diverges to a constant predictor, 50.6 %).
     "scdro": {"lr": 0.1, "clip": 1.0},
