@@ -149,6 +149,8 @@ class DROAlgorithm(Algorithm):
         chunk_size: per-sample gradients are computed in chunks of this many records.
     """
 
+    share_batches: bool = False  # releases whose batches have equal sizes may share one sampled batch
+
     def __init__(self, *, epochs: float, steps: Optional[int], output: str, chunk_size: int):
         self.epochs = positive("epochs", epochs)
         self.steps = None if steps is None else positive_int("steps", steps)
@@ -164,6 +166,15 @@ class DROAlgorithm(Algorithm):
     # -- schedule --------------------------------------------------------------------------
     def _planned_T(self, n: int) -> int:
         raise NotImplementedError
+
+    def hyperparameters(self) -> dict[str, Any]:
+        hp = super().hyperparameters()
+        hp.pop("objective", None)  # a derived object, rebuilt from the divergence settings
+        return hp
+
+    def _shared(self, a: str, b: str, plans: dict[str, "BatchPlan"]) -> bool:
+        """Whether releases ``a`` and ``b`` are made from one sampled batch (one accounting step)."""
+        return self.share_batches and plans[a].normalizer == plans[b].normalizer
 
     def steps_for(self, *, n: int) -> int:
         return self._T_for(n)

@@ -150,11 +150,6 @@ class DPDoubleSPIDER(DROAlgorithm):
 
         return get_divergence(self.divergence, **self.divergence_params)
 
-    def hyperparameters(self) -> dict[str, Any]:
-        hp = super().hyperparameters()
-        hp.pop("objective", None)
-        return hp
-
     # ------------------------------------------------------------------ schedule & inventory
     def _planned_T(self, n: int) -> int:
         return spider_steps(epochs=self.epochs, n=n, q=self.q, refresh=self.N3, correction=self.N4)
@@ -162,9 +157,6 @@ class DPDoubleSPIDER(DROAlgorithm):
     def _plans(self, n: int) -> dict[str, BatchPlan]:
         return {"eta-refresh": BatchPlan(self.N1, n), "x-refresh": BatchPlan(self.N3, n),
                 "eta-diff": BatchPlan(self.N2, n), "x-diff": BatchPlan(self.N4, n)}
-
-    def _shared(self, a: str, b: str, plans: dict[str, BatchPlan]) -> bool:
-        return self.share_batches and plans[a].normalizer == plans[b].normalizer
 
     def inventory(self, *, n: int) -> Optional[Inventory]:
         if not self.private:

@@ -168,11 +168,6 @@ class DPRecursiveSPIDER(DROAlgorithm):
         self._state: dict[str, Any] = {}
         self._last_batches: dict[str, torch.Tensor] = {}
 
-    def hyperparameters(self) -> dict[str, Any]:
-        hp = super().hyperparameters()
-        hp.pop("objective", None)
-        return hp
-
     # ------------------------------------------------------------------ schedule & inventory
     def _planned_T(self, n: int) -> int:
         return spider_steps(epochs=self.epochs, n=n, q=self.q, refresh=self.b1, correction=self.b2)
@@ -180,9 +175,6 @@ class DPRecursiveSPIDER(DROAlgorithm):
     def _plans(self, n: int) -> dict[str, BatchPlan]:
         return {"v-refresh": BatchPlan(self.b1, n), "u-refresh": BatchPlan(self.b3, n),
                 "v-diff": BatchPlan(self.b2, n), "u-diff": BatchPlan(self.b4, n), "s": BatchPlan(self.s_batch, n)}
-
-    def _shared(self, a: str, b: str, plans: dict[str, BatchPlan]) -> bool:
-        return self.share_batches and plans[a].normalizer == plans[b].normalizer
 
     def inventory(self, *, n: int) -> Optional[Inventory]:
         if not self.private:
