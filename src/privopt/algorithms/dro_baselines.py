@@ -236,8 +236,8 @@ class PrivateDiff(_PrimalDualBase):
 
     def setup(self, ctx) -> None:
         self._bind(ctx)
-        self._plans_ = {"refresh": BatchPlan(self.refresh_batch, ctx.n), "diff": BatchPlan(self.batch_size, ctx.n)}
-        self._samplers = {k: p.sampler(ctx.sampler_rng) for k, p in self._plans_.items()}
+        self._make_samplers({"refresh": BatchPlan(self.refresh_batch, ctx.n), "diff": BatchPlan(self.batch_size, ctx.n)},
+                            pairs=())
         self._init_state(ctx.n)
 
     def step(self, t: int) -> dict[str, float]:

@@ -176,6 +176,15 @@ class DROAlgorithm(Algorithm):
         """Whether releases ``a`` and ``b`` are made from one sampled batch (one accounting step)."""
         return self.share_batches and plans[a].normalizer == plans[b].normalizer
 
+    def _make_samplers(self, plans: dict[str, "BatchPlan"], *, pairs) -> None:
+        """One sampler per release family; the second of each pair reuses the first's batches when
+        :meth:`_shared` (the inventory then declares the two releases as one step)."""
+        self._plans_ = plans
+        self._samplers = {k: p.sampler(self._ctx.sampler_rng) for k, p in plans.items()}
+        for a, b in pairs:
+            if self._shared(a, b, plans):
+                self._samplers[b] = self._samplers[a]
+
     def steps_for(self, *, n: int) -> int:
         return self._T_for(n)
 

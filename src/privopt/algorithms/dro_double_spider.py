@@ -176,13 +176,7 @@ class DPDoubleSPIDER(DROAlgorithm):
     # ------------------------------------------------------------------ setup & state
     def setup(self, ctx) -> None:
         self._bind(ctx)
-        plans = self._plans(ctx.n)
-        self._plans_ = plans
-        self._samplers = {k: p.sampler(ctx.sampler_rng) for k, p in plans.items()}
-        if self._shared("eta-refresh", "x-refresh", plans):
-            self._samplers["x-refresh"] = self._samplers["eta-refresh"]
-        if self._shared("eta-diff", "x-diff", plans):
-            self._samplers["x-diff"] = self._samplers["eta-diff"]
+        self._make_samplers(self._plans(ctx.n), pairs=(("eta-refresh", "x-refresh"), ("eta-diff", "x-diff")))
         eta0 = self.eta_init if self.eta_init is not None else initial_loss_scale(ctx) / self.g_eta
         self._state = {"eta": self._project_eta(eta0), "eta_prev": None, "x_prev": None, "g": None, "v": None}
         self._last_batches: dict[str, torch.Tensor] = {}  # diagnostics for tests; not checkpointed

@@ -202,13 +202,7 @@ class DPRecursiveSPIDER(DROAlgorithm):
     # ------------------------------------------------------------------ setup & state
     def setup(self, ctx) -> None:
         self._bind(ctx)
-        plans = self._plans(ctx.n)
-        self._plans_ = plans
-        self._samplers = {k: p.sampler(ctx.sampler_rng) for k, p in plans.items()}
-        if self._shared("v-refresh", "u-refresh", plans):
-            self._samplers["u-refresh"] = self._samplers["v-refresh"]
-        if self._shared("v-diff", "u-diff", plans):
-            self._samplers["u-diff"] = self._samplers["v-diff"]
+        self._make_samplers(self._plans(ctx.n), pairs=(("v-refresh", "u-refresh"), ("v-diff", "u-diff")))
         c0 = initial_loss_scale(ctx) if self.adaptive_shift else self.objective.shift
         self._state = {"lam": self.lam_init, "lam_prev": None, "x_prev": None, "v": None, "u": None, "s": None,
                        "c": float(c0)}
