@@ -324,15 +324,22 @@ class DPSGDJoint(_BatchAlgorithm):
         """``Σ_{i∈idx} Clip((∇_x L(x,η;ξ_i), ∇_η L(x,η;ξ_i)), C)`` as one float64 (d+1)-vector."""
         ctx = self._ctx
         total = torch.zeros(num_trainable(ctx.model) + 1, dtype=torch.float64)
+        obj = self._objective
         for s in range(0, idx.numel(), self.chunk_size):
             sub = idx[s : s + self.chunk_size]
-            losses, grads = ctx.engine.per_sample_grads(ctx.model, ctx.loss_fn, ctx.x_train[sub], ctx.y_train[sub])
-            a = self._objective.x_weights(losses, eta)
-            b = self._objective.eta_grads(losses, eta)
-            gx = grads.to(torch.float64) * a.unsqueeze(1)
-            norms = torch.sqrt(gx.pow(2).sum(1) + b.pow(2))
+            xb, yb = ctx.x_train[sub], ctx.y_train[sub]
+            # Pass 1 (no clipping): per-sample norms of the x-part a_i·∇ℓ_i and the losses. The
+            # joint (d+1)-vector's norm adds the scalar η-part; pass 2 sums a_i·f_i·∇ℓ_i with the
+            # joint clip factors f_i. Two engine passes beat materialising [B, d] gradients.
+            first = ctx.engine.clipped_sum(ctx.model, ctx.loss_fn, xb, yb, clip=math.inf,
+                                           weights=lambda losses: obj.x_weights(losses, eta))
+            a = obj.x_weights(first.losses, eta).to(torch.float64)
+            b = obj.eta_grads(first.losses, eta).to(torch.float64)
+            norms = torch.sqrt(first.norms.to(torch.float64).pow(2) + b.pow(2))
             f = torch.clamp(clip / norms.clamp_min(1e-300), max=1.0)
-            total[:-1] += (gx * f.unsqueeze(1)).sum(0)
+            second = ctx.engine.clipped_sum(ctx.model, ctx.loss_fn, xb, yb, clip=math.inf,
+                                            weights=(a * f).to(first.losses.dtype))
+            total[:-1] += second.total.to(torch.float64)
             total[-1] += (b * f).sum()
         return total
 
