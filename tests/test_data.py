@@ -25,6 +25,7 @@ from privopt.data import formats
 from privopt.errors import ConfigError, DataError
 
 MNIST_HIST = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+MNIST_TRAIN_HIST = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
 CIFAR_TRAIN_HIST = [202, 191, 203, 195, 214, 183, 207, 199, 203, 203]
 CIFAR_TEST_HIST = [103, 89, 100, 103, 90, 86, 112, 102, 106, 109]
 COVTYPE_HIST = [2942, 6022, 2160, 2160, 2396, 2160, 2160]
@@ -285,8 +286,21 @@ def test_standardisation_uses_training_statistics(shared_data):
     assert not torch.allclose(std.x_test.mean(dim=(0, 2, 3)), torch.zeros(3), atol=1e-3)
 
 
-def test_mnist_only_t10k_is_carved(shared_data):
-    ds = load_dataset("mnist", data_dir=shared_data, test_fraction=0.25, max_train=3000)
+def test_mnist_official_splits(shared_data):
+    ds = load_dataset("mnist", data_dir=shared_data, max_train=3000)
+    assert ds.meta["splits"]["test"] == 10000
+    assert ds.meta["label_histogram"]["test"] == MNIST_HIST
+    assert ds.meta["splits"]["train"] == 3000  # capped from the 60,000 official training images
+    x = formats.read_idx(shared_data / "mnist" / "train-labels-idx1-ubyte.gz", expect_ndim=1)
+    assert np.bincount(x).tolist() == MNIST_TRAIN_HIST
+
+
+def test_mnist_only_t10k_is_carved(shared_data, tmp_path):
+    only_test = tmp_path / "mnist"
+    only_test.mkdir()
+    for name in ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+        (only_test / name).symlink_to(shared_data / "mnist" / name)
+    ds = load_dataset("mnist", data_dir=tmp_path, test_fraction=0.25, max_train=3000)
     assert ds.input_shape == (1, 28, 28)
     assert ds.meta["splits"]["test"] == 2500 and ds.meta["splits"]["train"] == 3000
     assert "carved" in ds.meta["test_split"]
@@ -299,7 +313,7 @@ def test_mnist_only_t10k_is_carved(shared_data):
 def test_classes_option(shared_data):
     ds = load_dataset("fashion-mnist", data_dir=shared_data, classes=[7, 3])
     assert ds.num_classes == 2 and ds.meta["class_names"] == ["Sneaker", "Dress"]
-    assert total_hist(ds) == [1000, 1000]
+    assert total_hist(ds) == [7000, 7000]  # 6,000 training + 1,000 test images per class
     with pytest.raises(ConfigError, match="classes"):
         load_dataset("fashion-mnist", data_dir=shared_data, classes=[3, 3])
 
@@ -311,8 +325,8 @@ def test_classes_option(shared_data):
 def test_mnist_st_imbalance(shared_data, imratio):
     ds = load_dataset("mnist-st", data_dir=shared_data, imratio=imratio, val_fraction=0.1)
     tr = np.add(ds.meta["label_histogram"]["train"], ds.meta["label_histogram"]["val"])
-    # Majority class (digits 0-4) kept whole: its share of the 8,000-image pool is 80 % of 5,139.
-    assert abs(tr[0] - 0.8 * sum(MNIST_HIST[:5])) <= 2
+    # Majority class (digits 0-4) of the official 60,000-image training set kept whole.
+    assert tr[0] == sum(MNIST_TRAIN_HIST[:5])
     assert abs(tr[1] / tr.sum() - imratio) < 1.0 / tr.sum() + 1e-9
     te = ds.meta["label_histogram"]["test"]
     assert te[0] == te[1]
