@@ -291,15 +291,15 @@ def test_state_dict_resume_reproduces_the_run(name, kw):
             algo.step(t)
         if split < 8:  # "restart": new algorithm and module, restore everything
             state = algo.state_dict()
-            rng = (ctx.noise_rng.get_state(), ctx.sampler_rng.get_state())
+            rng = (ctx.noise_rng.state_dict(), ctx.sampler_rng.state_dict())
             model2 = fresh_model(seed=5)
             model2.load_state_dict(model.state_dict())
             ctx2 = make_ctx(model2, ledger=ctx.ledger, noise=noise)
             algo = get_algorithm(name, **kw)
             algo.setup(ctx2)
             algo.load_state_dict(state)
-            ctx2.noise_rng.set_state(rng[0])
-            ctx2.sampler_rng.set_state(rng[1])
+            ctx2.noise_rng.load_state_dict(rng[0])
+            ctx2.sampler_rng.load_state_dict(rng[1])
             model = model2
             for t in range(split, 8):
                 algo.step(t)

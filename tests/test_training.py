@@ -43,7 +43,9 @@ def test_record_has_everything(tmp_path):
     p = saved["privacy"]
     assert 0 < p["epsilon_spent"] <= 2.0 and p["delta"] == 1e-5 and p["neighbouring"] == "add_remove"
     assert saved["calibration"]["noise_multipliers"]["grad"] > 0
-    assert saved["privacy_inventory"] and saved["seeds"]["seed"] == 0
+    assert saved["privacy_inventory"] and saved["randomness"]["public_seed"] == 0
+    # Default randomness is secret: nothing in the record lets anyone replay the noise.
+    assert saved["randomness"]["insecure_seed"] is None and "secret" in saved["randomness"]["noise_and_sampling"]
     assert saved["hyperparameters"]["clip"] == 1.0 and saved["wall_time_s"] > 0
     assert 0 <= saved["metrics"]["test_accuracy"] <= 1
     assert (tmp_path / "run" / "metrics.csv").read_text().startswith("step,")
@@ -66,8 +68,8 @@ def test_existing_output_dir_refused(tmp_path):
 
 
 def test_pause_and_resume_matches_uninterrupted(tmp_path):
-    full = train(cfg(), out_dir=tmp_path / "full", progress=False)
-    part = train(cfg(), out_dir=tmp_path / "part", progress=False, max_steps=7)
+    full = train(cfg(insecure_seed=0), out_dir=tmp_path / "full", progress=False)
+    part = train(cfg(insecure_seed=0), out_dir=tmp_path / "part", progress=False, max_steps=7)
     assert part["status"] == "paused"
     resumed = train(RunConfig(), out_dir=tmp_path / "part", resume=True, progress=False)
     assert resumed["privacy"]["epsilon_spent"] == pytest.approx(full["privacy"]["epsilon_spent"], rel=1e-12)
@@ -123,6 +125,7 @@ def test_kill_9_then_resume_spends_the_same_epsilon(tmp_path):
     d = json.loads(json.dumps(BASE))
     d["algorithm_params"]["epochs"] = 15  # long enough to be killed mid-run on a fast machine
     d["checkpoint_every"] = 2
+    d["insecure_seed"] = 0  # the uninterrupted reference must draw the same noise
     cfg_file.write_text(json.dumps(d))  # JSON is valid YAML
     ref = _privopt("train", "--config", str(cfg_file), "--out", str(tmp_path / "ref"), "--quiet")
     assert ref.wait(timeout=300) == 0, ref.stderr.read()

@@ -23,7 +23,10 @@ def _cmd_train(args) -> int:
     else:
         if args.out is None:
             raise PrivoptError("privopt train needs --out DIR (or --resume RUN_DIR)")
-        cfg = load_config(args.config, args.set)
+        overrides = list(args.set)
+        if args.insecure_seed is not None:
+            overrides.append(f"insecure_seed={args.insecure_seed}")
+        cfg = load_config(args.config, overrides)
     out = args.resume or args.out
     try:
         record = train(cfg, out_dir=out, resume=bool(args.resume), progress=not args.quiet)
@@ -119,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a config value, e.g. --set privacy.epsilon=2 --set algorithm_params.lr=0.5")
     t.add_argument("--out", help="output directory (must be new)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
+    t.add_argument("--insecure-seed", type=int, metavar="N", default=None,
+                   help="seed the privacy noise and batch sampling (reproducible, but anyone who reads the "
+                        "seed can replay the noise: NOT private; default: secret OS-entropy randomness)")
     t.add_argument("--quiet", action="store_true")
     t.add_argument("--json", action="store_true", help="print the result as JSON")
     t.set_defaults(func=_cmd_train)

@@ -78,7 +78,8 @@ class RunConfig:
     loss: str = "cross_entropy"
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     engine: str = "auto"
-    seed: int = 0
+    seed: int = 0  # public randomness: data splits, model initialisation
+    insecure_seed: Optional[int] = None  # opt-in: seed privacy noise and sampling (NOT private)
     eval_split: str = "test"  # "val" for hyper-parameter tuning (needs dataset_params.val_fraction)
     metrics: list[str] = field(default_factory=list)  # extra run metrics (privopt.training.register_run_metric)
     eval_every: int = 0  # 0: about 20 evaluations per run
@@ -90,6 +91,9 @@ class RunConfig:
             v = getattr(self, key)
             if not (isinstance(v, int) and v >= 0):
                 raise ConfigError(f"{key} must be an integer >= 0, got {v!r}")
+        v = self.insecure_seed
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise ConfigError(f"insecure_seed must be null or an integer >= 0, got {v!r}")
         if self.eval_split not in ("test", "val"):
             raise ConfigError(f"eval_split must be 'test' or 'val', got {self.eval_split!r}")
         if not isinstance(self.metrics, list):

@@ -1,11 +1,12 @@
 """Batch samplers whose sampling scheme is explicit (never inferred from a loader's length).
 
-Each sampler draws index tensors from its own ``torch.Generator`` and exposes ``.sampling``,
+Each sampler draws index tensors from its own :class:`privopt.rng.RandomSource` (secret by
+default; a plain ``torch.Generator`` is accepted and wrapped) and exposes ``.sampling``,
 the :mod:`privopt.privacy.events` description the accountant needs.
 
 Example:
     >>> import torch
-    >>> s = PoissonSampler(n=1000, rate=0.05, generator=torch.Generator().manual_seed(0))
+    >>> s = PoissonSampler(n=1000, rate=0.05, rng=torch.Generator().manual_seed(0))
     >>> s.sampling
     Poisson(rate=0.05, kind='poisson')
     >>> s.expected_batch_size
@@ -18,6 +19,7 @@ import torch
 
 from privopt.errors import ConfigError
 from privopt.privacy.events import FullBatch, Poisson, WithoutReplacement
+from privopt.rng import as_source
 
 __all__ = ["PoissonSampler", "WithoutReplacementSampler", "DisjointPartition"]
 
@@ -34,10 +36,10 @@ class PoissonSampler:
     Batches have random size (possibly 0); normalise sums by :attr:`expected_batch_size`.
     """
 
-    def __init__(self, *, n: int, rate: float, generator: torch.Generator):
+    def __init__(self, *, n: int, rate: float, rng):
         self.n = _check_n(n)
         self.sampling = Poisson(rate=float(rate))
-        self.generator = generator
+        self.rng = as_source(rng)
 
     @property
     def rate(self) -> float:
@@ -50,20 +52,20 @@ class PoissonSampler:
     def sample(self) -> torch.Tensor:
         if self.rate >= 1.0:
             return torch.arange(self.n)
-        return torch.nonzero(torch.rand(self.n, generator=self.generator) < self.rate).squeeze(1)
+        return torch.nonzero(self.rng.uniform(self.n) < self.rate).squeeze(1)
 
 
 class WithoutReplacementSampler:
     """A fixed-size batch of ``batch_size`` distinct records (replace-one adjacency in accounting)."""
 
-    def __init__(self, *, n: int, batch_size: int, generator: torch.Generator):
+    def __init__(self, *, n: int, batch_size: int, rng):
         self.n = _check_n(n)
         self.sampling = WithoutReplacement(n=n, batch_size=batch_size)
         self.batch_size = batch_size
-        self.generator = generator
+        self.rng = as_source(rng)
 
     def sample(self) -> torch.Tensor:
-        return torch.randperm(self.n, generator=self.generator)[: self.batch_size]
+        return self.rng.randperm(self.n)[: self.batch_size]
 
 
 class DisjointPartition:
@@ -72,9 +74,9 @@ class DisjointPartition:
     Raises :class:`ConfigError` when asked for more records than remain, instead of reusing any.
     """
 
-    def __init__(self, *, n: int, generator: torch.Generator):
+    def __init__(self, *, n: int, rng):
         self.n = _check_n(n)
-        self._order = torch.randperm(n, generator=generator)
+        self._order = as_source(rng).randperm(n)
         self._next = 0
         self.sampling = FullBatch()  # each disjoint part is released once, un-amplified
 
@@ -97,7 +99,7 @@ class DisjointPartition:
 
 
 def single_record_draws(*, n: int, steps: int, neighbouring: str,
-                        generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+                        rng) -> tuple[torch.Tensor, torch.Tensor]:
     """Record indices for ``steps`` queries at rate 1/n (``SingleRecord(n)`` in the accountant).
 
     Returns ``(indices, counts)``: step ``t`` uses ``indices[sum(counts[:t]) : sum(counts[:t+1])]``.
@@ -109,17 +111,17 @@ def single_record_draws(*, n: int, steps: int, neighbouring: str,
       Poisson-subsampled and the Poisson(1/n) accounting would not apply to it.
     """
     _check_n(n)
+    rng = as_source(rng)
     if neighbouring == "replace_one":
-        return torch.randint(n, (steps,), generator=generator), torch.ones(steps, dtype=torch.int64)
+        return rng.randint(n, (steps,)), torch.ones(steps, dtype=torch.int64)
     if neighbouring != "add_remove":
         raise ConfigError(f"unknown neighbouring relation {neighbouring!r}")
-    counts = torch.binomial(torch.full((steps,), float(n)), torch.full((steps,), 1.0 / n),
-                            generator=generator).to(torch.int64)
-    idx = torch.randint(n, (int(counts.sum()),), generator=generator)
+    counts = rng.binomial(n, 1.0 / n, steps)
+    idx = rng.randint(n, (int(counts.sum()),))
     # Given its size c, a Poisson sample is a uniform c-subset: redraw the rare repeated indices.
     offsets = torch.cumsum(counts, 0) - counts
     for t in torch.nonzero(counts >= 2).squeeze(1).tolist():
         a, c = int(offsets[t]), int(counts[t])
         while len(set(idx[a : a + c].tolist())) < c:
-            idx[a : a + c] = torch.randint(n, (c,), generator=generator)
+            idx[a : a + c] = rng.randint(n, (c,))
     return idx, counts

@@ -32,6 +32,7 @@ from privopt.config import RunConfig
 from privopt.errors import ConfigError, PrivacyBudgetExceeded
 from privopt.grads import get_engine, validate_model
 from privopt.privacy import PrivacyLedger, calibrate
+from privopt.rng import make_sources
 
 __all__ = ["train", "build_loss", "evaluate", "RunInterrupted", "register_run_metric", "available_run_metrics"]
 
@@ -160,8 +161,8 @@ def train(cfg: RunConfig, *, out_dir: str | Path, resume: bool = False, progress
         ledger = PrivacyLedger(delta=p.delta, neighbouring=p.neighbouring, accountant=p.accountant,
                                target_epsilon=p.epsilon, planned=inventory.steps_for(noise))
 
-    noise_rng = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 17)
-    sampler_rng = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 29)
+    sources = make_sources(insecure_seed=cfg.insecure_seed)
+    noise_rng, sampler_rng = sources["noise"], sources["sampler"]
     ctx = RunContext(model=model, loss_fn=loss_fn, x_train=data.x_train, y_train=data.y_train,
                      engine=get_engine(cfg.engine), ledger=ledger, noise=noise, noise_rng=noise_rng,
                      sampler_rng=sampler_rng, extra={"dataset": data})
@@ -175,8 +176,8 @@ def train(cfg: RunConfig, *, out_dir: str | Path, resume: bool = False, progress
     if resume:
         model.load_state_dict(ckpt["model"])
         algo.load_state_dict(ckpt["algorithm"])
-        noise_rng.set_state(ckpt["rng"]["noise"])
-        sampler_rng.set_state(ckpt["rng"]["sampler"])
+        noise_rng.load_state_dict(ckpt["rng"]["noise"])
+        sampler_rng.load_state_dict(ckpt["rng"]["sampler"])
         torch.set_rng_state(ckpt["rng"]["torch"])
         if ledger is not None:
             ledger = PrivacyLedger.from_dict(ckpt["ledger"])
@@ -194,8 +195,10 @@ def train(cfg: RunConfig, *, out_dir: str | Path, resume: bool = False, progress
         "dataset": {"name": data.name, "n_train": n, "n_test": int(data.x_test.shape[0]),
                     "num_classes": data.num_classes, "meta": _jsonable_meta(data.meta)},
         "model": {"name": cfg.model, "parameters": sum(p.numel() for p in model.parameters())},
-        "seeds": {"seed": cfg.seed, "noise_generator": cfg.seed * 1_000_003 + 17,
-                  "sampler_generator": cfg.seed * 1_000_003 + 29},
+        # The noise/sampling randomness is secret unless the config opted into insecure_seed.
+        "randomness": {"public_seed": cfg.seed, "noise_and_sampling": "seeded (insecure)"
+                       if cfg.insecure_seed is not None else "secret (AES-256-CTR, OS entropy)",
+                       "insecure_seed": cfg.insecure_seed},
         "engine": type(ctx.engine).name,
         "total_steps": total,
         "environment": {"python": platform.python_version(), "torch": torch.__version__,
@@ -212,7 +215,8 @@ def train(cfg: RunConfig, *, out_dir: str | Path, resume: bool = False, progress
     def checkpoint(finished: bool = False) -> None:
         save_checkpoint(out, {
             "config": cfg.to_dict(), "step": step, "model": model.state_dict(), "algorithm": algo.state_dict(),
-            "rng": {"noise": noise_rng.get_state(), "sampler": sampler_rng.get_state(),
+            # SECRET: the secure sources' keys (the checkpoint is as sensitive as the data).
+            "rng": {"noise": noise_rng.state_dict(), "sampler": sampler_rng.state_dict(),
                     "torch": torch.get_rng_state()},
             "ledger": ledger.to_dict() if ledger is not None else None, "history": history,
             "elapsed_s": elapsed_before + time.perf_counter() - t0, "finished": finished,

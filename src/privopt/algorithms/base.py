@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from privopt.errors import ConfigError
+from privopt.rng import RandomSource, as_source
 
 __all__ = ["Algorithm", "RunContext", "register_algorithm", "get_algorithm", "available_algorithms"]
 
@@ -38,8 +39,11 @@ class RunContext:
         engine: the per-sample gradient engine (:func:`privopt.grads.get_engine`).
         ledger: the run's :class:`privopt.privacy.PrivacyLedger` (``None`` for non-private runs).
         noise: calibrated noise multipliers by mechanism name (from the inventory).
-        noise_rng: dedicated generator for privacy noise (never used for anything else).
-        sampler_rng: generator for batch sampling and data-independent random choices.
+        noise_rng: dedicated source of privacy noise (never used for anything else; a
+            :class:`privopt.rng.RandomSource`, secret unless the run opted into an insecure seed).
+        sampler_rng: source for batch sampling and data-independent random choices (same kind).
+
+    A plain ``torch.Generator`` given for either is wrapped (insecure, reproducible).
     """
 
     model: nn.Module
@@ -49,9 +53,13 @@ class RunContext:
     engine: Any
     ledger: Any
     noise: dict[str, float]
-    noise_rng: torch.Generator
-    sampler_rng: torch.Generator
+    noise_rng: RandomSource
+    sampler_rng: RandomSource
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.noise_rng = as_source(self.noise_rng)
+        self.sampler_rng = as_source(self.sampler_rng)
 
     @property
     def n(self) -> int:

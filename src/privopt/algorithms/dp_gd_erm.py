@@ -64,7 +64,7 @@ class DPGDERM(LinearERMAlgorithm):
 
     def step(self, t: int) -> dict[str, float]:
         ctx, prob = self._ctx, self.problem
-        batch = PrivateBatch(ctx.ledger, FullBatch(), {"grad": ctx.noise.get("grad", 1.0)}, generator=ctx.noise_rng)
+        batch = PrivateBatch(ctx.ledger, FullBatch(), {"grad": ctx.noise.get("grad", 1.0)}, rng=ctx.noise_rng)
         with single_thread_blas():
             total = prob.grad_coefficients(self._w, clip=self.clip) @ prob.x
         self._grad_evals += prob.n

@@ -79,7 +79,7 @@ class _BatchAlgorithm(_GradientStepAlgorithm):
     def setup(self, ctx: RunContext) -> None:
         super().setup(ctx)
         self._n = ctx.n
-        self._sampler = PoissonSampler(n=ctx.n, rate=self._rate(ctx.n), generator=ctx.sampler_rng)
+        self._sampler = PoissonSampler(n=ctx.n, rate=self._rate(ctx.n), rng=ctx.sampler_rng)
 
     def num_steps(self) -> int:
         return self.steps_for(n=self._n)
@@ -144,7 +144,7 @@ class DPSGD(_BatchAlgorithm):
         ctx = self._ctx
         idx = self._sampler.sample()
         batch = PrivateBatch(ctx.ledger, self._sampler.sampling, {"grad": ctx.noise["grad"]},
-                             generator=ctx.noise_rng)
+                             rng=ctx.noise_rng)
         if idx.numel() == 0:  # an empty Poisson batch still releases noise
             total = torch.zeros(num_trainable(ctx.model))
         else:
@@ -181,7 +181,7 @@ class DPGD(_GradientStepAlgorithm):
 
     def step(self, t: int) -> dict[str, float]:
         ctx = self._ctx
-        batch = PrivateBatch(ctx.ledger, FullBatch(), {"grad": ctx.noise["grad"]}, generator=ctx.noise_rng)
+        batch = PrivateBatch(ctx.ledger, FullBatch(), {"grad": ctx.noise["grad"]}, rng=ctx.noise_rng)
         total = chunked_clipped_sum(ctx.engine, ctx.model, ctx.loss_fn, ctx.x_train, ctx.y_train, clip=self.clip,
                                     chunk=self.chunk_size)
         self._apply(batch.gaussian("grad", total, clip=self.clip, normalizer=ctx.n))

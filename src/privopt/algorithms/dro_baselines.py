@@ -347,7 +347,7 @@ class DPSGDJoint(_BatchAlgorithm):
         ctx = self._ctx
         idx = self._sampler.sample()
         z = ctx.noise.get("grad", 1.0) if ctx.ledger is not None else 1.0
-        batch = PrivateBatch(ctx.ledger, self._sampler.sampling, {"grad": z}, generator=ctx.noise_rng)
+        batch = PrivateBatch(ctx.ledger, self._sampler.sampling, {"grad": z}, rng=ctx.noise_rng)
         g = batch.gaussian("grad", self.joint_grad_sum(idx, eta=self._eta, clip=self.clip), clip=self.clip,
                            normalizer=self.batch_size)
         self._apply(g[:-1].to(torch.float32))

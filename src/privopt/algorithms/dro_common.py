@@ -87,10 +87,10 @@ class BatchPlan:
     def normalizer(self) -> float:
         return float(min(self.size, self.n))
 
-    def sampler(self, generator: torch.Generator):
+    def sampler(self, rng):
         if self.full:
             return FullSampler(n=self.n)
-        return PoissonSampler(n=self.n, rate=self.size / self.n, generator=generator)
+        return PoissonSampler(n=self.n, rate=self.size / self.n, rng=rng)
 
 
 def spider_steps(*, epochs: float, n: int, q: int, refresh: int, correction: int) -> int:
@@ -198,7 +198,7 @@ class DROAlgorithm(Algorithm):
         self._ctx = ctx
         self._T = self._T_for(ctx.n)
         # Output index τ ~ U{1..T}, drawn before any data access (data-independent).
-        self._tau = int(torch.randint(1, self._T + 1, (1,), generator=ctx.sampler_rng)) \
+        self._tau = 1 + int(ctx.sampler_rng.randint(self._T, (1,))) \
             if self.output == "random" else self._T
         self._saved = None
 
@@ -210,7 +210,7 @@ class DROAlgorithm(Algorithm):
         # Non-private algorithms (and runs without a ledger) release without noise or records.
         ledger = ctx.ledger if self.private else None
         noise = {nm: (ctx.noise[nm] if ledger is not None else 1.0) for nm in names}
-        return idx, PrivateBatch(ledger, sampler.sampling, noise, generator=ctx.noise_rng)
+        return idx, PrivateBatch(ledger, sampler.sampling, noise, rng=ctx.noise_rng)
 
     # -- model as a flat vector --------------------------------------------------------------
     def _x(self) -> torch.Tensor:

@@ -168,14 +168,14 @@ class _SVRGBase(LinearERMAlgorithm):
         for start in range(0, m, _BLOCK):
             k = min(_BLOCK, m - start)
             neighbouring = ctx.ledger.neighbouring if private else "replace_one"
-            idx, counts = single_record_draws(n=n, steps=k, neighbouring=neighbouring, generator=ctx.sampler_rng)
+            idx, counts = single_record_draws(n=n, steps=k, neighbouring=neighbouring, rng=ctx.sampler_rng)
             idx, counts = idx.numpy(), counts.numpy()
             drift = np.broadcast_to(mu / n, (k, prob.dim))
             if private:
                 for _ in range(k):  # record before any noise is drawn (budget guard)
                     for st in steps:
                         ctx.ledger.record(st)
-                noise = torch.randn((2, k, prob.dim), generator=ctx.noise_rng, dtype=torch.float64).numpy()
+                noise = ctx.noise_rng.normal((2, k, prob.dim), dtype=torch.float64).numpy()
                 drift = drift + std_diff * noise[0] + std_snap * noise[1]
             x, block_sum = svrg_inner_loop(prob, x_start=x, snap_coef=snap_coef, indices=idx, counts=counts, drift=drift,
                                            step_size=self.step_size, clip=c)

@@ -48,6 +48,7 @@ from privopt.algorithms.erm_common import single_thread_blas
 from privopt.algorithms.svrg import DPSVRG, DPSVRGPlusPlus
 from privopt.errors import ConfigError, DataError
 from privopt.objectives.erm import LogisticERM, logistic_loss, minmax_scale, normalize_rows
+from privopt.rng import make_sources
 
 __all__ = ["load_covertype_binary", "run_erm_covertype", "add_arguments", "main", "BUDGETS"]
 
@@ -121,6 +122,12 @@ def _calibrate(algo: Algorithm, *, n: int, epsilon: float, delta: float, account
                      accountant=accountant)
 
 
+def _sources(seed: int) -> dict:
+    # TODO(loop): run through the shared training loop and its randomness setting; seeded for now.
+    srcs = make_sources(insecure_seed=seed)
+    return {"noise_rng": srcs["noise"], "sampler_rng": srcs["sampler"]}
+
+
 def _run_once(algo: Algorithm, *, x: torch.Tensor, y: torch.Tensor, problem: LogisticERM, f_star: float,
               noise: dict[str, float], delta: float, accountant: str, seed: int,
               eval_every: int) -> dict[str, Any]:
@@ -131,8 +138,7 @@ def _run_once(algo: Algorithm, *, x: torch.Tensor, y: torch.Tensor, problem: Log
     model = torch.nn.Linear(x.shape[1], 1, bias=False, dtype=torch.float64)
     torch.nn.init.zeros_(model.weight)
     ctx = RunContext(model=model, loss_fn=logistic_loss, x_train=x, y_train=y, engine=None, ledger=ledger,
-                     noise=dict(noise), noise_rng=torch.Generator().manual_seed(1_000_003 * seed + 17),
-                     sampler_rng=torch.Generator().manual_seed(1_000_003 * seed + 29))
+                     noise=dict(noise), **_sources(seed))
     algo.setup(ctx)
     total = algo.num_steps()
     def gap() -> float:

@@ -9,8 +9,8 @@ Example:
     >>> import torch
     >>> from privopt.privacy import PrivacyLedger, Poisson, Gaussian
     >>> ledger = PrivacyLedger(delta=1e-5)
-    >>> g = torch.Generator().manual_seed(0)
-    >>> batch = PrivateBatch(ledger, Poisson(0.01), {"grad": 1.1}, generator=g)
+    >>> from privopt.rng import TorchSource
+    >>> batch = PrivateBatch(ledger, Poisson(0.01), {"grad": 1.1}, rng=TorchSource(seed=0))
     >>> noisy_mean = batch.gaussian("grad", torch.ones(3), clip=1.0, normalizer=100.0)
     >>> ledger.num_steps
     1
@@ -24,13 +24,14 @@ import torch
 
 from privopt.errors import ConfigError
 from privopt.privacy.events import Gaussian, Sampling, Step
+from privopt.rng import RandomSource, as_source
 
 __all__ = ["PrivateBatch", "gaussian_noise_like"]
 
 
-def gaussian_noise_like(t: torch.Tensor, *, std: float, generator: torch.Generator) -> torch.Tensor:
-    """Fresh N(0, std^2) noise with ``t``'s shape, drawn from the dedicated privacy generator."""
-    return torch.randn(t.shape, generator=generator, dtype=t.dtype, device=t.device) * std
+def gaussian_noise_like(t: torch.Tensor, *, std: float, rng: RandomSource) -> torch.Tensor:
+    """Fresh N(0, std^2) noise with ``t``'s shape, drawn from the dedicated privacy-noise source."""
+    return rng.normal(t.shape, dtype=t.dtype, device=t.device) * std
 
 
 class PrivateBatch:
@@ -41,7 +42,8 @@ class PrivateBatch:
             noise is added and nothing is recorded).
         sampling: how the batch was drawn (``Poisson(rate)``, ``FullBatch()``, ...).
         noise: noise multiplier (std / per-record bound) of each Gaussian release, by name.
-        generator: dedicated privacy-noise generator.
+        rng: dedicated privacy-noise source (:mod:`privopt.rng`; a ``torch.Generator`` is
+            wrapped, insecure).
     """
 
     def __init__(
@@ -50,13 +52,13 @@ class PrivateBatch:
         sampling: Sampling,
         noise: Mapping[str, float],
         *,
-        generator: Optional[torch.Generator],
+        rng,
     ):
         if not noise:
             raise ConfigError("a private batch must declare at least one release")
         self._noise = dict(noise)
         self._used: set[str] = set()
-        self._generator = generator
+        self._rng = as_source(rng) if rng is not None else None
         self._private = ledger is not None
         if self._private:
             mechanisms = tuple(Gaussian(noise_multiplier=float(z), name=n) for n, z in self._noise.items())
@@ -80,5 +82,5 @@ class PrivateBatch:
         self._used.add(name)
         out = clipped_sum
         if self._private:
-            out = out + gaussian_noise_like(out, std=self._noise[name] * clip, generator=self._generator)
+            out = out + gaussian_noise_like(out, std=self._noise[name] * clip, rng=self._rng)
         return out / normalizer
