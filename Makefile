@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?= -n 2 --dist loadfile
 
-.PHONY: demo test install bench clean
+.PHONY: demo test lint format install bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -20,7 +20,15 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/privopt demo
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check src tests examples
+	$(BIN)/ruff format --check src tests examples
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix src tests examples
+	$(BIN)/ruff format src tests examples
+
+test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -37,12 +37,20 @@ def my_dataset(seed: int = 0) -> Dataset:
     order = rng.permutation(len(y))
     x, y = x[order].astype(np.float32), y[order].astype(np.int64)
     n_test, n_val = 120, 80
-    mean, std = x[n_test + n_val:].mean(0), x[n_test + n_val:].std(0) + 1e-6  # training statistics only
+    mean, std = x[n_test + n_val :].mean(0), x[n_test + n_val :].std(0) + 1e-6  # training statistics only
     x = (x - mean) / std
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a))
-    return Dataset(name="my-breast-cancer", x_train=t(x[n_test + n_val:]), y_train=t(y[n_test + n_val:]),
-                   x_val=t(x[n_test:n_test + n_val]), y_val=t(y[n_test:n_test + n_val]),
-                   x_test=t(x[:n_test]), y_test=t(y[:n_test]), num_classes=2, input_shape=(30,))
+    return Dataset(
+        name="my-breast-cancer",
+        x_train=t(x[n_test + n_val :]),
+        y_train=t(y[n_test + n_val :]),
+        x_val=t(x[n_test : n_test + n_val]),
+        y_val=t(y[n_test : n_test + n_val]),
+        x_test=t(x[:n_test]),
+        y_test=t(y[:n_test]),
+        num_classes=2,
+        input_shape=(30,),
+    )
 
 
 def my_model() -> nn.Module:
@@ -56,28 +64,61 @@ def main() -> None:
     out = Path(tempfile.mkdtemp(prefix="privopt-own-model-"))
 
     # 1) One DP Recursive-SPIDER run (KL-DRO, rho = 0.5, lambda0 = 1e-3) at epsilon = 2.
-    cfg = RunConfig.from_dict({
-        "algorithm": "dp-recursive-spider",
-        "algorithm_params": {"epochs": 10, "lr": 0.5, "b1": 256, "b2": 64, "b3": 256, "b4": 64, "s_batch": 64,
-                             "q": 8, "clip_v": 1.0, "clip_u": 1.0, "clip_s": 1.0, "output": "last"},
-        "privacy": {"epsilon": 2.0, "delta": 1.0 / data.n_train ** 1.1},
-        "metrics": ["grad_norm", "mia"],
-        "seed": 0,
-    })
+    cfg = RunConfig.from_dict(
+        {
+            "algorithm": "dp-recursive-spider",
+            "algorithm_params": {
+                "epochs": 10,
+                "lr": 0.5,
+                "b1": 256,
+                "b2": 64,
+                "b3": 256,
+                "b4": 64,
+                "s_batch": 64,
+                "q": 8,
+                "clip_v": 1.0,
+                "clip_u": 1.0,
+                "clip_s": 1.0,
+                "output": "last",
+            },
+            "privacy": {"epsilon": 2.0, "delta": 1.0 / data.n_train**1.1},
+            "metrics": ["grad_norm", "mia"],
+            "seed": 0,
+        }
+    )
     record = train(cfg, out_dir=out / "single", progress=False, dataset=data, model=my_model())
     m, p = record["metrics"], record["privacy"]
-    print(f"DP Recursive-SPIDER: test accuracy {m['test_accuracy']:.3f}, worst-class {m['test_worst_class_accuracy']:.3f}, "
-          f"grad norm {m['grad_norm']:.3g}; (eps, delta) spent = ({p['epsilon_spent']:.3f}, {p['delta']:.2e}); "
-          f"MIA AUC {m['mia_auc']:.3f} <= cap {m['mia_bound']:.3f} (+{m['mia_slack']:.3f} slack)")
+    print(
+        f"DP Recursive-SPIDER: test accuracy {m['test_accuracy']:.3f}, "
+        f"worst-class {m['test_worst_class_accuracy']:.3f}, "
+        f"grad norm {m['grad_norm']:.3g}; (eps, delta) spent = ({p['epsilon_spent']:.3f}, {p['delta']:.2e}); "
+        f"MIA AUC {m['mia_auc']:.3f} <= cap {m['mia_bound']:.3f} (+{m['mia_slack']:.3f} slack)"
+    )
 
     # 2) The Table-3 comparison on the same data and model: same lr x clip grid for every method,
     #    tuned on YOUR validation split, final runs scored on your test split.
-    budget = BUDGETS["quick"].__class__(**{**BUDGETS["quick"].__dict__, "epochs": 10, "tune_epochs": 5,
-                                           "refresh": 256, "q": 8, "lrs": (0.1, 0.5), "clips": (1.0,),
-                                           "tune_at": 2.0})
-    res = run_dro_table3(dataset=data, model=my_model, epsilons=[2.0], seeds=1, budget=budget,
-                         methods=["dp-sgda", "dp-double-spider", "dp-recursive-spider"], out_dir=out / "table",
-                         log=lambda s: None)
+    budget = BUDGETS["quick"].__class__(
+        **{
+            **BUDGETS["quick"].__dict__,
+            "epochs": 10,
+            "tune_epochs": 5,
+            "refresh": 256,
+            "q": 8,
+            "lrs": (0.1, 0.5),
+            "clips": (1.0,),
+            "tune_at": 2.0,
+        }
+    )
+    res = run_dro_table3(
+        dataset=data,
+        model=my_model,
+        epsilons=[2.0],
+        seeds=1,
+        budget=budget,
+        methods=["dp-sgda", "dp-double-spider", "dp-recursive-spider"],
+        out_dir=out / "table",
+        log=lambda s: None,
+    )
     print("\nTest accuracy (%):\n" + res["table"])
     print(f"\noutputs in {out}")
 

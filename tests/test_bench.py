@@ -17,9 +17,7 @@ def test_run_bench_tiny_rows_and_table():
     )
     assert [r["method"] for r in rows] == list(METHODS)
     base = rows[0]
-    assert base["method"] == "nonprivate" and base[
-        "ratio_to_nonprivate"
-    ] == pytest.approx(1.0)
+    assert base["method"] == "nonprivate" and base["ratio_to_nonprivate"] == pytest.approx(1.0)
     for r in rows:
         assert {
             "model",
@@ -30,15 +28,11 @@ def test_run_bench_tiny_rows_and_table():
             "ratio_to_nonprivate",
         } <= set(r)
         assert r["model"] == "tiny" and r["batch_size"] == 4
-        if (
-            r["median_s"] is None
-        ):  # only optional Opacus rows may be skipped, and they say why
+        if r["median_s"] is None:  # only optional Opacus rows may be skipped, and they say why
             assert r["method"].startswith("opacus") and r["note"]
         else:
             assert r["median_s"] > 0
-            assert r["ratio_to_nonprivate"] == pytest.approx(
-                r["median_s"] / base["median_s"]
-            )
+            assert r["ratio_to_nonprivate"] == pytest.approx(r["median_s"] / base["median_s"])
     table = format_table(rows)
     lines = table.splitlines()
     assert len(lines) == 2 + len(rows) and lines[0].startswith("| model |")
@@ -72,6 +66,4 @@ def test_run_bench_rejects_bad_arguments():
     with pytest.raises(ConfigError, match="repeats"):
         run_bench(models=("tiny",), batch_sizes=(4,), repeats=0, memory=False)
     with pytest.raises(ConfigError, match="vgg"):
-        run_bench(
-            models=("vgg",), batch_sizes=(4,), repeats=1, memory=False, progress=False
-        )
+        run_bench(models=("vgg",), batch_sizes=(4,), repeats=1, memory=False, progress=False)

@@ -17,8 +17,21 @@ def run(capsys, *argv):
 
 def test_account_reference_values(capsys):
     """SPEC §8.5: sigma=3, q=0.1, 512 steps, delta=1e-6 calibrates back to eps 3.770 (PLD)."""
-    code, out, _ = run(capsys, "account", "--dataset-size", "10000", "--batch-size", "1000", "--steps", "512",
-                       "--epsilon", "1", "--delta", "1e-6", "--json")
+    code, out, _ = run(
+        capsys,
+        "account",
+        "--dataset-size",
+        "10000",
+        "--batch-size",
+        "1000",
+        "--steps",
+        "512",
+        "--epsilon",
+        "1",
+        "--delta",
+        "1e-6",
+        "--json",
+    )
     assert code == 0
     res = json.loads(out)
     assert res["noise_multiplier"] == pytest.approx(9.662, abs=0.0015)
@@ -27,21 +40,48 @@ def test_account_reference_values(capsys):
 
 
 def test_account_text_and_rdp(capsys):
-    code, out, _ = run(capsys, "account", "--dataset-size", "60000", "--batch-size", "256", "--steps", "1000",
-                       "--epsilon", "2", "--delta", "1e-5", "--accountant", "rdp")
+    code, out, _ = run(
+        capsys,
+        "account",
+        "--dataset-size",
+        "60000",
+        "--batch-size",
+        "256",
+        "--steps",
+        "1000",
+        "--epsilon",
+        "2",
+        "--delta",
+        "1e-5",
+        "--accountant",
+        "rdp",
+    )
     assert code == 0 and "noise multiplier" in out and "RDP" in out
 
 
-@pytest.mark.parametrize("eps, delta, msg", [("0", "1e-5", "epsilon"), ("-1", "1e-5", "epsilon"),
-                                             ("1", "0", "delta"), ("1", "1.5", "delta")])
+@pytest.mark.parametrize(
+    "eps, delta, msg", [("0", "1e-5", "epsilon"), ("-1", "1e-5", "epsilon"), ("1", "0", "delta"), ("1", "1.5", "delta")]
+)
 def test_account_bad_privacy_parameters(capsys, eps, delta, msg):
-    code, _, err = run(capsys, "account", "--dataset-size", "100", "--batch-size", "10", "--steps", "10",
-                       "--epsilon", eps, "--delta", delta)
+    code, _, err = run(
+        capsys,
+        "account",
+        "--dataset-size",
+        "100",
+        "--batch-size",
+        "10",
+        "--steps",
+        "10",
+        "--epsilon",
+        eps,
+        "--delta",
+        delta,
+    )
     assert code == 2 and msg in err
 
 
 def test_list(capsys):
-    code, out, _ = run(capsys, "list", "--json")
+    _code, out, _ = run(capsys, "list", "--json")
     listing = json.loads(out)
     assert {"sgd", "dp-sgd", "dp-gd"} <= set(listing["algorithms"])
     assert {"digits", "mnist"} <= set(listing["datasets"])
@@ -83,8 +123,20 @@ def test_train_errors_are_clear(capsys, tmp_path):
 
 
 def test_train_via_cli(capsys, tmp_path):
-    code, out, _ = run(capsys, "train", "--set", "model=logreg", "--set", "algorithm_params.epochs=1",
-                       "--set", "privacy.epsilon=1", "--out", str(tmp_path / "r"), "--quiet", "--json")
+    code, out, _ = run(
+        capsys,
+        "train",
+        "--set",
+        "model=logreg",
+        "--set",
+        "algorithm_params.epochs=1",
+        "--set",
+        "privacy.epsilon=1",
+        "--out",
+        str(tmp_path / "r"),
+        "--quiet",
+        "--json",
+    )
     assert code == 0
     res = json.loads(out)
     assert res["status"] == "finished" and res["privacy"]["epsilon_spent"] <= 1.0

@@ -18,10 +18,10 @@ from privopt.data import (
     available_datasets,
     dataset_options,
     describe_datasets,
+    formats,
     load_dataset,
     shard_by_label,
 )
-from privopt.data import formats
 from privopt.errors import ConfigError, DataError
 
 MNIST_HIST = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
@@ -205,7 +205,8 @@ def test_adult_bad_label(tmp_path):
     d = tmp_path / "adult"
     d.mkdir()
     (d / "adult.data").write_text(
-        "39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, 2174, 0, 40, United-States, maybe\n"
+        "39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, "
+        "2174, 0, 40, United-States, maybe\n"
     )
     with pytest.raises(DataError, match=r"adult\.data: line 1 has income 'maybe'"):
         load_dataset("adult", data_dir=tmp_path)
@@ -234,7 +235,19 @@ def test_env_var_data_dir(shared_data, monkeypatch):
 
 def test_registry_names_and_errors():
     names = available_datasets()
-    for n in ("mnist", "mnist-st", "fashion-mnist", "cifar10", "cifar10-st", "celeba", "covertype", "adult", "digits", "digits-st", "breast-cancer"):
+    for n in (
+        "mnist",
+        "mnist-st",
+        "fashion-mnist",
+        "cifar10",
+        "cifar10-st",
+        "celeba",
+        "covertype",
+        "adult",
+        "digits",
+        "digits-st",
+        "breast-cancer",
+    ):
         assert n in names
     with pytest.raises(ConfigError, match="unknown dataset 'mnsit'.*mnist-st"):
         load_dataset("mnsit")
@@ -278,7 +291,7 @@ def test_splits_deterministic_disjoint_and_stratified(shared_data):
 def test_standardisation_uses_training_statistics(shared_data):
     raw = load_dataset("cifar10", data_dir=shared_data, standardize=False, val_fraction=0.1)
     std = load_dataset("cifar10", data_dir=shared_data, standardize=True, val_fraction=0.1)
-    assert 0.0 <= float(raw.x_train.min()) and float(raw.x_train.max()) <= 1.0
+    assert float(raw.x_train.min()) >= 0.0 and float(raw.x_train.max()) <= 1.0
     mean = raw.x_train.double().mean(dim=(0, 2, 3), keepdim=True)
     sd = raw.x_train.double().std(dim=(0, 2, 3), keepdim=True, unbiased=False)
     torch.testing.assert_close(std.x_test.double(), (raw.x_test.double() - mean) / sd, atol=1e-4, rtol=0)

@@ -12,10 +12,10 @@ from scipy.optimize import minimize_scalar
 
 from privopt.errors import ConfigError
 from privopt.objectives import (
-    CVaR,
+    KL,
     ChiSquare,
     CressieRead,
-    KL,
+    CVaR,
     KLRegularizedCVaR,
     available_divergences,
     get_divergence,
@@ -45,6 +45,7 @@ def numerical_conjugate(div, s: float) -> tuple[float, float]:
     lo, hi = ts[max(i - 1, 0)], ts[min(i + 1, len(ts) - 1)]
     best_v, best_t = vals[i], ts[i]
     if hi > lo:
+
         def neg_obj(t: float) -> float:
             psi = float(div.psi(t))
             return 1e300 if math.isinf(psi) else -(s * t - psi)  # outside the domain of ψ

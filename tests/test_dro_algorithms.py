@@ -25,6 +25,8 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
 BIG = 1e9  # clip thresholds that never bind
 
 
@@ -41,9 +43,17 @@ def make_data(seed=0, n=N):
 
 def make_ctx(model, *, ledger=None, noise=None, seed=0, data=None):
     x, y = data if data is not None else make_data()
-    return RunContext(model=model, loss_fn=loss_fn, x_train=x, y_train=y, engine=get_engine("vmap"),
-                      ledger=ledger, noise=noise or {}, noise_rng=torch.Generator().manual_seed(seed + 1),
-                      sampler_rng=torch.Generator().manual_seed(seed + 2))
+    return RunContext(
+        model=model,
+        loss_fn=loss_fn,
+        x_train=x,
+        y_train=y,
+        engine=get_engine("vmap"),
+        ledger=ledger,
+        noise=noise or {},
+        noise_rng=torch.Generator().manual_seed(seed + 1),
+        sampler_rng=torch.Generator().manual_seed(seed + 2),
+    )
 
 
 def fresh_model(seed=0):
@@ -74,8 +84,23 @@ def exact_dual_grads(model, x, y, eta, lam):
 def test_double_spider_full_batch_equals_exact_gradients():
     model = fresh_model()
     ctx = make_ctx(model)
-    algo = get_algorithm("dp-double-spider", lam=0.5, steps=10, q=4, N1=N, N2=N, N3=N, N4=N, lr=0.3, eta_lr=0.3,
-                         eta_init=0.5, clip_eta=BIG, clip_x=BIG, gamma_eta=BIG, gamma_x=BIG)
+    algo = get_algorithm(
+        "dp-double-spider",
+        lam=0.5,
+        steps=10,
+        q=4,
+        N1=N,
+        N2=N,
+        N3=N,
+        N4=N,
+        lr=0.3,
+        eta_lr=0.3,
+        eta_init=0.5,
+        clip_eta=BIG,
+        clip_x=BIG,
+        gamma_eta=BIG,
+        gamma_x=BIG,
+    )
     algo.setup(ctx)
     for t in range(10):
         x_t = [p.detach().clone() for p in model.parameters()]
@@ -96,17 +121,35 @@ def test_double_spider_full_batch_equals_exact_gradients():
 
 def per_sample_dual_xgrad(model, x, y, eta, lam):
     obj = DualObjective(divergence="kl", lam=lam, a_max=None)
-    return torch.stack([flat_grad_of(model, lambda m, i=i: obj.value(loss_fn(m(x[i : i + 1]), y[i : i + 1]),
-                                                                     eta).to(torch.float32))
-                        for i in range(x.shape[0])])
+    return torch.stack(
+        [
+            flat_grad_of(model, lambda m, i=i: obj.value(loss_fn(m(x[i : i + 1]), y[i : i + 1]), eta).to(torch.float32))
+            for i in range(x.shape[0])
+        ]
+    )
 
 
 def test_double_spider_minibatch_recursion_is_exact_spider():
     model = fresh_model()
     ctx = make_ctx(model)
     lam, n4 = 0.5, 30
-    algo = get_algorithm("dp-double-spider", lam=lam, steps=3, q=8, N1=N, N2=n4, N3=N, N4=n4, lr=0.3, eta_lr=0.3,
-                         eta_init=0.5, clip_eta=BIG, clip_x=BIG, gamma_eta=BIG, gamma_x=BIG)
+    algo = get_algorithm(
+        "dp-double-spider",
+        lam=lam,
+        steps=3,
+        q=8,
+        N1=N,
+        N2=n4,
+        N3=N,
+        N4=n4,
+        lr=0.3,
+        eta_lr=0.3,
+        eta_init=0.5,
+        clip_eta=BIG,
+        clip_x=BIG,
+        gamma_eta=BIG,
+        gamma_x=BIG,
+    )
     algo.setup(ctx)
     algo.step(0)
     for t in (1, 2):
@@ -181,7 +224,7 @@ def test_inventory_counts_equal_ledger_counts(key):
     name = key.replace("-unshared", "")
     algo = get_algorithm(name, **SHORT[key])
     inv = algo.inventory(n=N)
-    noise = {nm: 1.3 for nm in inv.names}
+    noise = dict.fromkeys(inv.names, 1.3)
     ledger = PrivacyLedger(delta=1e-5)
     ctx = make_ctx(fresh_model(), ledger=ledger, noise=noise)
     algo.setup(ctx)
@@ -197,7 +240,7 @@ def test_zero_move_skips_the_correction():
     ledger = PrivacyLedger(delta=1e-5)
     algo = get_algorithm("dp-double-spider", steps=4, q=4, N1=60, N2=20, N3=60, N4=20, lam=1.0, eta_init=0.5)
     inv = algo.inventory(n=N)
-    noise = {nm: 1.0 for nm in inv.names}
+    noise = dict.fromkeys(inv.names, 1.0)
     algo.setup(make_ctx(model, ledger=ledger, noise=noise))
     algo.step(0)
     # Undo the move: x_t = x_{t−1} and η_t = η_{t−1} → the η-difference has distance 0.
@@ -223,14 +266,51 @@ def kl_value(model, x, y):
 
 
 DESCENT = {
-    "dp-double-spider": (dict(steps=30, q=5, N1=N, N2=40, N3=N, N4=40, lam=1.0, lr=0.5, eta_lr=0.5,
-                              eta_init=0.7, clip_eta=BIG, clip_x=BIG, gamma_eta=BIG, gamma_x=BIG), "dual"),
-    "dp-recursive-spider": (dict(steps=30, q=5, b1=N, b2=60, b3=N, b4=60, s_batch=60, lr=0.05, shift=3.0,
-                                 loss_bound=10.0, clip_v=BIG, clip_u=BIG, clip_s=BIG, gamma_v=BIG, gamma_u=BIG), "kl"),
+    "dp-double-spider": (
+        dict(
+            steps=30,
+            q=5,
+            N1=N,
+            N2=40,
+            N3=N,
+            N4=40,
+            lam=1.0,
+            lr=0.5,
+            eta_lr=0.5,
+            eta_init=0.7,
+            clip_eta=BIG,
+            clip_x=BIG,
+            gamma_eta=BIG,
+            gamma_x=BIG,
+        ),
+        "dual",
+    ),
+    "dp-recursive-spider": (
+        dict(
+            steps=30,
+            q=5,
+            b1=N,
+            b2=60,
+            b3=N,
+            b4=60,
+            s_batch=60,
+            lr=0.05,
+            shift=3.0,
+            loss_bound=10.0,
+            clip_v=BIG,
+            clip_u=BIG,
+            clip_s=BIG,
+            gamma_v=BIG,
+            gamma_u=BIG,
+        ),
+        "kl",
+    ),
     "scdro": (dict(steps=30, q=5, b1=N, b2=60, b3=N, b4=60, s_batch=60, lr=0.05, shift=3.0, loss_bound=10.0), "kl"),
     "dp-sgda": (dict(steps=30, batch_size=40, lam=1.0, lr=0.5, dual_lr=0.05, clip_x=BIG), "dual"),
-    "private-diff": (dict(steps=30, q=5, refresh_batch=N, batch_size=40, lam=1.0, lr=0.5, dual_lr=0.05,
-                          clip_x=BIG, gamma_x=BIG), "dual"),
+    "private-diff": (
+        dict(steps=30, q=5, refresh_batch=N, batch_size=40, lam=1.0, lr=0.5, dual_lr=0.05, clip_x=BIG, gamma_x=BIG),
+        "dual",
+    ),
     "dp-sgd-joint": (dict(epochs=10, batch_size=40, lam=1.0, lr=0.5, eta_lr=0.5, eta_init=0.7, clip=BIG), "dual"),
     "erm": (dict(epochs=10, batch_size=40, lr=0.5), "dual"),
 }
@@ -274,13 +354,16 @@ def test_random_output_iterate_is_loaded_by_finalize():
     assert algo.eta == pytest.approx(iterates[tau - 1][1])
 
 
-@pytest.mark.parametrize("name,kw", [
-    ("dp-double-spider", dict(steps=8, q=3, N1=60, N2=20, N3=60, N4=20, lam=1.0, eta_init=0.5)),
-    ("dp-recursive-spider", dict(steps=8, q=3, b1=60, b2=20, b3=60, b4=20, s_batch=5, lr=0.01)),
-    ("private-diff", dict(steps=8, q=3, refresh_batch=60, batch_size=20, lam=1.0)),
-])
+@pytest.mark.parametrize(
+    "name,kw",
+    [
+        ("dp-double-spider", dict(steps=8, q=3, N1=60, N2=20, N3=60, N4=20, lam=1.0, eta_init=0.5)),
+        ("dp-recursive-spider", dict(steps=8, q=3, b1=60, b2=20, b3=60, b4=20, s_batch=5, lr=0.01)),
+        ("private-diff", dict(steps=8, q=3, refresh_batch=60, batch_size=20, lam=1.0)),
+    ],
+)
 def test_state_dict_resume_reproduces_the_run(name, kw):
-    noise = {nm: 2.0 for nm in get_algorithm(name, **kw).inventory(n=N).names}
+    noise = dict.fromkeys(get_algorithm(name, **kw).inventory(n=N).names, 2.0)
 
     def run(split):
         model = fresh_model()
@@ -357,11 +440,23 @@ def test_double_spider_caps_eta_and_x_moves():
     # Tiny clips and big steps: every η move is capped at eta_lr·clip_eta, η stays in [−B, B] and
     # every x move at lr·clip_x (the default normalised step), whatever the noise does.
     model = fresh_model()
-    kw = dict(steps=12, q=4, N1=60, N2=20, N3=60, N4=20, lam=0.2, lr=5.0, eta_lr=3.0, clip_eta=0.1, clip_x=0.05,
-              loss_bound=2.0)
+    kw = dict(
+        steps=12,
+        q=4,
+        N1=60,
+        N2=20,
+        N3=60,
+        N4=20,
+        lam=0.2,
+        lr=5.0,
+        eta_lr=3.0,
+        clip_eta=0.1,
+        clip_x=0.05,
+        loss_bound=2.0,
+    )
     algo = get_algorithm("dp-double-spider", **kw)
     inv = algo.inventory(n=N)
-    noise = {nm: 5.0 for nm in inv.names}
+    noise = dict.fromkeys(inv.names, 5.0)
     algo.setup(make_ctx(model, ledger=PrivacyLedger(delta=1e-5), noise=noise))
     for t in range(12):
         x0, eta0 = algo._x(), algo.eta
@@ -378,8 +473,24 @@ def test_recursive_spider_adaptive_shift_keeps_the_estimators_exact():
     # at the shift in use (the rescaling of s is exact post-processing).
     model = fresh_model()
     ctx = make_ctx(model)
-    algo = get_algorithm("dp-recursive-spider", steps=9, q=3, b1=N, b2=N, b3=N, b4=N, s_batch=N, lr=0.05,
-                         beta=0.5, loss_bound=10.0, clip_v=BIG, clip_u=BIG, clip_s=BIG, gamma_v=BIG, gamma_u=BIG)
+    algo = get_algorithm(
+        "dp-recursive-spider",
+        steps=9,
+        q=3,
+        b1=N,
+        b2=N,
+        b3=N,
+        b4=N,
+        s_batch=N,
+        lr=0.05,
+        beta=0.5,
+        loss_bound=10.0,
+        clip_v=BIG,
+        clip_u=BIG,
+        clip_s=BIG,
+        gamma_v=BIG,
+        gamma_u=BIG,
+    )
     algo.setup(ctx)
     assert algo.current_shift == pytest.approx(math.log(2))
     shifts = set()
@@ -404,7 +515,7 @@ def test_recursive_spider_lambda_trust_region():
     model = fresh_model()
     kw = dict(steps=12, q=4, b1=60, b2=20, b3=60, b4=20, lr=50.0, rho=0.5, loss_bound=4.0)
     algo = get_algorithm("dp-recursive-spider", **kw)
-    noise = {nm: 3.0 for nm in algo.inventory(n=N).names}
+    noise = dict.fromkeys(algo.inventory(n=N).names, 3.0)
     algo.setup(make_ctx(model, ledger=PrivacyLedger(delta=1e-5), noise=noise))
     lam_max = 4.0 / math.sqrt(8 * 0.5)
     for t in range(12):
@@ -426,8 +537,11 @@ def test_recursive_spider_default_s_batch_is_the_correction_batch():
 def test_private_false_runs_the_same_updates_without_noise_or_events(name):
     # The documented noise-free reference mode: no inventory, nothing recorded, deterministic given
     # the sampler seed, while the class itself stays private (the harness treats it as DP).
-    kw = dict(steps=6, q=3, batch_size=20, refresh_batch=60) if name == "private-diff" else (
-        dict(steps=6, batch_size=20) if name == "dp-sgda" else dict(steps=6, q=3))
+    kw = (
+        dict(steps=6, q=3, batch_size=20, refresh_batch=60)
+        if name == "private-diff"
+        else (dict(steps=6, batch_size=20) if name == "dp-sgda" else dict(steps=6, q=3))
+    )
     algo = get_algorithm(name, private=False, **kw)
     assert algo.private is False and type(algo).private is True
     assert algo.inventory(n=N) is None
@@ -448,10 +562,11 @@ def test_recursive_spider_x_step_is_capped_and_lambda_gradient_projected():
     # ‖x_{t+1} − x_t‖ ≤ lr·x_step_cap, and the λ move never exceeds lam_lr·max(ρ, log n − ρ),
     # the range of the true ∂_λΨ = ρ − KL(π‖uniform), even with large noise.
     model = fresh_model()
-    kw = dict(steps=12, q=4, b1=60, b2=20, b3=60, b4=20, lr=0.3, lam_lr=0.01, x_step_cap=0.5, rho=0.5,
-              lam_step_frac=None)
+    kw = dict(
+        steps=12, q=4, b1=60, b2=20, b3=60, b4=20, lr=0.3, lam_lr=0.01, x_step_cap=0.5, rho=0.5, lam_step_frac=None
+    )
     algo = get_algorithm("dp-recursive-spider", **kw)
-    noise = {nm: 5.0 for nm in algo.inventory(n=N).names}
+    noise = dict.fromkeys(algo.inventory(n=N).names, 5.0)
     algo.setup(make_ctx(model, ledger=PrivacyLedger(delta=1e-5), noise=noise))
     for t in range(12):
         x0 = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
@@ -476,10 +591,12 @@ def test_recursive_spider_exp_cap_keeps_queries_finite(exp_cap):
     algo._state["c"] = 0.0
     idx = torch.arange(N)
     x_prev = algo._x() * 0.9
-    stats = [algo.v_grad_sum(idx, x=None, lam=0.05, clip=1.0),
-             algo.v_diff_sum(idx, x=None, lam=0.05, x_prev=x_prev, lam_prev=0.1, clip=1.0),
-             algo.u_diff_sum(idx, x=None, lam=0.05, x_prev=x_prev, lam_prev=0.1, clip=1.0),
-             algo.s_storm_sum(idx, x=None, lam=0.05, x_prev=x_prev, lam_prev=0.1, beta=0.5, clip=1.0)]
+    stats = [
+        algo.v_grad_sum(idx, x=None, lam=0.05, clip=1.0),
+        algo.v_diff_sum(idx, x=None, lam=0.05, x_prev=x_prev, lam_prev=0.1, clip=1.0),
+        algo.u_diff_sum(idx, x=None, lam=0.05, x_prev=x_prev, lam_prev=0.1, clip=1.0),
+        algo.s_storm_sum(idx, x=None, lam=0.05, x_prev=x_prev, lam_prev=0.1, beta=0.5, clip=1.0),
+    ]
     finite = all(bool(torch.isfinite(s).all()) for s in stats)
     assert finite == (exp_cap is not None)
     if exp_cap is not None:  # per-record clipping still bounds each sum by n·C

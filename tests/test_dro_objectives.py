@@ -128,8 +128,7 @@ def test_strong_duality_against_primal_simplex_problem(name, params, lam):
     assert dual == pytest.approx(primal, abs=1e-6)
     # The optimal η turns the weights into the primal maximiser: p* = a(η*)/n.
     eta = obj.optimal_eta(torch.from_numpy(losses))
-    np.testing.assert_allclose(obj.x_weights(torch.from_numpy(losses), eta).numpy() / len(losses), p_star,
-                               atol=2e-4)
+    np.testing.assert_allclose(obj.x_weights(torch.from_numpy(losses), eta).numpy() / len(losses), p_star, atol=2e-4)
     assert abs(obj.eta_grad(torch.from_numpy(losses), eta)) < 1e-8
 
 
@@ -248,8 +247,9 @@ def test_optimal_lambda_matches_bounded_brent_minimisation():
     losses = torch.from_numpy(rng.uniform(0, 3, size=40))
     obj = KLCompositional(rho=0.1, lam0=1e-3)
     lam_star = obj.optimal_lam(losses)
-    ref = minimize_scalar(lambda l: float(obj.value(losses, l)), bounds=(1e-3, 50.0), method="bounded",
-                          options={"xatol": 1e-10})
+    ref = minimize_scalar(
+        lambda lam: float(obj.value(losses, lam)), bounds=(1e-3, 50.0), method="bounded", options={"xatol": 1e-10}
+    )
     assert lam_star == pytest.approx(ref.x, rel=1e-4)
     assert obj.psi_kl(losses) == pytest.approx(ref.fun, rel=1e-10)
     assert abs(obj.lam_grad(losses, lam_star)) < 1e-9
@@ -277,8 +277,14 @@ def test_kl_constrained_duality():
         {"type": "eq", "fun": lambda p: p.sum() - 1.0},
         {"type": "ineq", "fun": lambda p: rho - float(np.sum(p * np.log(n * p)))},
     ]
-    res = minimize(lambda p: -(p @ losses), np.full(n, 1 / n), method="SLSQP", bounds=[(1e-12, 1)] * n,
-                   constraints=cons, options={"ftol": 1e-14, "maxiter": 500})
+    res = minimize(
+        lambda p: -(p @ losses),
+        np.full(n, 1 / n),
+        method="SLSQP",
+        bounds=[(1e-12, 1)] * n,
+        constraints=cons,
+        options={"ftol": 1e-14, "maxiter": 500},
+    )
     assert res.success
     obj = KLCompositional(rho=rho, lam0=1e-8)
     assert obj.psi_kl(torch.from_numpy(losses)) == pytest.approx(-res.fun, abs=1e-6)

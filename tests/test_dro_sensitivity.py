@@ -38,8 +38,17 @@ def setup_algo(name, **kw):
     y = torch.cat([y, torch.tensor([0])])
     torch.manual_seed(0)
     model = nn.Linear(D, 2)
-    ctx = RunContext(model=model, loss_fn=loss_fn, x_train=x, y_train=y, engine=get_engine("vmap"), ledger=None,
-                     noise={}, noise_rng=torch.Generator().manual_seed(1), sampler_rng=torch.Generator().manual_seed(2))
+    ctx = RunContext(
+        model=model,
+        loss_fn=loss_fn,
+        x_train=x,
+        y_train=y,
+        engine=get_engine("vmap"),
+        ledger=None,
+        noise={},
+        noise_rng=torch.Generator().manual_seed(1),
+        sampler_rng=torch.Generator().manual_seed(2),
+    )
     algo = get_algorithm(name, **kw)
     algo.setup(ctx)
     return algo, model
@@ -84,8 +93,12 @@ def test_recursive_spider_queries(clip):
     beta = 0.3
     # The STORM s-query: its noise is scaled with (2 − β)·C5; here the record's term is
     # Clip(h(w)) − (1−β)·Clip(h(w_prev)) = β·C when both are clipped, so check the bound only.
-    moved = float((algo.s_storm_sum(WITH, x=x, lam=0.7, x_prev=x_prev, lam_prev=1.3, beta=beta, clip=clip)
-                   - algo.s_storm_sum(BATCH, x=x, lam=0.7, x_prev=x_prev, lam_prev=1.3, beta=beta, clip=clip)).abs())
+    moved = float(
+        (
+            algo.s_storm_sum(WITH, x=x, lam=0.7, x_prev=x_prev, lam_prev=1.3, beta=beta, clip=clip)
+            - algo.s_storm_sum(BATCH, x=x, lam=0.7, x_prev=x_prev, lam_prev=1.3, beta=beta, clip=clip)
+        ).abs()
+    )
     assert 0 < moved <= (2 - beta) * clip
 
 
@@ -95,8 +108,12 @@ def test_storm_bound_is_attained_by_a_sign_flip():
     algo, model = setup_algo("dp-recursive-spider", steps=4, shift=5.0, lam_init=1.0)
     x = flat(model)
     far = -x  # flipping the linear model flips which class the adversarial record favours
-    moved = float((algo.s_storm_sum(WITH, x=x, lam=0.05, x_prev=far, lam_prev=0.05, beta=0.5, clip=1.0)
-                   - algo.s_storm_sum(BATCH, x=x, lam=0.05, x_prev=far, lam_prev=0.05, beta=0.5, clip=1.0)).abs())
+    moved = float(
+        (
+            algo.s_storm_sum(WITH, x=x, lam=0.05, x_prev=far, lam_prev=0.05, beta=0.5, clip=1.0)
+            - algo.s_storm_sum(BATCH, x=x, lam=0.05, x_prev=far, lam_prev=0.05, beta=0.5, clip=1.0)
+        ).abs()
+    )
     assert 0.9 <= moved <= 1.5
 
 
@@ -115,5 +132,5 @@ def test_primal_dual_queries(name):
 
 
 def test_joint_dp_sgd_query():
-    algo, model = setup_algo("dp-sgd-joint", lam=0.1, batch_size=10, eta_init=0.2)
+    algo, _model = setup_algo("dp-sgd-joint", lam=0.1, batch_size=10, eta_init=0.2)
     check(lambda i: algo.joint_grad_sum(i, eta=0.2, clip=0.7), 0.7)

@@ -54,7 +54,7 @@ def test_weighted_difference_matches_loop():
     model = small_net()
     x, y = torch.randn(5, 1, 6, 6), torch.randint(0, 4, (5,))
     prev = {n: p.detach() + 0.05 * torch.randn_like(p) for n, p in model.named_parameters()}
-    w = lambda l: torch.exp(l / 2)  # noqa: E731  (DRO-style weights, functions of the loss)
+    w = lambda loss: torch.exp(loss / 2)
     res = get_engine("vmap").clipped_sum(model, ce, x, y, clip=1e9, weights=w, params_prev=prev, weights_prev=w)
     l1, g1 = loop_grads(model, x, y)
     l0, g0 = loop_grads(model, x, y, params=prev)
@@ -102,14 +102,16 @@ def test_neighbouring_datasets_move_clipped_sum_by_at_most_c():
     outlier_x, outlier_y = 1e3 * torch.ones(1, 5), torch.tensor([1])
     base = engine.clipped_sum(model, ce, x, y, clip=clip).total
     added = engine.clipped_sum(model, ce, torch.cat([x, outlier_x]), torch.cat([y, outlier_y]), clip=clip).total
-    replaced = engine.clipped_sum(model, ce, torch.cat([x[:-1], outlier_x]), torch.cat([y[:-1], outlier_y]),
-                                  clip=clip).total
+    replaced = engine.clipped_sum(
+        model, ce, torch.cat([x[:-1], outlier_x]), torch.cat([y[:-1], outlier_y]), clip=clip
+    ).total
     assert (added - base).norm() <= clip * (1 + 1e-5)
     assert (replaced - base).norm() <= 2 * clip * (1 + 1e-5)
     prev = {n: p.detach() + 0.3 for n, p in model.named_parameters()}
     d0 = engine.clipped_sum(model, ce, x, y, clip=clip, params_prev=prev).total
-    d1 = engine.clipped_sum(model, ce, torch.cat([x, outlier_x]), torch.cat([y, outlier_y]), clip=clip,
-                            params_prev=prev).total
+    d1 = engine.clipped_sum(
+        model, ce, torch.cat([x, outlier_x]), torch.cat([y, outlier_y]), clip=clip, params_prev=prev
+    ).total
     assert (d1 - d0).norm() <= clip * (1 + 1e-5)
 
 
@@ -121,8 +123,9 @@ def test_batchnorm_rejected_and_bad_inputs():
     with pytest.raises(ConfigError, match="clip threshold"):
         clip_factors(torch.ones(2), 0.0)
     with pytest.raises(ConfigError, match="weights have shape"):
-        get_engine("vmap").clipped_sum(nn.Linear(2, 2), ce, torch.randn(3, 2), torch.zeros(3, dtype=torch.long),
-                                       clip=1.0, weights=torch.ones(4))
+        get_engine("vmap").clipped_sum(
+            nn.Linear(2, 2), ce, torch.randn(3, 2), torch.zeros(3, dtype=torch.long), clip=1.0, weights=torch.ones(4)
+        )
 
 
 def test_set_flat_grad_roundtrip():

@@ -122,9 +122,17 @@ def _ctx(x, y, *, ledger=None, noise=None, seed=0, model=None):
     if model is None:
         model = torch.nn.Linear(x.shape[1], 1, bias=False, dtype=torch.float64)
         torch.nn.init.zeros_(model.weight)
-    return RunContext(model=model, loss_fn=logistic_loss, x_train=torch.from_numpy(x), y_train=torch.from_numpy(y),
-                      engine=None, ledger=ledger, noise=noise or {}, noise_rng=torch.Generator().manual_seed(seed),
-                      sampler_rng=torch.Generator().manual_seed(seed + 1))
+    return RunContext(
+        model=model,
+        loss_fn=logistic_loss,
+        x_train=torch.from_numpy(x),
+        y_train=torch.from_numpy(y),
+        engine=None,
+        ledger=ledger,
+        noise=noise or {},
+        noise_rng=torch.Generator().manual_seed(seed),
+        sampler_rng=torch.Generator().manual_seed(seed + 1),
+    )
 
 
 def test_dp_gd_erm_without_noise_is_exact_proximal_gd():

@@ -45,17 +45,13 @@ class ConvModel(nn.Module):
         super().__init__()
         self.c1 = nn.Conv2d(3, 8, 3, stride=2, padding=1)
         self.gn = nn.GroupNorm(2, 8)
-        self.c2 = nn.Conv2d(
-            8, 8, 3, groups=4, padding="same", padding_mode="reflect", bias=False
-        )
+        self.c2 = nn.Conv2d(8, 8, 3, groups=4, padding="same", padding_mode="reflect", bias=False)
         self.act = nn.PReLU()
         self.c3 = nn.Conv1d(8, 4, 2, dilation=2)
         self.fc = nn.Linear(4, 3)
 
     def forward(self, x):
-        h = torch.relu_(
-            self.gn(self.c1(x))
-        )  # in-place on a captured output: grads must be pre-ReLU
+        h = torch.relu_(self.gn(self.c1(x)))  # in-place on a captured output: grads must be pre-ReLU
         h = self.act(self.c2(h)).flatten(2)
         return self.fc(self.c3(h).mean(2))
 
@@ -92,9 +88,7 @@ def _case(name, dtype=torch.float64):
     torch.manual_seed(0)
     B = 7
     if name == "mlp":
-        model = nn.Sequential(
-            nn.Flatten(), nn.Linear(12, 9), nn.ReLU(), nn.Linear(9, 3)
-        )
+        model = nn.Sequential(nn.Flatten(), nn.Linear(12, 9), nn.ReLU(), nn.Linear(9, 3))
         x = torch.randn(B, 3, 4, generator=g)
     elif name == "seq":
         model = SeqModel()
@@ -121,8 +115,7 @@ def _case(name, dtype=torch.float64):
 def _other_point(model, scale=0.3, seed=1):
     g = torch.Generator().manual_seed(seed)
     return {
-        n: p.detach() + scale * torch.randn(p.shape, generator=g, dtype=p.dtype)
-        for n, p in model.named_parameters()
+        n: p.detach() + scale * torch.randn(p.shape, generator=g, dtype=p.dtype) for n, p in model.named_parameters()
     }
 
 
@@ -132,9 +125,7 @@ def _rel(a, b):
 
 def _check_same(kwargs, model, x, y, tol, loss=ce, clip=0.2):
     with warnings.catch_warnings():
-        warnings.simplefilter(
-            "error", RuntimeWarning
-        )  # the ghost path must be taken, not the vmap fallback
+        warnings.simplefilter("error", RuntimeWarning)  # the ghost path must be taken, not the vmap fallback
         a = GHOST.clipped_sum(model, loss, x, y, clip=clip, **kwargs)
     b = VMAP.clipped_sum(model, loss, x, y, clip=clip, **kwargs)
     assert _rel(a.norms, b.norms) < tol
@@ -149,9 +140,7 @@ def test_auto_prefers_ghost():
 
 
 @pytest.mark.parametrize("name", ["mlp", "seq", "conv", "fallback", "reused"])
-@pytest.mark.parametrize(
-    "query", ["single", "weights", "callable", "difference", "difference-weights"]
-)
+@pytest.mark.parametrize("query", ["single", "weights", "callable", "difference", "difference-weights"])
 def test_matches_vmap_float64(name, query):
     model, x, y = _case(name)
     w = torch.linspace(0.2, 2.0, x.shape[0], dtype=torch.float64)
@@ -208,9 +197,7 @@ def test_frozen_parameters_are_excluded():
     model, x, y = _case("mlp")
     model[1].bias.requires_grad_(False)
     a, _b = _check_same({}, model, x, y, tol=1e-10)
-    assert a.total.numel() == sum(
-        p.numel() for p in model.parameters() if p.requires_grad
-    )
+    assert a.total.numel() == sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def test_chunked_norms_agree(monkeypatch):
@@ -218,13 +205,8 @@ def test_chunked_norms_agree(monkeypatch):
     full = GHOST.clipped_sum(model, ce, x, y, clip=0.2, params_prev=_other_point(model))
     monkeypatch.setattr(ghost_mod, "_CHUNK_ELEMS", 64)  # forces one sample per chunk
     monkeypatch.setattr(ghost_mod, "_KEEP_ELEMS", 0)
-    chunked = GHOST.clipped_sum(
-        model, ce, x, y, clip=0.2, params_prev=_other_point(model)
-    )
-    assert (
-        _rel(chunked.norms, full.norms) < 1e-12
-        and _rel(chunked.total, full.total) < 1e-12
-    )
+    chunked = GHOST.clipped_sum(model, ce, x, y, clip=0.2, params_prev=_other_point(model))
+    assert _rel(chunked.norms, full.norms) < 1e-12 and _rel(chunked.total, full.total) < 1e-12
 
 
 def test_attention_falls_back_to_vmap_with_warning():
@@ -256,9 +238,7 @@ def test_in_place_modified_input_is_rejected():
         def forward(self, x):
             h = self.a(x) + 0.0
             out = self.b(h)
-            h.mul_(
-                2.0
-            )  # corrupts the activation ``b`` read (autograd's weight gradient would fail too)
+            h.mul_(2.0)  # corrupts the activation ``b`` read (autograd's weight gradient would fail too)
             return out + h[:, :2]
 
     torch.manual_seed(0)
@@ -282,9 +262,7 @@ def test_bad_inputs_raise_config_errors():
 
 # ---------------------------------------------------------------- property tests over shapes
 
-_SETTINGS = settings(
-    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+_SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @_SETTINGS
@@ -300,9 +278,7 @@ _SETTINGS = settings(
 )
 def test_property_linear(b, fin, fout, seq, bias, diff, weighted, clip):
     torch.manual_seed(b * 1000 + fin * 10 + fout)
-    model = nn.Sequential(
-        nn.Linear(fin, fout, bias=bias), nn.Tanh(), nn.Linear(fout, 2)
-    ).double()
+    model = nn.Sequential(nn.Linear(fin, fout, bias=bias), nn.Tanh(), nn.Linear(fout, 2)).double()
     shape = (b, fin) if seq is None else (b, seq, fin)
     x = torch.randn(*shape, dtype=torch.float64)
     y = torch.randn(*shape[:-1], 2, dtype=torch.float64)
@@ -328,9 +304,7 @@ def test_property_linear(b, fin, fout, seq, bias, diff, weighted, clip):
     one_d=st.booleans(),
     diff=st.booleans(),
 )
-def test_property_conv(
-    b, cin_g, cout_g, groups, k, stride, padding, dilation, size, one_d, diff
-):
+def test_property_conv(b, cin_g, cout_g, groups, k, stride, padding, dilation, size, one_d, diff):
     torch.manual_seed(b + 10 * k + 100 * size)
     conv = (nn.Conv1d if one_d else nn.Conv2d)(
         cin_g * groups,
@@ -342,9 +316,7 @@ def test_property_conv(
         groups=groups,
     )
     model = nn.Sequential(conv, nn.Tanh(), nn.Flatten(), nn.LazyLinear(2)).double()
-    x = torch.randn(
-        b, cin_g * groups, *((size,) if one_d else (size, size)), dtype=torch.float64
-    )
+    x = torch.randn(b, cin_g * groups, *((size,) if one_d else (size, size)), dtype=torch.float64)
     model(x)  # materialise the lazy head
     y = torch.randn(b, 2, dtype=torch.float64)
     kwargs = {"params_prev": _other_point(model)} if diff else {}
@@ -408,9 +380,7 @@ def test_rmsnorm_even_kernel_same_padding_and_no_grad_context():
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv = nn.Conv1d(
-                2, 3, 4, padding="same"
-            )  # even kernel: asymmetric implicit padding
+            self.conv = nn.Conv1d(2, 3, 4, padding="same")  # even kernel: asymmetric implicit padding
             self.rms = nn.RMSNorm(3)
             self.fc = nn.Linear(3, 2)
 
@@ -421,9 +391,7 @@ def test_rmsnorm_even_kernel_same_padding_and_no_grad_context():
     torch.manual_seed(0)
     model = Net().double()
     x, y = torch.randn(5, 2, 7, dtype=torch.float64), torch.tensor([0, 1, 1, 0, 1])
-    with (
-        torch.no_grad()
-    ):  # callers inside no_grad (e.g. evaluation code) still get gradients
+    with torch.no_grad():  # callers inside no_grad (e.g. evaluation code) still get gradients
         _check_same({"params_prev": _other_point(model)}, model, x, y, tol=1e-10)
 
 
@@ -473,9 +441,7 @@ def test_in_backward_releases_activations():
             refs.append(weakref.ref(h))
             return h
 
-    model = nn.Sequential(
-        nn.Linear(5, 40), nn.Tanh(), Probe(), nn.Linear(40, 40), nn.Tanh(), nn.Linear(40, 3)
-    ).double()
+    model = nn.Sequential(nn.Linear(5, 40), nn.Tanh(), Probe(), nn.Linear(40, 40), nn.Tanh(), nn.Linear(40, 3)).double()
     x = torch.randn(6, 5, dtype=torch.float64)
     y = torch.tensor([0, 1, 2, 0, 1, 2])
     res = GHOST.clipped_sum(model, ce, x, y, clip=0.1)
@@ -492,9 +458,7 @@ def test_error_inside_backward_hook_falls_back(monkeypatch):
             raise ghost_mod._Unsupported("picky layer")
         return ghost_mod._linear(m, x, gout, B)
 
-    monkeypatch.setattr(
-        ghost_mod, "_HANDLERS", [(nn.Linear, lambda m: True, picky)] + ghost_mod._HANDLERS[1:]
-    )
+    monkeypatch.setattr(ghost_mod, "_HANDLERS", [(nn.Linear, lambda m: True, picky)] + ghost_mod._HANDLERS[1:])
     model, x, y = _case("mlp")
     with pytest.warns(RuntimeWarning, match="picky layer"):
         a = GHOST.clipped_sum(model, ce, x, y, clip=0.2)

@@ -65,7 +65,7 @@ def test_seeded_initialisation_is_deterministic_and_local():
     assert torch.equal(before, after)  # seed= does not consume the global RNG
     b = build_model("cnn", input_shape=(3, 32, 32), num_classes=10, seed=1)
     c = build_model("cnn", input_shape=(3, 32, 32), num_classes=10, seed=2)
-    for (n, p), (_, q), (_, r) in zip(a.named_parameters(), b.named_parameters(), c.named_parameters()):
+    for (n, p), (_, q), (_, _r) in zip(a.named_parameters(), b.named_parameters(), c.named_parameters()):
         assert torch.equal(p, q), n
     assert any(not torch.equal(p, r) for p, r in zip(a.parameters(), c.parameters()))
     torch.manual_seed(5)
@@ -78,7 +78,7 @@ def test_seeded_initialisation_is_deterministic_and_local():
 def test_mlp_init_follows_spec():
     m = build_model("mlp", input_shape=(1, 28, 28), num_classes=10, seed=0)
     lin = [mod for mod in m.modules() if isinstance(mod, nn.Linear)]
-    assert all(torch.count_nonzero(l.bias) == 0 for l in lin)
+    assert all(torch.count_nonzero(layer.bias) == 0 for layer in lin)
     # Kaiming normal (fan_in, ReLU gain): std = sqrt(2 / 784)
     assert abs(float(lin[0].weight.detach().std()) - (2 / 784) ** 0.5) < 0.002
 

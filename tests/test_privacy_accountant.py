@@ -90,7 +90,9 @@ def test_fast_for_long_runs():
 def test_adjacency_pitfall_full_batch_gaussian():
     step = Step(FullBatch(), (Gaussian(2.0),))
     # dp-accounting itself: RDP ignores the relation, PLD doubles the sensitivity under REPLACE_ONE
-    assert rdp_eps(dpa.GaussianDpEvent(2.0), 1e-5, ADD) == pytest.approx(rdp_eps(dpa.GaussianDpEvent(2.0), 1e-5, REPLACE))
+    assert rdp_eps(dpa.GaussianDpEvent(2.0), 1e-5, ADD) == pytest.approx(
+        rdp_eps(dpa.GaussianDpEvent(2.0), 1e-5, REPLACE)
+    )
     assert pld_eps(dpa.GaussianDpEvent(2.0), 1e-5, REPLACE) == pytest.approx(4.38, abs=0.01)
 
     add_pld = epsilon_of({step: 1}, delta=1e-5, accountant="pld").epsilon
@@ -156,7 +158,9 @@ def test_gaussians_on_one_batch_reduce_to_z_eff():
     # PLD: non-subsampled, dp-accounting composes the two PLDs numerically -- same answer
     full = Step(FullBatch(), (Gaussian(z1), Gaussian(z2)))
     native = dpa.SelfComposedDpEvent(dpa.ComposedDpEvent([dpa.GaussianDpEvent(z1), dpa.GaussianDpEvent(z2)]), 20)
-    assert epsilon_of({full: 20}, delta=1e-5, accountant="pld").epsilon == pytest.approx(pld_eps(native, 1e-5), rel=2e-4)
+    assert epsilon_of({full: 20}, delta=1e-5, accountant="pld").epsilon == pytest.approx(
+        pld_eps(native, 1e-5), rel=2e-4
+    )
     # and PLD handles the subsampled pair (it could not without the reduction)
     assert epsilon_of({two: 400}, delta=1e-5, accountant="pld").epsilon < ours
 
@@ -226,9 +230,10 @@ def test_pure_dp_and_laplace_on_sampled_batches_are_amplified():
     for acc in ("pld", "rdp"):
         assert epsilon_of({lap: 100}, delta=1e-5, accountant=acc).epsilon < full
     # PLD's exact subsampled Laplace is tighter than the RDP pure-DP amplification route
-    assert epsilon_of({lap: 100}, delta=1e-5, accountant="pld").epsilon < epsilon_of(
-        {lap: 100}, delta=1e-5, accountant="rdp"
-    ).epsilon
+    assert (
+        epsilon_of({lap: 100}, delta=1e-5, accountant="pld").epsilon
+        < epsilon_of({lap: 100}, delta=1e-5, accountant="rdp").epsilon
+    )
 
 
 def test_mixed_kinds_on_a_subsampled_batch_are_rejected():

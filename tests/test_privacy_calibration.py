@@ -69,10 +69,12 @@ def svrg_inventory(n=200_000, inner_steps=75_000, snapshot_sensitivity=2.0):
     #    z_snap = sigma2 / (2G/n) = n * scale / sqrt(2)  (ratio n / sqrt(2)).
     # Both are released at every one of the T*m inner steps.
     r = 1 / math.sqrt(2)
-    return Inventory((
-        PlannedStep(SingleRecord(n), (("diff", r),), inner_steps),
-        PlannedStep(FullBatch(), (("snapshot", n * r * 2.0 / snapshot_sensitivity),), inner_steps),
-    ))
+    return Inventory(
+        (
+            PlannedStep(SingleRecord(n), (("diff", r),), inner_steps),
+            PlannedStep(FullBatch(), (("snapshot", n * r * 2.0 / snapshot_sensitivity),), inner_steps),
+        )
+    )
 
 
 def test_reference_dp_svrg_values_rdp():
@@ -88,10 +90,12 @@ def test_reference_dp_svrg_values_rdp():
 
 
 def test_ratios_and_shared_families():
-    inv = Inventory((
-        PlannedStep(FullBatch(), (("a", 1.0), ("b", 2.0)), 20),
-        PlannedStep(Poisson(0.2), (("b", 2.0),), 10),
-    ))
+    inv = Inventory(
+        (
+            PlannedStep(FullBatch(), (("a", 1.0), ("b", 2.0)), 20),
+            PlannedStep(Poisson(0.2), (("b", 2.0),), 10),
+        )
+    )
     assert inv.names == ("a", "b")
     cal = calibrate(inv, epsilon=2.0, delta=1e-5)
     assert cal.noise["b"] == pytest.approx(2 * cal.noise["a"])
@@ -108,11 +112,13 @@ def test_ratios_and_shared_families():
 
 def test_steps_for_builds_named_gaussians_and_keeps_fixed_mechanisms():
     lap = Laplace(5.0, name="losses")
-    inv = Inventory((
-        PlannedStep(Poisson(0.01), (("grad", 1.0),), 100),
-        PlannedStep(FullBatch(), (lap,), 100),
-        PlannedStep(FullBatch(), (("grad", 1.0),), 0),
-    ))
+    inv = Inventory(
+        (
+            PlannedStep(Poisson(0.01), (("grad", 1.0),), 100),
+            PlannedStep(FullBatch(), (lap,), 100),
+            PlannedStep(FullBatch(), (("grad", 1.0),), 0),
+        )
+    )
     steps = inv.steps_for({"grad": 2.0})
     assert steps == {Step(Poisson(0.01), (Gaussian(2.0, name="grad"),)): 100, Step(FullBatch(), (lap,)): 100}
     with pytest.raises(ConfigError, match="grad"):
@@ -120,21 +126,25 @@ def test_steps_for_builds_named_gaussians_and_keeps_fixed_mechanisms():
 
 
 def test_inventory_json_round_trip():
-    inv = Inventory((
-        PlannedStep(Poisson(0.01), (("grad", 1.0), PureDP(0.1, name="select")), 100),
-        PlannedStep(WithoutReplacement(1000, 10), (("g2", 0.5),), 7),
-        PlannedStep(SingleRecord(1000), (Laplace(3.0, name="l"),), 3),
-    ))
+    inv = Inventory(
+        (
+            PlannedStep(Poisson(0.01), (("grad", 1.0), PureDP(0.1, name="select")), 100),
+            PlannedStep(WithoutReplacement(1000, 10), (("g2", 0.5),), 7),
+            PlannedStep(SingleRecord(1000), (Laplace(3.0, name="l"),), 3),
+        )
+    )
     back = Inventory.from_dict(json.loads(json.dumps(inv.to_dict())))
     assert back == inv and hash(back) == hash(inv)
 
 
 def test_infeasible_target_raises_helpful_error():
     # the fixed pure-DP release alone already spends ~2 > 1
-    inv = Inventory((
-        PlannedStep(FullBatch(), (PureDP(2.0, name="fixed"),), 1),
-        PlannedStep(Poisson(0.1), (("grad", 1.0),), 10),
-    ))
+    inv = Inventory(
+        (
+            PlannedStep(FullBatch(), (PureDP(2.0, name="fixed"),), 1),
+            PlannedStep(Poisson(0.1), (("grad", 1.0),), 10),
+        )
+    )
     with pytest.raises(ConfigError, match="infeasible"):
         calibrate(inv, epsilon=1.0, delta=1e-5)
     with pytest.raises(ConfigError, match="no calibrated"):
@@ -151,16 +161,24 @@ def test_dp_sgd_noise_poisson_and_wor():
     poi = dp_sgd_noise(dataset_size=10_000, batch_size=100, steps=100, epsilon=2.0, delta=1e-5, accountant="rdp")
     assert wor.noise["gradient"] > poi.noise["gradient"]
     with pytest.raises(ConfigError, match="rdp"):
-        dp_sgd_noise(dataset_size=10_000, batch_size=100, steps=10, epsilon=1.0, delta=1e-5, sampling="wor",
-                     accountant="pld")
+        dp_sgd_noise(
+            dataset_size=10_000, batch_size=100, steps=10, epsilon=1.0, delta=1e-5, sampling="wor", accountant="pld"
+        )
     with pytest.raises(ConfigError, match="batch_size"):
         dp_sgd_noise(dataset_size=10, batch_size=100, steps=10, epsilon=1.0, delta=1e-5)
     with pytest.raises(ConfigError, match="sampling"):
         dp_sgd_noise(dataset_size=10, batch_size=1, steps=10, epsilon=1.0, delta=1e-5, sampling="shuffle")
 
 
-@pytest.mark.parametrize("kw", [dict(epsilon=0.0, delta=1e-5), dict(epsilon=1.0, delta=0.0),
-                                dict(epsilon=float("nan"), delta=1e-5), dict(epsilon=1.0, delta=float("nan"))])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(epsilon=0.0, delta=1e-5),
+        dict(epsilon=1.0, delta=0.0),
+        dict(epsilon=float("nan"), delta=1e-5),
+        dict(epsilon=1.0, delta=float("nan")),
+    ],
+)
 def test_bad_targets(kw):
     with pytest.raises(ConfigError):
         calibrate(dpsgd_inventory(), **kw)

@@ -11,11 +11,14 @@ from privopt.privacy import FullBatch, Gaussian, Poisson, PrivacyLedger, Step
 def test_noise_scale_and_normalisation():
     ledger = PrivacyLedger(delta=1e-5)
     g = torch.Generator().manual_seed(0)
-    draws = torch.stack([
-        PrivateBatch(ledger, Poisson(0.1), {"grad": 2.0}, rng=g).gaussian(
-            "grad", torch.zeros(1000), clip=0.5, normalizer=10.0)
-        for _ in range(20)
-    ])
+    draws = torch.stack(
+        [
+            PrivateBatch(ledger, Poisson(0.1), {"grad": 2.0}, rng=g).gaussian(
+                "grad", torch.zeros(1000), clip=0.5, normalizer=10.0
+            )
+            for _ in range(20)
+        ]
+    )
     # std on the mean = z * C / normaliser = 2 * 0.5 / 10
     assert draws.std().item() == pytest.approx(0.1, rel=0.03)
     assert abs(draws.mean().item()) < 0.005
@@ -40,12 +43,14 @@ def test_refused_step_draws_no_noise_and_records_nothing():
     g = torch.Generator().manual_seed(1)
     for _ in range(3):
         PrivateBatch(ledger, FullBatch(), {"grad": 1.0}, rng=g).gaussian(
-            "grad", torch.zeros(2), clip=1.0, normalizer=1.0)
+            "grad", torch.zeros(2), clip=1.0, normalizer=1.0
+        )
     state = g.get_state()
     with pytest.raises(PrivacyBudgetExceeded):
         for _ in range(1000):
             PrivateBatch(ledger, FullBatch(), {"grad": 1.0}, rng=g).gaussian(
-                "grad", torch.zeros(2), clip=1.0, normalizer=1.0)
+                "grad", torch.zeros(2), clip=1.0, normalizer=1.0
+            )
     assert ledger.epsilon() <= 10.0
     n_ok = ledger.counts[step]
     assert 3 < n_ok < 1000

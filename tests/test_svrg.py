@@ -24,9 +24,17 @@ def _data(n=40, p=5, seed=0, scale=1.0):
 def _ctx(x, y, *, ledger=None, noise=None, seed=0):
     model = torch.nn.Linear(x.shape[1], 1, bias=False, dtype=torch.float64)
     torch.nn.init.zeros_(model.weight)
-    return RunContext(model=model, loss_fn=logistic_loss, x_train=torch.from_numpy(x), y_train=torch.from_numpy(y),
-                      engine=None, ledger=ledger, noise=noise or {}, noise_rng=torch.Generator().manual_seed(seed),
-                      sampler_rng=torch.Generator().manual_seed(seed + 1))
+    return RunContext(
+        model=model,
+        loss_fn=logistic_loss,
+        x_train=torch.from_numpy(x),
+        y_train=torch.from_numpy(y),
+        engine=None,
+        ledger=ledger,
+        noise=noise or {},
+        noise_rng=torch.Generator().manual_seed(seed),
+        sampler_rng=torch.Generator().manual_seed(seed + 1),
+    )
 
 
 def _grad(x, y, w, i, clip):
@@ -129,8 +137,13 @@ def test_accounting_reference_values(eps, ref):
     total sigma / (2G) = 1.184, 0.854, 0.675."""
     from privopt.privacy import calibrate
 
-    cal = calibrate(DPSVRG(epochs=15, inner=5000).inventory(n=200_000), epsilon=eps, delta=1e-3,
-                    neighbouring="add_remove", accountant="rdp")
+    cal = calibrate(
+        DPSVRG(epochs=15, inner=5000).inventory(n=200_000),
+        epsilon=eps,
+        delta=1e-3,
+        neighbouring="add_remove",
+        accountant="rdp",
+    )
     sigma1 = cal.noise["diff"] * 2.0  # std of the one-record part, G = C = 1
     sigma2 = cal.noise["snapshot"] / 200_000  # std of the snapshot mean
     assert sigma2 == pytest.approx(sigma1, rel=1e-9)
@@ -170,8 +183,9 @@ def test_private_run_spends_at_most_target():
     x, y = _data(n=400, p=5, seed=8)
     algo = DPSVRG(epochs=2, inner=300, step_size=0.05)
     cal = calibrate(algo.inventory(n=400), epsilon=1.0, delta=1e-4, accountant="rdp")
-    ledger = PrivacyLedger(delta=1e-4, accountant=cal.accountant, target_epsilon=1.0,
-                           planned=algo.inventory(n=400).steps_for(cal.noise))
+    ledger = PrivacyLedger(
+        delta=1e-4, accountant=cal.accountant, target_epsilon=1.0, planned=algo.inventory(n=400).steps_for(cal.noise)
+    )
     _run(algo, _ctx(x, y, ledger=ledger, noise=cal.noise))
     assert ledger.num_steps == 2 * 600
     assert 0.95 <= ledger.epsilon() <= 1.0 + 1e-9
@@ -213,11 +227,22 @@ def test_erm_covertype_experiment_end_to_end(shared_data, tmp_path, monkeypatch)
     monkeypatch.setattr(exp, "SVRG_PP", dict(epochs=4, inner=10, step_size=0.01))
     monkeypatch.setattr(exp, "GD_REG_ITERATIONS", 40)
     monkeypatch.setattr(exp, "GD_UNREG", dict(iterations=30, step_size=0.1))
-    rows = exp.run_erm_covertype(data_dir=shared_data / "covtype", n_train=2000, epsilons=[0.5, 1.0], delta=1e-3,
-                                 runs=2, budget="quick", out_dir=tmp_path, progress=False)
+    rows = exp.run_erm_covertype(
+        data_dir=shared_data / "covtype",
+        n_train=2000,
+        epsilons=[0.5, 1.0],
+        delta=1e-3,
+        runs=2,
+        budget="quick",
+        out_dir=tmp_path,
+        progress=False,
+    )
     lines = (tmp_path / "results.jsonl").read_text().splitlines()
-    assert len(lines) == len(rows) == 2 * 2 * (len(exp.BUDGETS["quick"].svrg_steps)
-                                                + len(exp.BUDGETS["quick"].gd_steps) + 2)
+    assert (
+        len(lines)
+        == len(rows)
+        == 2 * 2 * (len(exp.BUDGETS["quick"].svrg_steps) + len(exp.BUDGETS["quick"].gd_steps) + 2)
+    )
     for r in map(json.loads, lines):
         assert {"method", "epsilon", "run", "gap", "wall_s", "epsilon_spent"} <= set(r)
         assert r["gap"] >= -1e-9  # F* is the minimum

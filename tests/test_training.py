@@ -54,8 +54,7 @@ def test_record_has_everything(tmp_path):
 
 
 def test_dp_sgd_learns_digits(tmp_path):
-    rec = train(cfg(algorithm_params={"epochs": 5}, privacy={"epsilon": 8.0}), out_dir=tmp_path / "r",
-                progress=False)
+    rec = train(cfg(algorithm_params={"epochs": 5}, privacy={"epsilon": 8.0}), out_dir=tmp_path / "r", progress=False)
     assert rec["metrics"]["test_accuracy"] > 0.6  # 10 classes: chance is 0.1
 
 
@@ -115,8 +114,9 @@ def test_corrupt_checkpoint_is_reported(tmp_path):
 
 
 def _privopt(*args, **kw):
-    return subprocess.Popen([sys.executable, "-m", "privopt.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "privopt.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw
+    )
 
 
 @pytest.mark.slow
@@ -137,8 +137,10 @@ def test_kill_9_then_resume_spends_the_same_epsilon(tmp_path):
     assert proc.poll() is None, "run finished before it could be killed"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert not (tmp_path / "run" / "record.json").exists() or json.loads(
-        (tmp_path / "run" / "record.json").read_text())["status"] != "finished"
+    assert (
+        not (tmp_path / "run" / "record.json").exists()
+        or json.loads((tmp_path / "run" / "record.json").read_text())["status"] != "finished"
+    )
     res = _privopt("train", "--resume", str(tmp_path / "run"), "--quiet")
     assert res.wait(timeout=300) == 0, res.stderr.read()
     a = json.loads((tmp_path / "ref" / "record.json").read_text())

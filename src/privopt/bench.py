@@ -74,9 +74,7 @@ _LR, _CLIP, _SIGMA = 0.05, 1.0, 1.0
 def build_bench_model(name: str, *, seed: int = 0) -> nn.Module:
     """The benchmark model ``name`` from :mod:`privopt.models` (``tiny``: a toy MLP), initialised."""
     if name not in _INPUT:
-        raise ConfigError(
-            f"unknown benchmark model {name!r}; choose from {', '.join(MODELS)}"
-        )
+        raise ConfigError(f"unknown benchmark model {name!r}; choose from {', '.join(MODELS)}")
     torch.manual_seed(seed)
     if name == "tiny":  # smoke tests only
         c, h, w = _INPUT[name]
@@ -109,9 +107,7 @@ def _apply_flat(model: nn.Module, flat: torch.Tensor, lr: float) -> None:
                 off += n
 
 
-def _make_step(
-    method: str, base: nn.Module, x: torch.Tensor, y: torch.Tensor
-) -> Callable[[], None] | None:
+def _make_step(method: str, base: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None] | None:
     """A closure performing one step of ``method`` on a private copy of ``base`` (None: unavailable)."""
     from privopt.grads import get_engine
 
@@ -132,16 +128,11 @@ def _make_step(
         prev = None
         if method == "clipped-difference":
             g = torch.Generator().manual_seed(1)
-            prev = {
-                n: p.detach() + 0.01 * torch.randn(p.shape, generator=g)
-                for n, p in model.named_parameters()
-            }
+            prev = {n: p.detach() + 0.01 * torch.randn(p.shape, generator=g) for n, p in model.named_parameters()}
         gen = torch.Generator().manual_seed(2)
 
         def step():
-            res = engine.clipped_sum(
-                model, _per_sample_ce, x, y, clip=_CLIP, params_prev=prev
-            )
+            res = engine.clipped_sum(model, _per_sample_ce, x, y, clip=_CLIP, params_prev=prev)
             noisy = res.total + torch.randn(d, generator=gen) * (_SIGMA * _CLIP)
             _apply_flat(model, noisy / B, _LR)
 
@@ -151,9 +142,7 @@ def _make_step(
         gen = torch.Generator().manual_seed(2)
 
         def step():
-            _apply_flat(
-                model, torch.randn(d, generator=gen) * (_SIGMA * _CLIP) / B, _LR
-            )
+            _apply_flat(model, torch.randn(d, generator=gen) * (_SIGMA * _CLIP) / B, _LR)
 
         return step
     if method in ("opacus-hooks", "opacus-ghost"):
@@ -163,9 +152,7 @@ def _make_step(
                 return _opacus_step(method, model, x, y)
         except ImportError:
             return None
-    raise ConfigError(
-        f"unknown benchmark method {method!r}; choose from {', '.join(METHODS)}"
-    )
+    raise ConfigError(f"unknown benchmark method {method!r}; choose from {', '.join(METHODS)}")
 
 
 def _opacus_step(method, model, x, y):
@@ -190,18 +177,14 @@ def _opacus_step(method, model, x, y):
             opt.step()
 
         return step
-    gsm = GradSampleModuleFastGradientClipping(
-        model, max_grad_norm=_CLIP, use_ghost_clipping=True
-    )
+    gsm = GradSampleModuleFastGradientClipping(model, max_grad_norm=_CLIP, use_ghost_clipping=True)
     opt = DPOptimizerFastGradientClipping(
         torch.optim.SGD(gsm.parameters(), lr=_LR),
         noise_multiplier=_SIGMA,
         max_grad_norm=_CLIP,
         expected_batch_size=B,
     )
-    crit = DPLossFastGradientClipping(
-        gsm, opt, nn.CrossEntropyLoss(), loss_reduction="mean"
-    )
+    crit = DPLossFastGradientClipping(gsm, opt, nn.CrossEntropyLoss(), loss_reduction="mean")
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -244,9 +227,7 @@ def _reset_peak() -> bool:
         return False
 
 
-def _probe(
-    model_name: str, batch_size: int, method: str, threads: int | None
-) -> float | None:
+def _probe(model_name: str, batch_size: int, method: str, threads: int | None) -> float | None:
     if threads:
         torch.set_num_threads(threads)
     base = build_bench_model(model_name)
@@ -265,19 +246,13 @@ def _probe(
             step()
     # VmHWM is the peak RSS since the reset; without a reset, ru_maxrss (lifetime peak) is the
     # best available and may include import-time peaks.
-    peak = (
-        _status_mb("VmHWM")
-        if reset
-        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    )
+    peak = _status_mb("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if baseline is None or peak is None:
         return None
     return max(0.0, peak - baseline)
 
 
-def _peak_mb(
-    model_name: str, batch_size: int, method: str, threads: int | None
-) -> float | None:
+def _peak_mb(model_name: str, batch_size: int, method: str, threads: int | None) -> float | None:
     code = (
         "import json,sys; from privopt.bench import _probe; "
         f"print(json.dumps(_probe({model_name!r}, {batch_size}, {method!r}, {threads!r})))"
@@ -343,9 +318,7 @@ def run_bench(
     methods = list(methods)
     bad = [m for m in methods if m not in METHODS]
     if bad:
-        raise ConfigError(
-            f"unknown benchmark method(s) {bad}; choose from {', '.join(METHODS)}"
-        )
+        raise ConfigError(f"unknown benchmark method(s) {bad}; choose from {', '.join(METHODS)}")
     if repeats < 1:
         raise ConfigError(f"repeats must be >= 1, got {repeats}")
     if "nonprivate" not in methods:  # every ratio needs the baseline
@@ -360,13 +333,9 @@ def run_bench(
                 base = build_bench_model(name)
                 x, y = _data(name, int(bs))
                 steps = {m: _make_step(m, base, x, y) for m in methods}
-                times: dict[str, list[float]] = {
-                    m: [] for m in methods if steps[m] is not None
-                }
+                times: dict[str, list[float]] = {m: [] for m in methods if steps[m] is not None}
                 with warnings.catch_warnings():
-                    warnings.simplefilter(
-                        "ignore"
-                    )  # Opacus warns on every step about its hooks
+                    warnings.simplefilter("ignore")  # Opacus warns on every step about its hooks
                     for s in steps.values():  # warm-up (lazy init, allocator)
                         if s is not None:
                             s()
@@ -397,20 +366,14 @@ def run_bench(
                         row["median_s"] = statistics.median(times[m])
                         row["min_s"] = min(times[m])
                         if memory:
-                            row["peak_mb"] = _peak_mb(
-                                name, int(bs), m, torch.get_num_threads()
-                            )
+                            row["peak_mb"] = _peak_mb(name, int(bs), m, torch.get_num_threads())
                     block.append(row)
                 ref = block[0]
                 for row in block:
                     if row["median_s"] is not None:
                         row["ratio_to_nonprivate"] = row["median_s"] / ref["median_s"]
                     # below ~1 MB the baseline is allocator noise and a ratio would mean nothing
-                    if (
-                        row["peak_mb"] is not None
-                        and ref["peak_mb"] is not None
-                        and ref["peak_mb"] >= 1.0
-                    ):
+                    if row["peak_mb"] is not None and ref["peak_mb"] is not None and ref["peak_mb"] >= 1.0:
                         row["mem_ratio_to_nonprivate"] = row["peak_mb"] / ref["peak_mb"]
                     if progress:
                         print(_fmt_row(row), file=sys.stderr, flush=True)
@@ -421,9 +384,7 @@ def run_bench(
 
 
 def _num(v, fmt):
-    return (
-        "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
-    )
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
 
 
 def _fmt_row(r: dict) -> str:

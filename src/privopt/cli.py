@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Optional
 
 from privopt.errors import PrivacyBudgetExceeded, PrivoptError
 
@@ -39,16 +38,24 @@ def _cmd_train(args) -> int:
         priv = record["privacy"]
         eps = "non-private" if not priv["private"] else f"eps={priv['epsilon_spent']:.4g}, delta={priv['delta']:.3g}"
         m = record["metrics"]
-        print(f"{record['algorithm']}: test accuracy {m.get('test_accuracy', float('nan')):.4f} ({eps}); "
-              f"outputs in {out}")
+        print(
+            f"{record['algorithm']}: test accuracy {m.get('test_accuracy', float('nan')):.4f} ({eps}); outputs in {out}"
+        )
     return 0
 
 
 def _cmd_account(args) -> int:
     from privopt.privacy import dp_sgd_noise
 
-    cal = dp_sgd_noise(dataset_size=args.dataset_size, batch_size=args.batch_size, steps=args.steps,
-                       epsilon=args.epsilon, delta=args.delta, accountant=args.accountant, sampling=args.sampling)
+    cal = dp_sgd_noise(
+        dataset_size=args.dataset_size,
+        batch_size=args.batch_size,
+        steps=args.steps,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        accountant=args.accountant,
+        sampling=args.sampling,
+    )
     z = cal.noise[next(iter(cal.noise))] if isinstance(cal.noise, dict) else cal.noise
     result = {
         "noise_multiplier": z,
@@ -65,9 +72,11 @@ def _cmd_account(args) -> int:
         print(json.dumps(result))
     else:
         print(f"noise multiplier z = {z:.4f}  (std of noise on the clipped sum = z * C)")
-        print(f"achieves epsilon = {cal.epsilon:.4f} <= {args.epsilon} at delta = {args.delta} "
-              f"({cal.accountant.upper()}, {result['sampling']} sampling, q = {result['sampling_rate']:.4g}, "
-              f"{args.steps} steps, {result['neighbouring']} neighbours)")
+        print(
+            f"achieves epsilon = {cal.epsilon:.4f} <= {args.epsilon} at delta = {args.delta} "
+            f"({cal.accountant.upper()}, {result['sampling']} sampling, q = {result['sampling_rate']:.4g}, "
+            f"{args.steps} steps, {result['neighbouring']} neighbours)"
+        )
     return 0
 
 
@@ -79,11 +88,12 @@ def _cmd_list(args) -> int:
     from privopt.models import available_models
 
     sections = {
-        "algorithms": {k: (v.summary or "") + ("" if v.private else " [non-private]")
-                       for k, v in available_algorithms().items()},
-        "datasets": {k: "" for k in available_datasets()},
-        "models": {k: "" for k in available_models()},
-        "engines": {k: "" for k in available_engines()},
+        "algorithms": {
+            k: (v.summary or "") + ("" if v.private else " [non-private]") for k, v in available_algorithms().items()
+        },
+        "datasets": dict.fromkeys(available_datasets(), ""),
+        "models": dict.fromkeys(available_models(), ""),
+        "engines": dict.fromkeys(available_engines(), ""),
         "experiments": available_experiments(),
     }
     if args.json:
@@ -106,8 +116,13 @@ def _cmd_demo(args) -> int:
 def _cmd_bench(args) -> int:
     from privopt.bench import format_table, run_bench
 
-    rows = run_bench(models=tuple(args.models.split(",")), batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")),
-                     repeats=args.repeats, threads=args.threads, progress=not (args.quiet or args.json))
+    rows = run_bench(
+        models=tuple(args.models.split(",")),
+        batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")),
+        repeats=args.repeats,
+        threads=args.threads,
+        progress=not (args.quiet or args.json),
+    )
     print(json.dumps(rows) if args.json else format_table(rows))
     return 0
 
@@ -118,13 +133,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="one training run from a YAML config")
     t.add_argument("--config", help="YAML config file (defaults are used for missing keys)")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set privacy.epsilon=2 --set algorithm_params.lr=0.5")
+    t.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set privacy.epsilon=2 --set algorithm_params.lr=0.5",
+    )
     t.add_argument("--out", help="output directory (must be new)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
-    t.add_argument("--insecure-seed", type=int, metavar="N", default=None,
-                   help="seed the privacy noise and batch sampling (reproducible, but anyone who reads the "
-                        "seed can replay the noise: NOT private; default: secret OS-entropy randomness)")
+    t.add_argument(
+        "--insecure-seed",
+        type=int,
+        metavar="N",
+        default=None,
+        help="seed the privacy noise and batch sampling (reproducible, but anyone who reads the "
+        "seed can replay the noise: NOT private; default: secret OS-entropy randomness)",
+    )
     t.add_argument("--quiet", action="store_true")
     t.add_argument("--json", action="store_true", help="print the result as JSON")
     t.set_defaults(func=_cmd_train)
@@ -135,10 +160,18 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--steps", type=int, required=True)
     a.add_argument("--epsilon", type=float, required=True)
     a.add_argument("--delta", type=float, required=True)
-    a.add_argument("--accountant", choices=["auto", "pld", "rdp"], default="auto",
-                   help="auto: PLD where it can express the events (Poisson), else RDP")
-    a.add_argument("--sampling", choices=["poisson", "wor"], default="poisson",
-                   help="poisson (add/remove-one neighbours) or fixed-size without replacement (replace-one)")
+    a.add_argument(
+        "--accountant",
+        choices=["auto", "pld", "rdp"],
+        default="auto",
+        help="auto: PLD where it can express the events (Poisson), else RDP",
+    )
+    a.add_argument(
+        "--sampling",
+        choices=["poisson", "wor"],
+        default="poisson",
+        help="poisson (add/remove-one neighbours) or fixed-size without replacement (replace-one)",
+    )
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=_cmd_account)
 
@@ -172,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

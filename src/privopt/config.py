@@ -17,7 +17,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
@@ -32,8 +32,9 @@ class _Loader(yaml.SafeLoader):
 
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"""^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|\.inf|\.nan)$""",
-               re.X),
+    re.compile(
+        r"""^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|\.inf|\.nan)$""", re.X
+    ),
     list("-+0123456789."),
 )
 
@@ -47,15 +48,16 @@ def yaml_load(text: str):
 class PrivacyConfig:
     """Target privacy of a run. ``epsilon=None`` only for non-private algorithms."""
 
-    epsilon: Optional[float] = 1.0
+    epsilon: float | None = 1.0
     delta: float = 1e-5
     neighbouring: str = "add_remove"
     accountant: str = "auto"
 
     def validate(self) -> None:
-        if self.epsilon is not None:
-            if not (isinstance(self.epsilon, (int, float)) and math.isfinite(self.epsilon) and self.epsilon > 0):
-                raise ConfigError(f"privacy.epsilon must be a finite number > 0, got {self.epsilon!r}")
+        if self.epsilon is not None and not (
+            isinstance(self.epsilon, (int, float)) and math.isfinite(self.epsilon) and self.epsilon > 0
+        ):
+            raise ConfigError(f"privacy.epsilon must be a finite number > 0, got {self.epsilon!r}")
         if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
             raise ConfigError(f"privacy.delta must be in (0, 1), got {self.delta!r}")
         if self.neighbouring not in ("add_remove", "replace_one"):
@@ -72,20 +74,20 @@ class RunConfig:
     algorithm_params: dict[str, Any] = field(default_factory=dict)
     dataset: str = "digits"
     dataset_params: dict[str, Any] = field(default_factory=dict)
-    data_dir: Optional[str] = None
+    data_dir: str | None = None
     model: str = "mlp"
     model_params: dict[str, Any] = field(default_factory=dict)
     loss: str = "cross_entropy"
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     engine: str = "auto"
     seed: int = 0  # public randomness: data splits, model initialisation
-    insecure_seed: Optional[int] = None  # opt-in: seed privacy noise and sampling (NOT private)
+    insecure_seed: int | None = None  # opt-in: seed privacy noise and sampling (NOT private)
     eval_split: str = "test"  # "val" for hyper-parameter tuning (needs dataset_params.val_fraction)
     metrics: list[str] = field(default_factory=list)  # extra run metrics (privopt.training.register_run_metric)
     eval_every: int = 0  # 0: about 20 evaluations per run
     checkpoint_every: int = 0  # 0: about 10 checkpoints per run
 
-    def validate(self) -> "RunConfig":
+    def validate(self) -> RunConfig:
         self.privacy.validate()
         for key in ("eval_every", "checkpoint_every", "seed"):
             v = getattr(self, key)
@@ -107,7 +109,7 @@ class RunConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
         if not isinstance(d, dict):
             raise ConfigError(f"a config must be a mapping, got {type(d).__name__}")
         d = copy.deepcopy(d)
@@ -149,7 +151,7 @@ def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     return d
 
 
-def load_config(path: Optional[str | Path], overrides: Optional[list[str]] = None) -> RunConfig:
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
     """Read a YAML config (or start from defaults when ``path`` is None) and apply overrides."""
     d: dict[str, Any] = {}
     if path is not None:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from privopt.checkpoint import atomic_write_bytes  # noqa: E402
+from privopt.checkpoint import atomic_write_bytes
 
 __all__ = ["plot_training_curves", "plot_series", "save_figure"]
 
@@ -39,8 +39,15 @@ def plot_training_curves(path: Path, history: Sequence[Mapping[str, float]], *, 
     save_figure(fig, path)
 
 
-def plot_series(path: Path, series: Mapping[str, tuple[Iterable[float], Iterable[float]]], *, xlabel: str,
-                ylabel: str, title: str = "", logy: bool = False) -> None:
+def plot_series(
+    path: Path,
+    series: Mapping[str, tuple[Iterable[float], Iterable[float]]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+    logy: bool = False,
+) -> None:
     """One line per label: ``series[label] = (xs, ys)``."""
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for label, (xs, ys) in series.items():

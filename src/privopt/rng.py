@@ -28,7 +28,8 @@ from __future__ import annotations
 import abc
 import math
 import os
-from typing import Any, ClassVar, Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import Any, ClassVar, Union
 
 import numpy as np
 import torch
@@ -50,8 +51,9 @@ class RandomSource(abc.ABC):
     secure: ClassVar[bool] = False
 
     @abc.abstractmethod
-    def normal(self, shape: Shape, *, dtype: torch.dtype = torch.float32,
-               device: Optional[torch.device] = None) -> torch.Tensor:
+    def normal(
+        self, shape: Shape, *, dtype: torch.dtype = torch.float32, device: torch.device | None = None
+    ) -> torch.Tensor:
         """Standard normal samples of the given shape."""
 
     @abc.abstractmethod
@@ -89,7 +91,7 @@ class TorchSource(RandomSource):
 
     secure = False
 
-    def __init__(self, seed: Optional[int] = None, *, generator: Optional[torch.Generator] = None):
+    def __init__(self, seed: int | None = None, *, generator: torch.Generator | None = None):
         if (seed is None) == (generator is None):
             raise ConfigError("TorchSource needs exactly one of seed / generator")
         self.generator = generator if generator is not None else torch.Generator().manual_seed(int(seed))
@@ -107,8 +109,9 @@ class TorchSource(RandomSource):
         return torch.randperm(int(n), generator=self.generator)
 
     def binomial(self, count, prob, size):
-        return torch.binomial(torch.full((int(size),), float(count)), torch.full((int(size),), float(prob)),
-                              generator=self.generator).to(torch.int64)
+        return torch.binomial(
+            torch.full((int(size),), float(count)), torch.full((int(size),), float(prob)), generator=self.generator
+        ).to(torch.int64)
 
     def state_dict(self):
         return {"kind": "torch", "state": self.generator.get_state()}
@@ -132,7 +135,7 @@ class SecureSource(RandomSource):
     secure = True
     _BLOCK = 16
 
-    def __init__(self, key: Optional[bytes] = None, *, block: int = 0):
+    def __init__(self, key: bytes | None = None, *, block: int = 0):
         from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
         self._key = os.urandom(32) if key is None else bytes(key)
@@ -205,7 +208,7 @@ class SecureSource(RandomSource):
         self.__init__(key=state["key"], block=state["block"])
 
 
-def as_source(rng: Union[RandomSource, torch.Generator]) -> RandomSource:
+def as_source(rng: RandomSource | torch.Generator) -> RandomSource:
     """Accept a :class:`RandomSource` or a plain ``torch.Generator`` (wrapped, insecure)."""
     if isinstance(rng, RandomSource):
         return rng
@@ -214,7 +217,7 @@ def as_source(rng: Union[RandomSource, torch.Generator]) -> RandomSource:
     raise ConfigError(f"expected a RandomSource or torch.Generator, got {type(rng).__name__}")
 
 
-def make_sources(*, insecure_seed: Optional[int] = None) -> dict[str, RandomSource]:
+def make_sources(*, insecure_seed: int | None = None) -> dict[str, RandomSource]:
     """The two sources of a run: ``"noise"`` (privacy noise) and ``"sampler"`` (batches).
 
     Default: two independent :class:`SecureSource`. With ``insecure_seed`` both are seeded

@@ -98,8 +98,7 @@ class DisjointPartition:
         self._order, self._next = state["order"], int(state["next"])
 
 
-def single_record_draws(*, n: int, steps: int, neighbouring: str,
-                        rng) -> tuple[torch.Tensor, torch.Tensor]:
+def single_record_draws(*, n: int, steps: int, neighbouring: str, rng) -> tuple[torch.Tensor, torch.Tensor]:
     """Record indices for ``steps`` queries at rate 1/n (``SingleRecord(n)`` in the accountant).
 
     Returns ``(indices, counts)``: step ``t`` uses ``indices[sum(counts[:t]) : sum(counts[:t+1])]``.

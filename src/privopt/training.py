@@ -19,8 +19,9 @@ import math
 import platform
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -51,8 +52,9 @@ def build_loss(name: str):
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, *, num_classes: int,
-             prefix: str, chunk: int = 2048) -> dict[str, float]:
+def evaluate(
+    model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, *, num_classes: int, prefix: str, chunk: int = 2048
+) -> dict[str, float]:
     """Loss and classification metrics of ``model`` on (x, y), keys prefixed by ``prefix``."""
     from privopt.eval.metrics import classification_metrics
 
@@ -96,8 +98,16 @@ def _extra_metrics(names: list[str], when: str, **kw: Any) -> dict[str, float]:
     return out
 
 
-def train(cfg: RunConfig, *, out_dir: str | Path, resume: bool = False, progress: bool = True,
-          max_steps: Optional[int] = None, dataset: Any = None, model: Optional[nn.Module] = None) -> dict[str, Any]:
+def train(
+    cfg: RunConfig,
+    *,
+    out_dir: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+    max_steps: int | None = None,
+    dataset: Any = None,
+    model: nn.Module | None = None,
+) -> dict[str, Any]:
     """Run one configured training job and write its outputs to ``out_dir``.
 
     Outputs: ``record.json`` (config, hyper-parameters, privacy inventory, calibrated noise,
@@ -140,12 +150,14 @@ def train(cfg: RunConfig, *, out_dir: str | Path, resume: bool = False, progress
     if unknown:
         raise ConfigError(f"unknown run metric(s) {unknown}; available: {available_run_metrics()}")
     torch.manual_seed(cfg.seed)
-    data = dataset if dataset is not None else load_dataset(cfg.dataset, data_dir=cfg.data_dir, seed=cfg.seed,
-                                                            **cfg.dataset_params)
+    data = (
+        dataset
+        if dataset is not None
+        else load_dataset(cfg.dataset, data_dir=cfg.data_dir, seed=cfg.seed, **cfg.dataset_params)
+    )
     data.validate()  # user datasets especially: NaN/inf, shapes and labels fail here, before any output
     if model is None:
-        model = build_model(cfg.model, input_shape=data.input_shape, num_classes=data.num_classes,
-                            **cfg.model_params)
+        model = build_model(cfg.model, input_shape=data.input_shape, num_classes=data.num_classes, **cfg.model_params)
     x_eval, y_eval = _eval_split(data, cfg.eval_split)
     validate_model(model)
     loss_fn = build_loss(cfg.loss)
@@ -155,17 +167,32 @@ def train(cfg: RunConfig, *, out_dir: str | Path, resume: bool = False, progress
     calibration, ledger, noise = None, None, {}
     if inventory is not None:
         p = cfg.privacy
-        calibration = calibrate(inventory, epsilon=p.epsilon, delta=p.delta, neighbouring=p.neighbouring,
-                                accountant=p.accountant)
+        calibration = calibrate(
+            inventory, epsilon=p.epsilon, delta=p.delta, neighbouring=p.neighbouring, accountant=p.accountant
+        )
         noise = dict(calibration.noise)
-        ledger = PrivacyLedger(delta=p.delta, neighbouring=p.neighbouring, accountant=p.accountant,
-                               target_epsilon=p.epsilon, planned=inventory.steps_for(noise))
+        ledger = PrivacyLedger(
+            delta=p.delta,
+            neighbouring=p.neighbouring,
+            accountant=p.accountant,
+            target_epsilon=p.epsilon,
+            planned=inventory.steps_for(noise),
+        )
 
     sources = make_sources(insecure_seed=cfg.insecure_seed)
     noise_rng, sampler_rng = sources["noise"], sources["sampler"]
-    ctx = RunContext(model=model, loss_fn=loss_fn, x_train=data.x_train, y_train=data.y_train,
-                     engine=get_engine(cfg.engine), ledger=ledger, noise=noise, noise_rng=noise_rng,
-                     sampler_rng=sampler_rng, extra={"dataset": data})
+    ctx = RunContext(
+        model=model,
+        loss_fn=loss_fn,
+        x_train=data.x_train,
+        y_train=data.y_train,
+        engine=get_engine(cfg.engine),
+        ledger=ledger,
+        noise=noise,
+        noise_rng=noise_rng,
+        sampler_rng=sampler_rng,
+        extra={"dataset": data},
+    )
     algo.setup(ctx)
     total = algo.num_steps()
     eval_every = _interval(cfg.eval_every, total, 20)
@@ -192,37 +219,63 @@ def train(cfg: RunConfig, *, out_dir: str | Path, resume: bool = False, progress
         "config": cfg.to_dict(),
         "algorithm": cfg.algorithm,
         "hyperparameters": algo.hyperparameters(),
-        "dataset": {"name": data.name, "n_train": n, "n_test": int(data.x_test.shape[0]),
-                    "num_classes": data.num_classes, "meta": _jsonable_meta(data.meta)},
+        "dataset": {
+            "name": data.name,
+            "n_train": n,
+            "n_test": int(data.x_test.shape[0]),
+            "num_classes": data.num_classes,
+            "meta": _jsonable_meta(data.meta),
+        },
         "model": {"name": cfg.model, "parameters": sum(p.numel() for p in model.parameters())},
         # The noise/sampling randomness is secret unless the config opted into insecure_seed.
-        "randomness": {"public_seed": cfg.seed, "noise_and_sampling": "seeded (insecure)"
-                       if cfg.insecure_seed is not None else "secret (AES-256-CTR, OS entropy)",
-                       "insecure_seed": cfg.insecure_seed},
+        "randomness": {
+            "public_seed": cfg.seed,
+            "noise_and_sampling": "seeded (insecure)"
+            if cfg.insecure_seed is not None
+            else "secret (AES-256-CTR, OS entropy)",
+            "insecure_seed": cfg.insecure_seed,
+        },
         "engine": type(ctx.engine).name,
         "total_steps": total,
-        "environment": {"python": platform.python_version(), "torch": torch.__version__,
-                        "threads": torch.get_num_threads()},
+        "environment": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+        },
     }
     if inventory is not None:
         base_record["privacy_inventory"] = inventory.to_dict()
-        base_record["calibration"] = {"noise_multipliers": noise, "epsilon_planned": calibration.epsilon,
-                                      "accountant": calibration.accountant}
+        base_record["calibration"] = {
+            "noise_multipliers": noise,
+            "epsilon_planned": calibration.epsilon,
+            "accountant": calibration.accountant,
+        }
 
     t0 = time.perf_counter()
     step = start_step
 
     def checkpoint(finished: bool = False) -> None:
-        save_checkpoint(out, {
-            "config": cfg.to_dict(), "step": step, "model": model.state_dict(), "algorithm": algo.state_dict(),
-            # SECRET: the secure sources' keys (the checkpoint is as sensitive as the data).
-            "rng": {"noise": noise_rng.state_dict(), "sampler": sampler_rng.state_dict(),
-                    "torch": torch.get_rng_state()},
-            "ledger": ledger.to_dict() if ledger is not None else None, "history": history,
-            "elapsed_s": elapsed_before + time.perf_counter() - t0, "finished": finished,
-        })
+        save_checkpoint(
+            out,
+            {
+                "config": cfg.to_dict(),
+                "step": step,
+                "model": model.state_dict(),
+                "algorithm": algo.state_dict(),
+                # SECRET: the secure sources' keys (the checkpoint is as sensitive as the data).
+                "rng": {
+                    "noise": noise_rng.state_dict(),
+                    "sampler": sampler_rng.state_dict(),
+                    "torch": torch.get_rng_state(),
+                },
+                "ledger": ledger.to_dict() if ledger is not None else None,
+                "history": history,
+                "elapsed_s": elapsed_before + time.perf_counter() - t0,
+                "finished": finished,
+            },
+        )
 
-    def write_outputs(status: str, final: Optional[dict[str, float]] = None) -> dict[str, Any]:
+    def write_outputs(status: str, final: dict[str, float] | None = None) -> dict[str, Any]:
         record = dict(base_record)
         record["status"] = status
         record["steps_done"] = step
@@ -253,13 +306,16 @@ def train(cfg: RunConfig, *, out_dir: str | Path, resume: bool = False, progress
             if step % eval_every == 0 or step == total:
                 row = {"step": step, "epsilon_spent": ledger.epsilon() if ledger is not None else 0.0}
                 row.update({k: float(v) for k, v in logs.items()})
-                row.update(evaluate(model, loss_fn, x_eval, y_eval, num_classes=data.num_classes,
-                                    prefix=cfg.eval_split))
-                row.update(_extra_metrics(cfg.metrics, "eval", model=model, loss_fn=loss_fn, data=data,
-                                          record=base_record))
+                row.update(
+                    evaluate(model, loss_fn, x_eval, y_eval, num_classes=data.num_classes, prefix=cfg.eval_split)
+                )
+                row.update(
+                    _extra_metrics(cfg.metrics, "eval", model=model, loss_fn=loss_fn, data=data, record=base_record)
+                )
                 history.append(row)
-                bar.set_postfix(acc=f"{row.get(cfg.eval_split + '_accuracy', float('nan')):.3f}",
-                                eps=f"{row['epsilon_spent']:.3g}")
+                bar.set_postfix(
+                    acc=f"{row.get(cfg.eval_split + '_accuracy', float('nan')):.3f}", eps=f"{row['epsilon_spent']:.3g}"
+                )
             if step % ckpt_every == 0 and step < total:
                 checkpoint()
             if stop_signal["hit"]:
@@ -293,7 +349,7 @@ def _eval_split(data: Any, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     return data.x_test, data.y_test
 
 
-def _privacy_section(cfg: RunConfig, ledger: Optional[PrivacyLedger]) -> dict[str, Any]:
+def _privacy_section(cfg: RunConfig, ledger: PrivacyLedger | None) -> dict[str, Any]:
     if ledger is None:
         return {"private": False, "epsilon_spent": None, "delta": None}
     spent = ledger.spent()

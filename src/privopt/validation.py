@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Optional, Union
+from typing import Any
 
 from privopt.errors import ConfigError
 
@@ -38,12 +38,12 @@ def positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
-def optional_positive(name: str, value: Any) -> Optional[float]:
+def optional_positive(name: str, value: Any) -> float | None:
     """``None`` or a finite number > 0."""
     return None if value is None else positive(name, value)
 
 
-def auto_or_positive(name: str, value: Any) -> Union[None, str, float]:
+def auto_or_positive(name: str, value: Any) -> str | float | None:
     """``None``, the string ``"auto"`` or a finite number > 0."""
     if value is None or value == "auto":
         return value
@@ -53,7 +53,7 @@ def auto_or_positive(name: str, value: Any) -> Union[None, str, float]:
 def unit_interval(name: str, value: Any, *, closed_low: bool = False) -> float:
     """A number in (0, 1] (or [0, 1] with ``closed_low``)."""
     ok = _is_real(value) and math.isfinite(value)
-    if not ok or not ((0 <= value if closed_low else 0 < value) and value <= 1):
+    if not ok or not ((value >= 0 if closed_low else value > 0) and value <= 1):
         interval = "[0, 1]" if closed_low else "(0, 1]"
         raise ConfigError(f"{name} must be in {interval}, got {value!r}")
     return float(value)

@@ -15,8 +15,9 @@ evaluation, logging, checkpoints, the privacy ledger and the budget guard. An al
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -143,4 +144,3 @@ def get_algorithm(name: str, **hparams: Any) -> Algorithm:
         return cls(**hparams)
     except TypeError as e:
         raise ConfigError(f"bad hyper-parameters for algorithm {name!r}: {e}") from None
-

@@ -16,16 +16,16 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
 
 from privopt.algorithms.base import register_algorithm
 from privopt.algorithms.erm_common import LinearERMAlgorithm, single_thread_blas
-from privopt.validation import positive, positive_int
 from privopt.grads.release import PrivateBatch
 from privopt.privacy import FullBatch, Inventory, PlannedStep
+from privopt.validation import positive, positive_int
 
 __all__ = ["DPGDERM"]
 
@@ -48,7 +48,7 @@ class DPGDERM(LinearERMAlgorithm):
         super().__init__(l2=l2, clip=clip)
         self.iterations = positive_int("iterations", iterations)
         self.step_size = positive("step_size", step_size)
-        self._w: Optional[np.ndarray] = None
+        self._w: np.ndarray | None = None
 
     def inventory(self, *, n: int) -> Inventory:
         return Inventory([PlannedStep(FullBatch(), (("grad", 1.0),), self.iterations)])

@@ -9,7 +9,7 @@ on the full dataset (``FullBatch``, normaliser n, one ``Gaussian(z)`` event per 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -35,8 +35,8 @@ class _GradientStepAlgorithm(Algorithm):
             raise ConfigError(f"momentum must be in [0, 1), got {momentum}")
         self.momentum = momentum
         self.weight_decay = weight_decay
-        self._ctx: Optional[RunContext] = None
-        self._opt: Optional[torch.optim.Optimizer] = None
+        self._ctx: RunContext | None = None
+        self._opt: torch.optim.Optimizer | None = None
 
     def setup(self, ctx: RunContext) -> None:
         self._ctx = ctx
@@ -65,8 +65,8 @@ class _BatchAlgorithm(_GradientStepAlgorithm):
         if not (isinstance(batch_size, int) and batch_size >= 1):
             raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         self.batch_size = batch_size
-        self._n: Optional[int] = None
-        self._sampler: Optional[PoissonSampler] = None
+        self._n: int | None = None
+        self._sampler: PoissonSampler | None = None
 
     def _rate(self, n: int) -> float:
         if self.batch_size > n:
@@ -93,8 +93,15 @@ class SGD(_BatchAlgorithm):
     private = False
     summary = "non-private minibatch SGD (reference)"
 
-    def __init__(self, *, epochs: float = 10, batch_size: int = 64, lr: float = 0.1, momentum: float = 0.0,
-                 weight_decay: float = 0.0):
+    def __init__(
+        self,
+        *,
+        epochs: float = 10,
+        batch_size: int = 64,
+        lr: float = 0.1,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+    ):
         super().__init__(epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay)
 
     def inventory(self, *, n: int) -> None:
@@ -132,8 +139,16 @@ class DPSGD(_BatchAlgorithm):
     name = "dp-sgd"
     summary = "DP-SGD: Poisson batches, per-sample clipping, Gaussian noise"
 
-    def __init__(self, *, epochs: float = 10, batch_size: int = 64, lr: float = 0.1, clip: float = 1.0,
-                 momentum: float = 0.0, weight_decay: float = 0.0):
+    def __init__(
+        self,
+        *,
+        epochs: float = 10,
+        batch_size: int = 64,
+        lr: float = 0.1,
+        clip: float = 1.0,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+    ):
         super().__init__(epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay)
         self.clip = positive("clip", clip)
 
@@ -143,13 +158,13 @@ class DPSGD(_BatchAlgorithm):
     def step(self, t: int) -> dict[str, float]:
         ctx = self._ctx
         idx = self._sampler.sample()
-        batch = PrivateBatch(ctx.ledger, self._sampler.sampling, {"grad": ctx.noise["grad"]},
-                             rng=ctx.noise_rng)
+        batch = PrivateBatch(ctx.ledger, self._sampler.sampling, {"grad": ctx.noise["grad"]}, rng=ctx.noise_rng)
         if idx.numel() == 0:  # an empty Poisson batch still releases noise
             total = torch.zeros(num_trainable(ctx.model))
         else:
-            total = ctx.engine.clipped_sum(ctx.model, ctx.loss_fn, ctx.x_train[idx], ctx.y_train[idx],
-                                           clip=self.clip).total
+            total = ctx.engine.clipped_sum(
+                ctx.model, ctx.loss_fn, ctx.x_train[idx], ctx.y_train[idx], clip=self.clip
+            ).total
         self._apply(batch.gaussian("grad", total, clip=self.clip, normalizer=self.batch_size))
         return {}
 
@@ -164,8 +179,16 @@ class DPGD(_GradientStepAlgorithm):
     name = "dp-gd"
     summary = "DP-GD: full-batch clipped gradients with Gaussian noise"
 
-    def __init__(self, *, epochs: float = 50, lr: float = 0.5, clip: float = 1.0, momentum: float = 0.0,
-                 weight_decay: float = 0.0, chunk_size: int = 1024):
+    def __init__(
+        self,
+        *,
+        epochs: float = 50,
+        lr: float = 0.5,
+        clip: float = 1.0,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        chunk_size: int = 1024,
+    ):
         super().__init__(epochs=epochs, lr=lr, momentum=momentum, weight_decay=weight_decay)
         self.clip = positive("clip", clip)
         self.chunk_size = int(chunk_size)
@@ -182,7 +205,8 @@ class DPGD(_GradientStepAlgorithm):
     def step(self, t: int) -> dict[str, float]:
         ctx = self._ctx
         batch = PrivateBatch(ctx.ledger, FullBatch(), {"grad": ctx.noise["grad"]}, rng=ctx.noise_rng)
-        total = chunked_clipped_sum(ctx.engine, ctx.model, ctx.loss_fn, ctx.x_train, ctx.y_train, clip=self.clip,
-                                    chunk=self.chunk_size)
+        total = chunked_clipped_sum(
+            ctx.engine, ctx.model, ctx.loss_fn, ctx.x_train, ctx.y_train, clip=self.clip, chunk=self.chunk_size
+        )
         self._apply(batch.gaussian("grad", total, clip=self.clip, normalizer=ctx.n))
         return {}

@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -32,13 +32,13 @@ from privopt.algorithms.dro_common import (
     spider_steps,
     step_clip,
 )
-from privopt.validation import optional_positive, positive, positive_int
 from privopt.errors import ConfigError
 from privopt.grads.flat import num_trainable
 from privopt.grads.release import PrivateBatch
 from privopt.objectives.divergences import get_divergence
 from privopt.objectives.dual import DualObjective
 from privopt.privacy import Inventory, PlannedStep, Poisson
+from privopt.validation import optional_positive, positive, positive_int
 
 __all__ = ["DPSGDA", "PrivateDiff", "DPSGDJoint", "ERM", "project_mean_one"]
 
@@ -70,17 +70,31 @@ def project_mean_one(r: torch.Tensor) -> torch.Tensor:
 class _PrimalDualBase(DROAlgorithm):
     """Shared state and dual step of the reconstructions on the primal–dual form (2)."""
 
-    def __init__(self, *, divergence: str, divergence_params: Optional[dict], lam: float, lr: float,
-                 dual_lr: float, clip_x: float, loss_bound: float, epochs: float, steps: Optional[int],
-                 output: str, chunk_size: int):
+    def __init__(
+        self,
+        *,
+        divergence: str,
+        divergence_params: dict | None,
+        lam: float,
+        lr: float,
+        dual_lr: float,
+        clip_x: float,
+        loss_bound: float,
+        epochs: float,
+        steps: int | None,
+        output: str,
+        chunk_size: int,
+    ):
         super().__init__(epochs=epochs, steps=steps, output=output, chunk_size=chunk_size)
         self.divergence = divergence
         self.divergence_params = dict(divergence_params or {})
         self._div = get_divergence(divergence, **self.divergence_params)
         probe = self._div.psi_grad(torch.tensor([_R_FLOOR, 1.0, 1e6], dtype=torch.float64))
         if not bool(torch.isfinite(probe).all()):
-            raise ConfigError(f"divergence {divergence!r} has psi' infinite on (0, inf) (bounded domain); "
-                              f"{self.name} supports kl, chi2 and cressie_read")
+            raise ConfigError(
+                f"divergence {divergence!r} has psi' infinite on (0, inf) (bounded domain); "
+                f"{self.name} supports kl, chi2 and cressie_read"
+            )
         self.lam = positive("lam", lam)
         self.lr = positive("lr", lr)
         self.dual_lr = positive("dual_lr", dual_lr)
@@ -104,7 +118,7 @@ class _PrimalDualBase(DROAlgorithm):
         return self._state["r"]
 
     # -- pre-noise statistics ----------------------------------------------------------------
-    def loss_vector_sum(self, idx: torch.Tensor, *, x: Optional[torch.Tensor] = None, n: Optional[int] = None):
+    def loss_vector_sum(self, idx: torch.Tensor, *, x: torch.Tensor | None = None, n: int | None = None):
         """n-vector with the batch's clamped losses at their coordinates (per record ≤ B)."""
         n = self._ctx.n if n is None else n
         out = torch.zeros(n, dtype=torch.float64)
@@ -112,15 +126,29 @@ class _PrimalDualBase(DROAlgorithm):
             out[idx] = self._losses(idx, x).to(torch.float64).clamp(0.0, self.loss_bound)
         return out
 
-    def x_grad_sum(self, idx: torch.Tensor, *, r: torch.Tensor, clip: float, x: Optional[torch.Tensor] = None):
+    def x_grad_sum(self, idx: torch.Tensor, *, r: torch.Tensor, clip: float, x: torch.Tensor | None = None):
         """``Σ_{i∈idx} Clip(r_i ∇ℓ_i(x), C)`` ([d])."""
         return self._grad_sum(idx, clip=clip, x=x, weights=r[idx].to(torch.float32))
 
-    def x_diff_sum(self, idx: torch.Tensor, *, r: torch.Tensor, r_prev: torch.Tensor, x_prev: torch.Tensor,
-                   clip: float, x: Optional[torch.Tensor] = None):
+    def x_diff_sum(
+        self,
+        idx: torch.Tensor,
+        *,
+        r: torch.Tensor,
+        r_prev: torch.Tensor,
+        x_prev: torch.Tensor,
+        clip: float,
+        x: torch.Tensor | None = None,
+    ):
         """``Σ Clip(r_i ∇ℓ_i(x) − r'_i ∇ℓ_i(x_prev), C)`` ([d])."""
-        return self._grad_sum(idx, clip=clip, x=x, weights=r[idx].to(torch.float32), x_prev=x_prev,
-                              weights_prev=r_prev[idx].to(torch.float32))
+        return self._grad_sum(
+            idx,
+            clip=clip,
+            x=x,
+            weights=r[idx].to(torch.float32),
+            x_prev=x_prev,
+            weights_prev=r_prev[idx].to(torch.float32),
+        )
 
     def _dual_step(self, r: torch.Tensor, loss_estimate: torch.Tensor) -> torch.Tensor:
         direction = loss_estimate - self.lam * self._div.psi_grad(r.clamp_min(_R_FLOOR))
@@ -145,20 +173,43 @@ class DPSGDA(_PrimalDualBase):
     name = "dp-sgda"
     summary = "DP-SGDA on the primal-dual DRO form (reconstruction)"
 
-    def __init__(self, *, divergence: str = "kl", divergence_params: Optional[dict] = None, lam: float = 1e-3,
-                 batch_size: int = 128, lr: float = 0.1, dual_lr: float = 0.01, clip_x: float = 1.0,
-                 loss_bound: float = 10.0, epochs: float = 20, steps: Optional[int] = None, output: str = "last",
-                 chunk_size: int = 256, private: bool = True):
-        super().__init__(divergence=divergence, divergence_params=divergence_params, lam=lam, lr=lr,
-                         dual_lr=dual_lr, clip_x=clip_x, loss_bound=loss_bound, epochs=epochs, steps=steps,
-                         output=output, chunk_size=chunk_size)
+    def __init__(
+        self,
+        *,
+        divergence: str = "kl",
+        divergence_params: dict | None = None,
+        lam: float = 1e-3,
+        batch_size: int = 128,
+        lr: float = 0.1,
+        dual_lr: float = 0.01,
+        clip_x: float = 1.0,
+        loss_bound: float = 10.0,
+        epochs: float = 20,
+        steps: int | None = None,
+        output: str = "last",
+        chunk_size: int = 256,
+        private: bool = True,
+    ):
+        super().__init__(
+            divergence=divergence,
+            divergence_params=divergence_params,
+            lam=lam,
+            lr=lr,
+            dual_lr=dual_lr,
+            clip_x=clip_x,
+            loss_bound=loss_bound,
+            epochs=epochs,
+            steps=steps,
+            output=output,
+            chunk_size=chunk_size,
+        )
         self.private = bool(private)  # False: same clipped updates without noise (reference runs)
         self.batch_size = positive_int("batch_size", batch_size)
 
     def _planned_T(self, n: int) -> int:
         return max(1, math.ceil(self.epochs * n / min(self.batch_size, n)))
 
-    def inventory(self, *, n: int) -> Optional[Inventory]:
+    def inventory(self, *, n: int) -> Inventory | None:
         if not self.private:
             return None
         plan = BatchPlan(self.batch_size, n)
@@ -174,10 +225,12 @@ class DPSGDA(_PrimalDualBase):
         st = self._state
         r, x_t = st["r"], self._x()
         idx, batch = self._batch(self._sampler, ["x-grad", "p-grad"])
-        g_x = batch.gaussian("x-grad", self.x_grad_sum(idx, r=r, clip=self.clip_x), clip=self.clip_x,
-                             normalizer=self._plan.normalizer)
-        loss_hat = batch.gaussian("p-grad", self.loss_vector_sum(idx), clip=self.loss_bound,
-                                  normalizer=self._plan.normalizer / self._ctx.n)
+        g_x = batch.gaussian(
+            "x-grad", self.x_grad_sum(idx, r=r, clip=self.clip_x), clip=self.clip_x, normalizer=self._plan.normalizer
+        )
+        loss_hat = batch.gaussian(
+            "p-grad", self.loss_vector_sum(idx), clip=self.loss_bound, normalizer=self._plan.normalizer / self._ctx.n
+        )
         x_next = x_t - self.lr * g_x
         self._set_x(x_next)
         st["r"] = self._dual_step(r, loss_hat)
@@ -204,14 +257,40 @@ class PrivateDiff(_PrimalDualBase):
     name = "private-diff"
     summary = "PrivateDiff-style SPIDER descent-ascent on the primal-dual DRO form (reconstruction)"
 
-    def __init__(self, *, divergence: str = "kl", divergence_params: Optional[dict] = None, lam: float = 1e-3,
-                 q: int = 32, refresh_batch: int = 2048, batch_size: int = 128, lr: float = 0.1,
-                 dual_lr: float = 0.01, clip_x: float = 1.0, gamma_x: Optional[float] = 10.0,
-                 clip_x_diff: Optional[float] = None, loss_bound: float = 10.0, epochs: float = 20,
-                 steps: Optional[int] = None, output: str = "last", chunk_size: int = 256, private: bool = True):
-        super().__init__(divergence=divergence, divergence_params=divergence_params, lam=lam, lr=lr,
-                         dual_lr=dual_lr, clip_x=clip_x, loss_bound=loss_bound, epochs=epochs, steps=steps,
-                         output=output, chunk_size=chunk_size)
+    def __init__(
+        self,
+        *,
+        divergence: str = "kl",
+        divergence_params: dict | None = None,
+        lam: float = 1e-3,
+        q: int = 32,
+        refresh_batch: int = 2048,
+        batch_size: int = 128,
+        lr: float = 0.1,
+        dual_lr: float = 0.01,
+        clip_x: float = 1.0,
+        gamma_x: float | None = 10.0,
+        clip_x_diff: float | None = None,
+        loss_bound: float = 10.0,
+        epochs: float = 20,
+        steps: int | None = None,
+        output: str = "last",
+        chunk_size: int = 256,
+        private: bool = True,
+    ):
+        super().__init__(
+            divergence=divergence,
+            divergence_params=divergence_params,
+            lam=lam,
+            lr=lr,
+            dual_lr=dual_lr,
+            clip_x=clip_x,
+            loss_bound=loss_bound,
+            epochs=epochs,
+            steps=steps,
+            output=output,
+            chunk_size=chunk_size,
+        )
         self.private = bool(private)  # False: same clipped updates without noise (reference runs)
         self.q = positive_int("q", q)
         self.refresh_batch = positive_int("refresh_batch", refresh_batch)
@@ -224,20 +303,23 @@ class PrivateDiff(_PrimalDualBase):
     def _planned_T(self, n: int) -> int:
         return spider_steps(epochs=self.epochs, n=n, q=self.q, refresh=self.refresh_batch, correction=self.batch_size)
 
-    def inventory(self, *, n: int) -> Optional[Inventory]:
+    def inventory(self, *, n: int) -> Inventory | None:
         if not self.private:
             return None
         T = self._T_for(n)
         R = math.ceil(T / self.q)
         ref, dif = BatchPlan(self.refresh_batch, n), BatchPlan(self.batch_size, n)
-        steps = (PlannedStep(ref.sampling, (("x-refresh", 1.0), ("p-grad", 1.0)), R),
-                 PlannedStep(dif.sampling, (("x-diff", 1.0), ("p-grad", 1.0)), T - R))
+        steps = (
+            PlannedStep(ref.sampling, (("x-refresh", 1.0), ("p-grad", 1.0)), R),
+            PlannedStep(dif.sampling, (("x-diff", 1.0), ("p-grad", 1.0)), T - R),
+        )
         return Inventory(tuple(s for s in steps if s.count > 0))
 
     def setup(self, ctx) -> None:
         self._bind(ctx)
-        self._make_samplers({"refresh": BatchPlan(self.refresh_batch, ctx.n), "diff": BatchPlan(self.batch_size, ctx.n)},
-                            pairs=())
+        self._make_samplers(
+            {"refresh": BatchPlan(self.refresh_batch, ctx.n), "diff": BatchPlan(self.batch_size, ctx.n)}, pairs=()
+        )
         self._init_state(ctx.n)
 
     def step(self, t: int) -> dict[str, float]:
@@ -247,8 +329,9 @@ class PrivateDiff(_PrimalDualBase):
         if t % self.q == 0:
             plan = self._plans_["refresh"]
             idx, batch = self._batch(self._samplers["refresh"], ["x-refresh", "p-grad"])
-            v = batch.gaussian("x-refresh", self.x_grad_sum(idx, r=r, clip=self.clip_x), clip=self.clip_x,
-                               normalizer=plan.normalizer)
+            v = batch.gaussian(
+                "x-refresh", self.x_grad_sum(idx, r=r, clip=self.clip_x), clip=self.clip_x, normalizer=plan.normalizer
+            )
         else:
             plan = self._plans_["diff"]
             dist = max(float((x_t - st["x_prev"]).norm()), float((r - st["r_prev"]).abs().max()))
@@ -260,8 +343,9 @@ class PrivateDiff(_PrimalDualBase):
                 stat = self.x_diff_sum(idx, r=r, r_prev=st["r_prev"], x_prev=st["x_prev"], clip=c)
                 v = v + batch.gaussian("x-diff", stat, clip=c, normalizer=plan.normalizer)
                 logs["clip_x_diff"] = c
-        loss_hat = batch.gaussian("p-grad", self.loss_vector_sum(idx), clip=self.loss_bound,
-                                  normalizer=plan.normalizer / self._ctx.n)
+        loss_hat = batch.gaussian(
+            "p-grad", self.loss_vector_sum(idx), clip=self.loss_bound, normalizer=plan.normalizer / self._ctx.n
+        )
         x_next = x_t - self.lr * v
         self._set_x(x_next)
         st.update(x_prev=x_t, r_prev=r, v=v, r=self._dual_step(r, loss_hat))
@@ -287,11 +371,25 @@ class DPSGDJoint(_BatchAlgorithm):
     name = "dp-sgd-joint"
     summary = "DP-SGD on (x, eta) for the psi-dual DRO objective"
 
-    def __init__(self, *, divergence: str = "kl", divergence_params: Optional[dict] = None, lam: float = 1e-3,
-                 g_eta: float = 1.0, epochs: float = 20, batch_size: int = 128, lr: float = 0.1,
-                 eta_lr: float = 0.1, eta_init: Optional[float] = None, clip: float = 1.0,
-                 loss_bound: float = 10.0, exp_cap: Optional[float] = 30.0, momentum: float = 0.0,
-                 weight_decay: float = 0.0, chunk_size: int = 256):
+    def __init__(
+        self,
+        *,
+        divergence: str = "kl",
+        divergence_params: dict | None = None,
+        lam: float = 1e-3,
+        g_eta: float = 1.0,
+        epochs: float = 20,
+        batch_size: int = 128,
+        lr: float = 0.1,
+        eta_lr: float = 0.1,
+        eta_init: float | None = None,
+        clip: float = 1.0,
+        loss_bound: float = 10.0,
+        exp_cap: float | None = 30.0,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        chunk_size: int = 256,
+    ):
         super().__init__(epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay)
         self.divergence = divergence
         self.divergence_params = dict(divergence_params or {})
@@ -304,9 +402,13 @@ class DPSGDJoint(_BatchAlgorithm):
         self.eta_init = float(eta_init) if eta_init is not None else self.loss_bound / 2
         self.exp_cap = optional_positive("exp_cap", exp_cap)
         self.chunk_size = positive_int("chunk_size", chunk_size)
-        self._objective = DualObjective(divergence=get_divergence(divergence, **self.divergence_params),
-                                        lam=self.lam, g_eta=self.g_eta, a_max=self.exp_cap,
-                                        loss_bound=self.loss_bound)
+        self._objective = DualObjective(
+            divergence=get_divergence(divergence, **self.divergence_params),
+            lam=self.lam,
+            g_eta=self.g_eta,
+            a_max=self.exp_cap,
+            loss_bound=self.loss_bound,
+        )
         self._eta = self.eta_init
 
     def inventory(self, *, n: int) -> Inventory:
@@ -331,14 +433,16 @@ class DPSGDJoint(_BatchAlgorithm):
             # Pass 1 (no clipping): per-sample norms of the x-part a_i·∇ℓ_i and the losses. The
             # joint (d+1)-vector's norm adds the scalar η-part; pass 2 sums a_i·f_i·∇ℓ_i with the
             # joint clip factors f_i. Two engine passes beat materialising [B, d] gradients.
-            first = ctx.engine.clipped_sum(ctx.model, ctx.loss_fn, xb, yb, clip=math.inf,
-                                           weights=lambda losses: obj.x_weights(losses, eta))
+            first = ctx.engine.clipped_sum(
+                ctx.model, ctx.loss_fn, xb, yb, clip=math.inf, weights=lambda losses: obj.x_weights(losses, eta)
+            )
             a = obj.x_weights(first.losses, eta).to(torch.float64)
             b = obj.eta_grads(first.losses, eta).to(torch.float64)
             norms = torch.sqrt(first.norms.to(torch.float64).pow(2) + b.pow(2))
             f = torch.clamp(clip / norms.clamp_min(1e-300), max=1.0)
-            second = ctx.engine.clipped_sum(ctx.model, ctx.loss_fn, xb, yb, clip=math.inf,
-                                            weights=(a * f).to(first.losses.dtype))
+            second = ctx.engine.clipped_sum(
+                ctx.model, ctx.loss_fn, xb, yb, clip=math.inf, weights=(a * f).to(first.losses.dtype)
+            )
             total[:-1] += second.total.to(torch.float64)
             total[-1] += (b * f).sum()
         return total
@@ -348,8 +452,9 @@ class DPSGDJoint(_BatchAlgorithm):
         idx = self._sampler.sample()
         z = ctx.noise.get("grad", 1.0) if ctx.ledger is not None else 1.0
         batch = PrivateBatch(ctx.ledger, self._sampler.sampling, {"grad": z}, rng=ctx.noise_rng)
-        g = batch.gaussian("grad", self.joint_grad_sum(idx, eta=self._eta, clip=self.clip), clip=self.clip,
-                           normalizer=self.batch_size)
+        g = batch.gaussian(
+            "grad", self.joint_grad_sum(idx, eta=self._eta, clip=self.clip), clip=self.clip, normalizer=self.batch_size
+        )
         self._apply(g[:-1].to(torch.float32))
         self._eta = self._eta - self.eta_lr * float(g[-1])
         return {"eta": self._eta, "g_norm": float(g.norm())}
@@ -370,6 +475,13 @@ class ERM(SGD):
     private = False
     summary = "non-private ERM reference (minibatch SGD on the mean loss)"
 
-    def __init__(self, *, epochs: float = 20, batch_size: int = 128, lr: float = 0.1, momentum: float = 0.0,
-                 weight_decay: float = 0.0):
+    def __init__(
+        self,
+        *,
+        epochs: float = 20,
+        batch_size: int = 128,
+        lr: float = 0.1,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+    ):
         super().__init__(epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay)

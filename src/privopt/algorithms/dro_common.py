@@ -17,19 +17,20 @@ clipping, so none of it affects the privacy analysis:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Union
 
 import torch
 
 from privopt.algorithms.base import Algorithm, RunContext
-from privopt.validation import positive, positive_int
 from privopt.errors import ConfigError
-from privopt.grads.sums import batch_losses, chunked_clipped_sum, clipped_scalar_sum  # noqa: F401  (re-exported)
 from privopt.grads.flat import flat_params, params_from_flat, trainable_parameters
 from privopt.grads.release import PrivateBatch
+from privopt.grads.sums import batch_losses, chunked_clipped_sum, clipped_scalar_sum
 from privopt.privacy import FullBatch, Poisson
 from privopt.sampling import PoissonSampler
+from privopt.validation import positive, positive_int
 
 __all__ = [
     "BatchPlan",
@@ -109,7 +110,7 @@ def spider_steps(*, epochs: float, n: int, q: int, refresh: int, correction: int
 # ----------------------------------------------------------------------------- per-sample queries
 
 
-def step_clip(distance: float, *, gamma: Optional[float], cap: Optional[float]) -> float:
+def step_clip(distance: float, *, gamma: float | None, cap: float | None) -> float:
     """Clip threshold of a difference query (SPEC §8.4, E-A.10).
 
     ``gamma`` set: ``C_t = γ·distance`` (capped at ``cap`` when given) — step-proportional, a
@@ -151,17 +152,17 @@ class DROAlgorithm(Algorithm):
 
     share_batches: bool = False  # releases whose batches have equal sizes may share one sampled batch
 
-    def __init__(self, *, epochs: float, steps: Optional[int], output: str, chunk_size: int):
+    def __init__(self, *, epochs: float, steps: int | None, output: str, chunk_size: int):
         self.epochs = positive("epochs", epochs)
         self.steps = None if steps is None else positive_int("steps", steps)
         if output not in ("random", "last"):
             raise ConfigError(f"output must be 'random' or 'last', got {output!r}")
         self.output = output
         self.chunk_size = positive_int("chunk_size", chunk_size)
-        self._ctx: Optional[RunContext] = None
-        self._T: Optional[int] = None
-        self._tau: Optional[int] = None
-        self._saved: Optional[dict[str, Any]] = None
+        self._ctx: RunContext | None = None
+        self._T: int | None = None
+        self._tau: int | None = None
+        self._saved: dict[str, Any] | None = None
 
     # -- schedule --------------------------------------------------------------------------
     def _planned_T(self, n: int) -> int:
@@ -172,11 +173,11 @@ class DROAlgorithm(Algorithm):
         hp.pop("objective", None)  # a derived object, rebuilt from the divergence settings
         return hp
 
-    def _shared(self, a: str, b: str, plans: dict[str, "BatchPlan"]) -> bool:
+    def _shared(self, a: str, b: str, plans: dict[str, BatchPlan]) -> bool:
         """Whether releases ``a`` and ``b`` are made from one sampled batch (one accounting step)."""
         return self.share_batches and plans[a].normalizer == plans[b].normalizer
 
-    def _make_samplers(self, plans: dict[str, "BatchPlan"], *, pairs) -> None:
+    def _make_samplers(self, plans: dict[str, BatchPlan], *, pairs) -> None:
         """One sampler per release family; the second of each pair reuses the first's batches when
         :meth:`_shared` (the inventory then declares the two releases as one step)."""
         self._plans_ = plans
@@ -198,8 +199,7 @@ class DROAlgorithm(Algorithm):
         self._ctx = ctx
         self._T = self._T_for(ctx.n)
         # Output index τ ~ U{1..T}, drawn before any data access (data-independent).
-        self._tau = 1 + int(ctx.sampler_rng.randint(self._T, (1,))) \
-            if self.output == "random" else self._T
+        self._tau = 1 + int(ctx.sampler_rng.randint(self._T, (1,))) if self.output == "random" else self._T
         self._saved = None
 
     # -- noise ------------------------------------------------------------------------------
@@ -224,24 +224,41 @@ class DROAlgorithm(Algorithm):
                 p.copy_(flat[offset : offset + k].view_as(p).to(p.dtype))
                 offset += k
 
-    def _params(self, flat: Optional[torch.Tensor]):
+    def _params(self, flat: torch.Tensor | None):
         return None if flat is None else params_from_flat(self._ctx.model, flat)
 
     def _data(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self._ctx.x_train[idx], self._ctx.y_train[idx]
 
-    def _losses(self, idx: torch.Tensor, x: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def _losses(self, idx: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
         xb, yb = self._data(idx)
-        return batch_losses(self._ctx.model, self._ctx.loss_fn, xb, yb, params=self._params(x),
-                            chunk=self.chunk_size)
+        return batch_losses(self._ctx.model, self._ctx.loss_fn, xb, yb, params=self._params(x), chunk=self.chunk_size)
 
-    def _grad_sum(self, idx: torch.Tensor, *, clip: float, x: Optional[torch.Tensor] = None, weights: Weights = None,
-                  x_prev: Optional[torch.Tensor] = None, weights_prev: Weights = None) -> torch.Tensor:
+    def _grad_sum(
+        self,
+        idx: torch.Tensor,
+        *,
+        clip: float,
+        x: torch.Tensor | None = None,
+        weights: Weights = None,
+        x_prev: torch.Tensor | None = None,
+        weights_prev: Weights = None,
+    ) -> torch.Tensor:
         xb, yb = self._data(idx)
         ctx = self._ctx
-        return chunked_clipped_sum(ctx.engine, ctx.model, ctx.loss_fn, xb, yb, clip=clip, chunk=self.chunk_size,
-                                   params=self._params(x), weights=weights, params_prev=self._params(x_prev),
-                                   weights_prev=weights_prev)
+        return chunked_clipped_sum(
+            ctx.engine,
+            ctx.model,
+            ctx.loss_fn,
+            xb,
+            yb,
+            clip=clip,
+            chunk=self.chunk_size,
+            params=self._params(x),
+            weights=weights,
+            params_prev=self._params(x_prev),
+            weights_prev=weights_prev,
+        )
 
     # -- output iterate -----------------------------------------------------------------------
     def _maybe_save(self, index: int, x: torch.Tensor, **scalars: float) -> None:
@@ -257,7 +274,7 @@ class DROAlgorithm(Algorithm):
     def _load_output_scalars(self, saved: dict[str, Any]) -> None:
         """Subclasses restore the dual variable of the output iterate (η or λ) here."""
 
-    def output_iterate(self) -> Optional[dict[str, Any]]:
+    def output_iterate(self) -> dict[str, Any] | None:
         """The saved output iterate (``{"x": flat, ...scalars}``) once reached, else ``None``."""
         return self._saved
 

@@ -41,7 +41,7 @@ Deviations from the printed algorithm (all documented in SPEC §7.A):
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 
@@ -49,15 +49,15 @@ from privopt.algorithms.base import register_algorithm
 from privopt.algorithms.dro_common import (
     BatchPlan,
     DROAlgorithm,
-    initial_loss_scale,
     clipped_scalar_sum,
+    initial_loss_scale,
     spider_steps,
     step_clip,
 )
-from privopt.validation import auto_or_positive, optional_positive, positive, positive_int
 from privopt.errors import ConfigError
 from privopt.objectives.dual import DualObjective
 from privopt.privacy import Inventory, PlannedStep
+from privopt.validation import auto_or_positive, optional_positive, positive, positive_int
 
 __all__ = ["DPDoubleSPIDER"]
 
@@ -103,16 +103,38 @@ class DPDoubleSPIDER(DROAlgorithm):
     name = "dp-double-spider"
     summary = "DP Double-SPIDER (Paper A Alg. 2) on the psi-dual L(x, eta)"
 
-    def __init__(self, *, divergence: str = "kl", divergence_params: Optional[dict] = None, lam: float = 1e-3,
-                 g_eta: float = 1.0, q: int = 32, N1: int = 2048, N2: int = 128, N3: int = 2048, N4: int = 128,
-                 lr: float = 0.1, lr_norm: Union[None, str, float] = "auto", eta_lr: float = 0.1,
-                 eta_init: Optional[float] = None, eta_step_cap: Union[None, str, float] = "auto",
-                 clip_eta: float = 1.0, clip_x: float = 1.0,
-                 gamma_eta: Optional[float] = 10.0, gamma_x: Optional[float] = 10.0,
-                 clip_eta_diff: Optional[float] = None, clip_x_diff: Optional[float] = None,
-                 loss_bound: float = 10.0, exp_cap: Optional[float] = 30.0, share_batches: bool = True,
-                 epochs: float = 20, steps: Optional[int] = None, output: str = "random", chunk_size: int = 256,
-                 private: bool = True):
+    def __init__(
+        self,
+        *,
+        divergence: str = "kl",
+        divergence_params: dict | None = None,
+        lam: float = 1e-3,
+        g_eta: float = 1.0,
+        q: int = 32,
+        N1: int = 2048,
+        N2: int = 128,
+        N3: int = 2048,
+        N4: int = 128,
+        lr: float = 0.1,
+        lr_norm: str | float | None = "auto",
+        eta_lr: float = 0.1,
+        eta_init: float | None = None,
+        eta_step_cap: str | float | None = "auto",
+        clip_eta: float = 1.0,
+        clip_x: float = 1.0,
+        gamma_eta: float | None = 10.0,
+        gamma_x: float | None = 10.0,
+        clip_eta_diff: float | None = None,
+        clip_x_diff: float | None = None,
+        loss_bound: float = 10.0,
+        exp_cap: float | None = 30.0,
+        share_batches: bool = True,
+        epochs: float = 20,
+        steps: int | None = None,
+        output: str = "random",
+        chunk_size: int = 256,
+        private: bool = True,
+    ):
         super().__init__(epochs=epochs, steps=steps, output=output, chunk_size=chunk_size)
         self.private = bool(private)  # False: same clipped updates without noise (reference runs)
         self.divergence = divergence
@@ -141,8 +163,13 @@ class DPDoubleSPIDER(DROAlgorithm):
         self.exp_cap = optional_positive("exp_cap", exp_cap)
         self.share_batches = bool(share_batches)
         # Built now so a bad divergence fails at construction, not mid-run.
-        self.objective = DualObjective(divergence=self._divergence(), lam=self.lam, g_eta=self.g_eta,
-                                       a_max=self.exp_cap, loss_bound=self.loss_bound)
+        self.objective = DualObjective(
+            divergence=self._divergence(),
+            lam=self.lam,
+            g_eta=self.g_eta,
+            a_max=self.exp_cap,
+            loss_bound=self.loss_bound,
+        )
         self._state: dict[str, Any] = {}
 
     def _divergence(self):
@@ -155,10 +182,14 @@ class DPDoubleSPIDER(DROAlgorithm):
         return spider_steps(epochs=self.epochs, n=n, q=self.q, refresh=self.N3, correction=self.N4)
 
     def _plans(self, n: int) -> dict[str, BatchPlan]:
-        return {"eta-refresh": BatchPlan(self.N1, n), "x-refresh": BatchPlan(self.N3, n),
-                "eta-diff": BatchPlan(self.N2, n), "x-diff": BatchPlan(self.N4, n)}
+        return {
+            "eta-refresh": BatchPlan(self.N1, n),
+            "x-refresh": BatchPlan(self.N3, n),
+            "eta-diff": BatchPlan(self.N2, n),
+            "x-diff": BatchPlan(self.N4, n),
+        }
 
-    def inventory(self, *, n: int) -> Optional[Inventory]:
+    def inventory(self, *, n: int) -> Inventory | None:
         if not self.private:
             return None
         T = self._T_for(n)
@@ -169,8 +200,10 @@ class DPDoubleSPIDER(DROAlgorithm):
             if self._shared(a, b, plans):
                 steps.append(PlannedStep(plans[a].sampling, ((a, 1.0), (b, 1.0)), count))
             else:
-                steps += [PlannedStep(plans[a].sampling, ((a, 1.0),), count),
-                          PlannedStep(plans[b].sampling, ((b, 1.0),), count)]
+                steps += [
+                    PlannedStep(plans[a].sampling, ((a, 1.0),), count),
+                    PlannedStep(plans[b].sampling, ((b, 1.0),), count),
+                ]
         return Inventory(tuple(steps))
 
     # ------------------------------------------------------------------ setup & state
@@ -209,27 +242,49 @@ class DPDoubleSPIDER(DROAlgorithm):
     # ------------------------------------------------------------------ pre-noise statistics
     # Each returns the SUM over the batch of per-record clipped terms: its add/remove-one
     # sensitivity is the clip threshold (tested in tests/test_dro_sensitivity.py).
-    def eta_grad_sum(self, idx: torch.Tensor, *, x: Optional[torch.Tensor], eta: float, clip: float) -> torch.Tensor:
+    def eta_grad_sum(self, idx: torch.Tensor, *, x: torch.Tensor | None, eta: float, clip: float) -> torch.Tensor:
         """``Σ_{i∈idx} Clip(∇_η L(x, η; ξ_i), C)`` (1-element float64)."""
         losses = self._losses(idx, x)
         return clipped_scalar_sum(self.objective.eta_grads(losses, eta), clip)
 
-    def eta_diff_sum(self, idx: torch.Tensor, *, x: Optional[torch.Tensor], eta: float, x_prev: torch.Tensor,
-                     eta_prev: float, clip: float) -> torch.Tensor:
+    def eta_diff_sum(
+        self,
+        idx: torch.Tensor,
+        *,
+        x: torch.Tensor | None,
+        eta: float,
+        x_prev: torch.Tensor,
+        eta_prev: float,
+        clip: float,
+    ) -> torch.Tensor:
         """``Σ Clip(∇_η L(x, η; ξ_i) − ∇_η L(x_prev, η_prev; ξ_i), C)`` (1-element float64)."""
         now = self.objective.eta_grads(self._losses(idx, x), eta)
         before = self.objective.eta_grads(self._losses(idx, x_prev), eta_prev)
         return clipped_scalar_sum(now - before, clip)
 
-    def x_grad_sum(self, idx: torch.Tensor, *, x: Optional[torch.Tensor], eta: float, clip: float) -> torch.Tensor:
+    def x_grad_sum(self, idx: torch.Tensor, *, x: torch.Tensor | None, eta: float, clip: float) -> torch.Tensor:
         """``Σ Clip(∇_x L(x, η; ξ_i), C)`` with ``∇_x L = (ψ*)'((ℓ−g_η η)/λ)·∇ℓ`` ([d])."""
         return self._grad_sum(idx, clip=clip, x=x, weights=self.objective.weight_fn(eta))
 
-    def x_diff_sum(self, idx: torch.Tensor, *, x: Optional[torch.Tensor], eta: float, x_prev: torch.Tensor,
-                   eta_prev: float, clip: float) -> torch.Tensor:
+    def x_diff_sum(
+        self,
+        idx: torch.Tensor,
+        *,
+        x: torch.Tensor | None,
+        eta: float,
+        x_prev: torch.Tensor,
+        eta_prev: float,
+        clip: float,
+    ) -> torch.Tensor:
         """``Σ Clip(∇_x L(x, η; ξ_i) − ∇_x L(x_prev, η_prev; ξ_i), C)`` ([d])."""
-        return self._grad_sum(idx, clip=clip, x=x, weights=self.objective.weight_fn(eta), x_prev=x_prev,
-                              weights_prev=self.objective.weight_fn(eta_prev))
+        return self._grad_sum(
+            idx,
+            clip=clip,
+            x=x,
+            weights=self.objective.weight_fn(eta),
+            x_prev=x_prev,
+            weights_prev=self.objective.weight_fn(eta_prev),
+        )
 
     # ------------------------------------------------------------------ safeguards (post-processing)
     def _project_eta(self, eta: float) -> float:
@@ -256,21 +311,28 @@ class DPDoubleSPIDER(DROAlgorithm):
     def step(self, t: int) -> dict[str, float]:
         st = self._state
         x_t, eta_t = self._x(), float(st["eta"])
-        shared = {"refresh": self._samplers["x-refresh"] is self._samplers["eta-refresh"],
-                  "diff": self._samplers["x-diff"] is self._samplers["eta-diff"]}
+        shared = {
+            "refresh": self._samplers["x-refresh"] is self._samplers["eta-refresh"],
+            "diff": self._samplers["x-diff"] is self._samplers["eta-diff"],
+        }
         logs: dict[str, float] = {}
         if t % self.q == 0:
-            idx, batch = self._batch(self._samplers["eta-refresh"],
-                                     ["eta-refresh", "x-refresh"] if shared["refresh"] else ["eta-refresh"])
+            idx, batch = self._batch(
+                self._samplers["eta-refresh"], ["eta-refresh", "x-refresh"] if shared["refresh"] else ["eta-refresh"]
+            )
             self._last_batches["eta"] = idx
-            g = float(self._release("eta-refresh", batch, self.eta_grad_sum(idx, x=None, eta=eta_t, clip=self.clip_eta),
-                                    self.clip_eta))
+            g = float(
+                self._release(
+                    "eta-refresh", batch, self.eta_grad_sum(idx, x=None, eta=eta_t, clip=self.clip_eta), self.clip_eta
+                )
+            )
             eta_next = self._eta_step(eta_t, g)
             if not shared["refresh"]:
                 idx, batch = self._batch(self._samplers["x-refresh"], ["x-refresh"])
             self._last_batches["x"] = idx
-            v = self._release("x-refresh", batch, self.x_grad_sum(idx, x=None, eta=eta_next, clip=self.clip_x),
-                              self.clip_x)
+            v = self._release(
+                "x-refresh", batch, self.x_grad_sum(idx, x=None, eta=eta_next, clip=self.clip_x), self.clip_x
+            )
         else:
             x_prev, eta_prev = st["x_prev"], float(st["eta_prev"])
             dx = float((x_t - x_prev).norm())

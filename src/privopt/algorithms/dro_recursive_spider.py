@@ -49,7 +49,7 @@ output is a uniformly random iterate among the T produced (index drawn up front)
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 
@@ -57,15 +57,15 @@ from privopt.algorithms.base import register_algorithm
 from privopt.algorithms.dro_common import (
     BatchPlan,
     DROAlgorithm,
-    initial_loss_scale,
     clipped_scalar_sum,
+    initial_loss_scale,
     spider_steps,
     step_clip,
 )
-from privopt.validation import auto_or_positive, optional_positive, positive, positive_int, unit_interval
 from privopt.errors import ConfigError
 from privopt.objectives.compositional import KLCompositional
 from privopt.privacy import Inventory, PlannedStep
+from privopt.validation import auto_or_positive, optional_positive, positive, positive_int, unit_interval
 
 __all__ = ["DPRecursiveSPIDER", "SCDRO"]
 
@@ -114,18 +114,44 @@ class DPRecursiveSPIDER(DROAlgorithm):
     name = "dp-recursive-spider"
     summary = "DP Recursive-SPIDER (Paper A Alg. 3) on KL-constrained DRO"
 
-    def __init__(self, *, rho: float = 0.5, lam0: float = 1e-3, lam_init: float = 1.0, q: int = 32,
-                 b1: int = 2048, b2: int = 128, b3: int = 2048, b4: int = 128, s_batch: Optional[int] = None,
-                 lr: float = 0.01, lam_lr: Optional[float] = None, beta: float = 0.5, clip_v: float = 1.0,
-                 clip_u: float = 1.0, clip_s: float = 1.0, gamma_v: Optional[float] = 10.0,
-                 gamma_u: Optional[float] = 10.0, clip_v_diff: Optional[float] = None,
-                 clip_u_diff: Optional[float] = None, loss_bound: float = 10.0,
-                 shift: Union[None, str, float] = "adaptive", shift_offset: float = 1.0,
-                 lam_max: Union[None, str, float] = "auto", lam_step_frac: Optional[float] = 0.5,
-                 cap_v: bool = True, x_step_cap: Optional[float] = 1.0, s_min: Optional[float] = None,
-                 exp_cap: Optional[float] = 20.0, share_batches: bool = True, epochs: float = 20,
-                 steps: Optional[int] = None, output: str = "random", chunk_size: int = 256,
-                 private: bool = True):
+    def __init__(
+        self,
+        *,
+        rho: float = 0.5,
+        lam0: float = 1e-3,
+        lam_init: float = 1.0,
+        q: int = 32,
+        b1: int = 2048,
+        b2: int = 128,
+        b3: int = 2048,
+        b4: int = 128,
+        s_batch: int | None = None,
+        lr: float = 0.01,
+        lam_lr: float | None = None,
+        beta: float = 0.5,
+        clip_v: float = 1.0,
+        clip_u: float = 1.0,
+        clip_s: float = 1.0,
+        gamma_v: float | None = 10.0,
+        gamma_u: float | None = 10.0,
+        clip_v_diff: float | None = None,
+        clip_u_diff: float | None = None,
+        loss_bound: float = 10.0,
+        shift: str | float | None = "adaptive",
+        shift_offset: float = 1.0,
+        lam_max: str | float | None = "auto",
+        lam_step_frac: float | None = 0.5,
+        cap_v: bool = True,
+        x_step_cap: float | None = 1.0,
+        s_min: float | None = None,
+        exp_cap: float | None = 20.0,
+        share_batches: bool = True,
+        epochs: float = 20,
+        steps: int | None = None,
+        output: str = "random",
+        chunk_size: int = 256,
+        private: bool = True,
+    ):
         super().__init__(epochs=epochs, steps=steps, output=output, chunk_size=chunk_size)
         self.private = bool(private)  # False: same clipped updates without noise (reference runs)
         self.rho, self.lam0 = positive("rho", rho), positive("lam0", lam0)
@@ -139,8 +165,11 @@ class DPRecursiveSPIDER(DROAlgorithm):
         self.lr = positive("lr", lr)
         self.lam_lr = optional_positive("lam_lr", lam_lr)
         self.beta = unit_interval("beta", beta)
-        self.clip_v, self.clip_u, self.clip_s = (positive("clip_v", clip_v), positive("clip_u", clip_u),
-                                                 positive("clip_s", clip_s))
+        self.clip_v, self.clip_u, self.clip_s = (
+            positive("clip_v", clip_v),
+            positive("clip_u", clip_u),
+            positive("clip_s", clip_s),
+        )
         self.gamma_v, self.gamma_u = optional_positive("gamma_v", gamma_v), optional_positive("gamma_u", gamma_u)
         self.clip_v_diff = optional_positive("clip_v_diff", clip_v_diff)
         self.clip_u_diff = optional_positive("clip_u_diff", clip_u_diff)
@@ -152,8 +181,13 @@ class DPRecursiveSPIDER(DROAlgorithm):
             raise ConfigError(f"shift must be 'adaptive', a number or None, got {shift!r}")
         self.adaptive_shift = shift == "adaptive"
         self.exp_cap = optional_positive("exp_cap", exp_cap)
-        self.objective = KLCompositional(rho=self.rho, lam0=self.lam0, loss_bound=self.loss_bound,
-                                         shift=None if self.adaptive_shift else shift, a_max=self.exp_cap)
+        self.objective = KLCompositional(
+            rho=self.rho,
+            lam0=self.lam0,
+            loss_bound=self.loss_bound,
+            shift=None if self.adaptive_shift else shift,
+            a_max=self.exp_cap,
+        )
         self.shift = "adaptive" if self.adaptive_shift else self.objective.shift
         self.shift_offset = positive("shift_offset", shift_offset)
         lam_max = auto_or_positive("lam_max", lam_max)
@@ -173,10 +207,15 @@ class DPRecursiveSPIDER(DROAlgorithm):
         return spider_steps(epochs=self.epochs, n=n, q=self.q, refresh=self.b1, correction=self.b2)
 
     def _plans(self, n: int) -> dict[str, BatchPlan]:
-        return {"v-refresh": BatchPlan(self.b1, n), "u-refresh": BatchPlan(self.b3, n),
-                "v-diff": BatchPlan(self.b2, n), "u-diff": BatchPlan(self.b4, n), "s": BatchPlan(self.s_batch, n)}
+        return {
+            "v-refresh": BatchPlan(self.b1, n),
+            "u-refresh": BatchPlan(self.b3, n),
+            "v-diff": BatchPlan(self.b2, n),
+            "u-diff": BatchPlan(self.b4, n),
+            "s": BatchPlan(self.s_batch, n),
+        }
 
-    def inventory(self, *, n: int) -> Optional[Inventory]:
+    def inventory(self, *, n: int) -> Inventory | None:
         if not self.private:
             return None
         T = self._T_for(n)
@@ -185,17 +224,23 @@ class DPRecursiveSPIDER(DROAlgorithm):
         steps = []
         # Refreshes: the first one also releases the s_0 initialisation on the v-refresh batch.
         if self._shared("v-refresh", "u-refresh", p):
-            steps += [PlannedStep(p["v-refresh"].sampling, (("v-refresh", 1.0), ("u-refresh", 1.0), ("s", 1.0)), 1),
-                      PlannedStep(p["v-refresh"].sampling, (("v-refresh", 1.0), ("u-refresh", 1.0)), R - 1)]
+            steps += [
+                PlannedStep(p["v-refresh"].sampling, (("v-refresh", 1.0), ("u-refresh", 1.0), ("s", 1.0)), 1),
+                PlannedStep(p["v-refresh"].sampling, (("v-refresh", 1.0), ("u-refresh", 1.0)), R - 1),
+            ]
         else:
-            steps += [PlannedStep(p["v-refresh"].sampling, (("v-refresh", 1.0), ("s", 1.0)), 1),
-                      PlannedStep(p["v-refresh"].sampling, (("v-refresh", 1.0),), R - 1),
-                      PlannedStep(p["u-refresh"].sampling, (("u-refresh", 1.0),), R)]
+            steps += [
+                PlannedStep(p["v-refresh"].sampling, (("v-refresh", 1.0), ("s", 1.0)), 1),
+                PlannedStep(p["v-refresh"].sampling, (("v-refresh", 1.0),), R - 1),
+                PlannedStep(p["u-refresh"].sampling, (("u-refresh", 1.0),), R),
+            ]
         if self._shared("v-diff", "u-diff", p):
             steps.append(PlannedStep(p["v-diff"].sampling, (("v-diff", 1.0), ("u-diff", 1.0)), T - R))
         else:
-            steps += [PlannedStep(p["v-diff"].sampling, (("v-diff", 1.0),), T - R),
-                      PlannedStep(p["u-diff"].sampling, (("u-diff", 1.0),), T - R)]
+            steps += [
+                PlannedStep(p["v-diff"].sampling, (("v-diff", 1.0),), T - R),
+                PlannedStep(p["u-diff"].sampling, (("u-diff", 1.0),), T - R),
+            ]
         steps.append(PlannedStep(p["s"].sampling, (("s", 1.0),), T))
         return Inventory(tuple(s for s in steps if s.count > 0))
 
@@ -204,8 +249,15 @@ class DPRecursiveSPIDER(DROAlgorithm):
         self._bind(ctx)
         self._make_samplers(self._plans(ctx.n), pairs=(("v-refresh", "u-refresh"), ("v-diff", "u-diff")))
         c0 = initial_loss_scale(ctx) if self.adaptive_shift else self.objective.shift
-        self._state = {"lam": self.lam_init, "lam_prev": None, "x_prev": None, "v": None, "u": None, "s": None,
-                       "c": float(c0)}
+        self._state = {
+            "lam": self.lam_init,
+            "lam_prev": None,
+            "x_prev": None,
+            "v": None,
+            "u": None,
+            "s": None,
+            "c": float(c0),
+        }
         self._last_batches = {}
 
     def state_dict(self) -> dict[str, Any]:
@@ -236,16 +288,23 @@ class DPRecursiveSPIDER(DROAlgorithm):
     # ------------------------------------------------------------------ pre-noise statistics
     # Sums over the batch of per-record clipped terms (add/remove sensitivity = the threshold;
     # (2−β)·C for the STORM s-query).
-    def v_grad_sum(self, idx, *, x: Optional[torch.Tensor], lam: float, clip: float) -> torch.Tensor:
+    def v_grad_sum(self, idx, *, x: torch.Tensor | None, lam: float, clip: float) -> torch.Tensor:
         """``Σ Clip(∇_x h(w; ξ_i), C)`` with ``∇_x h = (h/λ)·∇ℓ`` ([d])."""
         return self._grad_sum(idx, clip=clip, x=x, weights=self.objective.h_weight_fn(lam, shift=self._c()))
 
-    def v_diff_sum(self, idx, *, x: Optional[torch.Tensor], lam: float, x_prev: torch.Tensor, lam_prev: float,
-                   clip: float) -> torch.Tensor:
+    def v_diff_sum(
+        self, idx, *, x: torch.Tensor | None, lam: float, x_prev: torch.Tensor, lam_prev: float, clip: float
+    ) -> torch.Tensor:
         """``Σ Clip(∇_x h(w; ξ_i) − ∇_x h(w_prev; ξ_i), C)`` ([d])."""
         c = self._c()
-        return self._grad_sum(idx, clip=clip, x=x, weights=self.objective.h_weight_fn(lam, shift=c), x_prev=x_prev,
-                              weights_prev=self.objective.h_weight_fn(lam_prev, shift=c))
+        return self._grad_sum(
+            idx,
+            clip=clip,
+            x=x,
+            weights=self.objective.h_weight_fn(lam, shift=c),
+            x_prev=x_prev,
+            weights_prev=self.objective.h_weight_fn(lam_prev, shift=c),
+        )
 
     def _h_lam(self, idx, x, lam) -> torch.Tensor:
         if idx.numel() == 0:
@@ -257,21 +316,31 @@ class DPRecursiveSPIDER(DROAlgorithm):
             return torch.zeros(0, dtype=torch.float64)
         return self.objective.h(self._losses(idx, x), lam, shift=self._c()).detach()
 
-    def u_grad_sum(self, idx, *, x: Optional[torch.Tensor], lam: float, clip: float) -> torch.Tensor:
+    def u_grad_sum(self, idx, *, x: torch.Tensor | None, lam: float, clip: float) -> torch.Tensor:
         """``Σ Clip(∇_λ h(w; ξ_i), C)`` (1-element float64)."""
         return clipped_scalar_sum(self._h_lam(idx, x, lam), clip)
 
-    def u_diff_sum(self, idx, *, x: Optional[torch.Tensor], lam: float, x_prev: torch.Tensor, lam_prev: float,
-                   clip: float) -> torch.Tensor:
+    def u_diff_sum(
+        self, idx, *, x: torch.Tensor | None, lam: float, x_prev: torch.Tensor, lam_prev: float, clip: float
+    ) -> torch.Tensor:
         """``Σ Clip(∇_λ h(w; ξ_i) − ∇_λ h(w_prev; ξ_i), C)`` (1-element float64)."""
         return clipped_scalar_sum(self._h_lam(idx, x, lam) - self._h_lam(idx, x_prev, lam_prev), clip)
 
-    def s_value_sum(self, idx, *, x: Optional[torch.Tensor], lam: float, clip: float) -> torch.Tensor:
+    def s_value_sum(self, idx, *, x: torch.Tensor | None, lam: float, clip: float) -> torch.Tensor:
         """``Σ Clip(h(w; ξ_i), C)`` (the s_0 initialisation; 1-element float64)."""
         return clipped_scalar_sum(self._h(idx, x, lam), clip)
 
-    def s_storm_sum(self, idx, *, x: Optional[torch.Tensor], lam: float, x_prev: torch.Tensor, lam_prev: float,
-                    beta: float, clip: float) -> torch.Tensor:
+    def s_storm_sum(
+        self,
+        idx,
+        *,
+        x: torch.Tensor | None,
+        lam: float,
+        x_prev: torch.Tensor,
+        lam_prev: float,
+        beta: float,
+        clip: float,
+    ) -> torch.Tensor:
         """``Σ [Clip(h(w; ξ_i), C) − (1−β)·Clip(h(w_prev; ξ_i), C)]`` (per record ≤ (2−β)C)."""
         now = self._h(idx, x, lam).clamp(-clip, clip)
         before = self._h(idx, x_prev, lam_prev).clamp(-clip, clip)
@@ -345,17 +414,25 @@ class DPRecursiveSPIDER(DROAlgorithm):
             names = ["v-refresh"] + (["u-refresh"] if shared else []) + (["s"] if t == 0 else [])
             idx, batch = self._batch(self._samplers["v-refresh"], names)
             self._last_batches["v"] = idx
-            v = self._release("v-refresh", batch, self.v_grad_sum(idx, x=None, lam=lam_t, clip=self.clip_v),
-                              self.clip_v)
+            v = self._release(
+                "v-refresh", batch, self.v_grad_sum(idx, x=None, lam=lam_t, clip=self.clip_v), self.clip_v
+            )
             if t == 0:
-                s0 = batch.gaussian("s", self.s_value_sum(idx, x=None, lam=lam_t, clip=self.clip_s),
-                                    clip=self.clip_s, normalizer=self._plans_["v-refresh"].normalizer)
+                s0 = batch.gaussian(
+                    "s",
+                    self.s_value_sum(idx, x=None, lam=lam_t, clip=self.clip_s),
+                    clip=self.clip_s,
+                    normalizer=self._plans_["v-refresh"].normalizer,
+                )
                 st["s"] = float(s0)
             if not shared:
                 idx, batch = self._batch(self._samplers["u-refresh"], ["u-refresh"])
             self._last_batches["u"] = idx
-            u = float(self._release("u-refresh", batch, self.u_grad_sum(idx, x=None, lam=lam_t, clip=self.clip_u),
-                                    self.clip_u))
+            u = float(
+                self._release(
+                    "u-refresh", batch, self.u_grad_sum(idx, x=None, lam=lam_t, clip=self.clip_u), self.clip_u
+                )
+            )
         else:
             v, u = st["v"], float(st["u"])
             dw = math.sqrt(float((x_t - x_prev).norm()) ** 2 + (lam_t - lam_prev) ** 2)
@@ -364,21 +441,32 @@ class DPRecursiveSPIDER(DROAlgorithm):
                 idx, batch = self._batch(self._samplers["v-diff"], ["v-diff", "u-diff"] if shared else ["v-diff"])
                 self._last_batches["v"] = idx
                 c2 = step_clip(dw, gamma=self.gamma_v, cap=self.clip_v_diff)
-                v = v + self._release("v-diff", batch, self.v_diff_sum(idx, x=None, lam=lam_t, x_prev=x_prev,
-                                                                       lam_prev=lam_prev, clip=c2), c2)
+                v = v + self._release(
+                    "v-diff",
+                    batch,
+                    self.v_diff_sum(idx, x=None, lam=lam_t, x_prev=x_prev, lam_prev=lam_prev, clip=c2),
+                    c2,
+                )
                 if not shared:
                     idx, batch = self._batch(self._samplers["u-diff"], ["u-diff"])
                 self._last_batches["u"] = idx
                 c4 = step_clip(dw, gamma=self.gamma_u, cap=self.clip_u_diff)
-                u = u + float(self._release("u-diff", batch, self.u_diff_sum(idx, x=None, lam=lam_t, x_prev=x_prev,
-                                                                             lam_prev=lam_prev, clip=c4), c4))
+                u = u + float(
+                    self._release(
+                        "u-diff",
+                        batch,
+                        self.u_diff_sum(idx, x=None, lam=lam_t, x_prev=x_prev, lam_prev=lam_prev, clip=c4),
+                        c4,
+                    )
+                )
                 logs.update(clip_v_diff=c2, clip_u_diff=c4)
         # STORM update of s on a fresh batch (the per-record term is bounded by (2 − β)·C5).
         idx, batch = self._batch(self._samplers["s"], ["s"])
         self._last_batches["s"] = idx
         bound = (2.0 - self.beta) * self.clip_s
-        stat = self.s_storm_sum(idx, x=None, lam=lam_t, x_prev=x_prev, lam_prev=lam_prev, beta=self.beta,
-                                clip=self.clip_s)
+        stat = self.s_storm_sum(
+            idx, x=None, lam=lam_t, x_prev=x_prev, lam_prev=lam_prev, beta=self.beta, clip=self.clip_s
+        )
         s_raw = float(self._release("s", batch, stat, bound)) + (1.0 - self.beta) * float(st["s"])
         lo, hi = self._s_range(lam_t)
         s = min(max(s_raw, lo), hi)
@@ -422,16 +510,57 @@ class SCDRO(DPRecursiveSPIDER):
     private = False
     summary = "non-private Recursive-SPIDER on KL-DRO (SCDRO reference)"
 
-    def __init__(self, *, rho: float = 0.5, lam0: float = 1e-3, lam_init: float = 0.5, q: int = 4,
-                 b1: int = 512, b2: int = 128, b3: int = 512, b4: int = 128, s_batch: int = 128,
-                 lr: float = 0.1, lam_lr: Optional[float] = 0.01, beta: float = 1.0, loss_bound: float = 10.0,
-                 shift: Union[None, str, float] = "adaptive", s_min: Optional[float] = None, share_batches: bool = True,
-                 epochs: float = 20, steps: Optional[int] = None, output: str = "last", chunk_size: int = 256):
-        super().__init__(rho=rho, lam0=lam0, lam_init=lam_init, q=q, b1=b1, b2=b2, b3=b3, b4=b4, s_batch=s_batch,
-                         lr=lr, lam_lr=lam_lr, beta=beta, gamma_v=None, gamma_u=None, clip_v_diff=1.0,
-                         clip_u_diff=1.0, loss_bound=loss_bound, shift=shift, s_min=s_min,
-                         share_batches=share_batches, epochs=epochs, steps=steps, output=output,
-                         chunk_size=chunk_size, private=False)
+    def __init__(
+        self,
+        *,
+        rho: float = 0.5,
+        lam0: float = 1e-3,
+        lam_init: float = 0.5,
+        q: int = 4,
+        b1: int = 512,
+        b2: int = 128,
+        b3: int = 512,
+        b4: int = 128,
+        s_batch: int = 128,
+        lr: float = 0.1,
+        lam_lr: float | None = 0.01,
+        beta: float = 1.0,
+        loss_bound: float = 10.0,
+        shift: str | float | None = "adaptive",
+        s_min: float | None = None,
+        share_batches: bool = True,
+        epochs: float = 20,
+        steps: int | None = None,
+        output: str = "last",
+        chunk_size: int = 256,
+    ):
+        super().__init__(
+            rho=rho,
+            lam0=lam0,
+            lam_init=lam_init,
+            q=q,
+            b1=b1,
+            b2=b2,
+            b3=b3,
+            b4=b4,
+            s_batch=s_batch,
+            lr=lr,
+            lam_lr=lam_lr,
+            beta=beta,
+            gamma_v=None,
+            gamma_u=None,
+            clip_v_diff=1.0,
+            clip_u_diff=1.0,
+            loss_bound=loss_bound,
+            shift=shift,
+            s_min=s_min,
+            share_batches=share_batches,
+            epochs=epochs,
+            steps=steps,
+            output=output,
+            chunk_size=chunk_size,
+            private=False,
+        )
         # No clipping: infinite thresholds make every clip factor 1 (engine and scalar sums).
         self.clip_v = self.clip_u = self.clip_s = self.clip_v_diff = self.clip_u_diff = math.inf
 

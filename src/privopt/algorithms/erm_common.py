@@ -11,15 +11,14 @@ and records keep working.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 import torch
 
 from privopt.algorithms.base import Algorithm, RunContext
 from privopt.errors import ConfigError, ModelError
-from privopt.validation import positive
 from privopt.objectives.erm import LogisticERM
+from privopt.validation import positive
 
 __all__ = ["LinearERMAlgorithm", "single_thread_blas"]
 
@@ -54,9 +53,9 @@ class LinearERMAlgorithm(Algorithm):
             raise ConfigError(f"l2 must be a finite number >= 0, got {l2!r}")
         self.l2 = float(l2)
         self.clip = positive("clip", clip)
-        self._ctx: Optional[RunContext] = None
-        self._param: Optional[torch.nn.Parameter] = None
-        self.problem: Optional[LogisticERM] = None
+        self._ctx: RunContext | None = None
+        self._param: torch.nn.Parameter | None = None
+        self.problem: LogisticERM | None = None
         self._grad_evals = 0
 
     def setup(self, ctx: RunContext) -> None:

@@ -32,16 +32,16 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
 
 from privopt.algorithms.base import register_algorithm
 from privopt.algorithms.erm_common import LinearERMAlgorithm, single_thread_blas
-from privopt.validation import positive, positive_int
 from privopt.privacy import FullBatch, Gaussian, Inventory, PlannedStep, SingleRecord, Step
 from privopt.sampling import single_record_draws
+from privopt.validation import positive, positive_int
 
 __all__ = ["DPSVRG", "DPSVRGPlusPlus", "svrg_inner_loop"]
 
@@ -98,15 +98,16 @@ def svrg_inner_loop(
 class _SVRGBase(LinearERMAlgorithm):
     doubling: bool = False
 
-    def __init__(self, *, epochs: int, inner: int, step_size: float, l2: float, clip: float,
-                 snapshot_noise_ratio: float):
+    def __init__(
+        self, *, epochs: int, inner: int, step_size: float, l2: float, clip: float, snapshot_noise_ratio: float
+    ):
         super().__init__(l2=l2, clip=clip)
         self.epochs = positive_int("epochs", epochs)
         self.inner = positive_int("inner", inner)
         self.step_size = positive("step_size", step_size)
         self.snapshot_noise_ratio = positive("snapshot_noise_ratio", snapshot_noise_ratio)
-        self._x_start: Optional[np.ndarray] = None
-        self._snapshot: Optional[np.ndarray] = None
+        self._x_start: np.ndarray | None = None
+        self._snapshot: np.ndarray | None = None
 
     # ------------------------------------------------------------------ privacy inventory
     def epoch_length(self, s: int) -> int:
@@ -120,10 +121,12 @@ class _SVRGBase(LinearERMAlgorithm):
         # Equal noise stds s1 = s2 (times the ratio): s1 = z_diff * 2C, s2 = z_snap * C / n,
         # hence z_snap / z_diff = 2 n * ratio.
         k = self.total_inner_steps()
-        return Inventory([
-            PlannedStep(SingleRecord(n), (("diff", 1.0),), k),
-            PlannedStep(FullBatch(), (("snapshot", 2.0 * n * self.snapshot_noise_ratio),), k),
-        ])
+        return Inventory(
+            [
+                PlannedStep(SingleRecord(n), (("diff", 1.0),), k),
+                PlannedStep(FullBatch(), (("snapshot", 2.0 * n * self.snapshot_noise_ratio),), k),
+            ]
+        )
 
     # ------------------------------------------------------------------ state
     def _start(self, w0: np.ndarray) -> None:
@@ -137,8 +140,7 @@ class _SVRGBase(LinearERMAlgorithm):
         return self.epochs
 
     def state_dict(self) -> dict[str, Any]:
-        return {"x_start": self._x_start.tolist(), "snapshot": self._snapshot.tolist(),
-                "grad_evals": self._grad_evals}
+        return {"x_start": self._x_start.tolist(), "snapshot": self._snapshot.tolist(), "grad_evals": self._grad_evals}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._x_start = np.asarray(state["x_start"], dtype=np.float64)
@@ -162,8 +164,10 @@ class _SVRGBase(LinearERMAlgorithm):
         if private:
             z_diff, z_snap = float(ctx.noise["diff"]), float(ctx.noise["snapshot"])
             std_diff, std_snap = z_diff * 2.0 * c, z_snap * c / n
-            steps = (Step(SingleRecord(n), (Gaussian(noise_multiplier=z_diff, name="diff"),)),
-                     Step(FullBatch(), (Gaussian(noise_multiplier=z_snap, name="snapshot"),)))
+            steps = (
+                Step(SingleRecord(n), (Gaussian(noise_multiplier=z_diff, name="diff"),)),
+                Step(FullBatch(), (Gaussian(noise_multiplier=z_snap, name="snapshot"),)),
+            )
         x, acc = self._x_start, np.zeros(prob.dim)
         for start in range(0, m, _BLOCK):
             k = min(_BLOCK, m - start)
@@ -177,8 +181,16 @@ class _SVRGBase(LinearERMAlgorithm):
                         ctx.ledger.record(st)
                 noise = ctx.noise_rng.normal((2, k, prob.dim), dtype=torch.float64).numpy()
                 drift = drift + std_diff * noise[0] + std_snap * noise[1]
-            x, block_sum = svrg_inner_loop(prob, x_start=x, snap_coef=snap_coef, indices=idx, counts=counts, drift=drift,
-                                           step_size=self.step_size, clip=c)
+            x, block_sum = svrg_inner_loop(
+                prob,
+                x_start=x,
+                snap_coef=snap_coef,
+                indices=idx,
+                counts=counts,
+                drift=drift,
+                step_size=self.step_size,
+                clip=c,
+            )
             acc += block_sum
             self._grad_evals += int(counts.sum())
         self._snapshot = acc / m
@@ -204,10 +216,19 @@ class DPSVRG(_SVRGBase):
     name = "dp-svrg"
     summary = "DP-SVRG: noisy proximal SVRG for strongly convex linear logistic ERM (Paper B)"
 
-    def __init__(self, *, epochs: int = 15, inner: int = 5000, step_size: float = 0.1, l2: float = 1e-2,
-                 clip: float = 1.0, snapshot_noise_ratio: float = 1.0):
-        super().__init__(epochs=epochs, inner=inner, step_size=step_size, l2=l2, clip=clip,
-                         snapshot_noise_ratio=snapshot_noise_ratio)
+    def __init__(
+        self,
+        *,
+        epochs: int = 15,
+        inner: int = 5000,
+        step_size: float = 0.1,
+        l2: float = 1e-2,
+        clip: float = 1.0,
+        snapshot_noise_ratio: float = 1.0,
+    ):
+        super().__init__(
+            epochs=epochs, inner=inner, step_size=step_size, l2=l2, clip=clip, snapshot_noise_ratio=snapshot_noise_ratio
+        )
 
 
 @register_algorithm
@@ -219,7 +240,16 @@ class DPSVRGPlusPlus(_SVRGBase):
     summary = "DP-SVRG++: noisy SVRG++ with doubling epochs for convex linear logistic ERM (Paper B)"
     doubling = True
 
-    def __init__(self, *, epochs: int = 15, inner: int = 10, step_size: float = 0.01, l2: float = 0.0,
-                 clip: float = 1.0, snapshot_noise_ratio: float = 1.0):
-        super().__init__(epochs=epochs, inner=inner, step_size=step_size, l2=l2, clip=clip,
-                         snapshot_noise_ratio=snapshot_noise_ratio)
+    def __init__(
+        self,
+        *,
+        epochs: int = 15,
+        inner: int = 10,
+        step_size: float = 0.01,
+        l2: float = 0.0,
+        clip: float = 1.0,
+        snapshot_noise_ratio: float = 1.0,
+    ):
+        super().__init__(
+            epochs=epochs, inner=inner, step_size=step_size, l2=l2, clip=clip, snapshot_noise_ratio=snapshot_noise_ratio
+        )

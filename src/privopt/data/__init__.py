@@ -19,8 +19,8 @@ from privopt.data.registry import (
     register_dataset,
     resolve_data_dir,
 )
-from privopt.sampling import DisjointPartition, PoissonSampler, WithoutReplacementSampler  # re-exported
 from privopt.data.splits import shard_by_label
+from privopt.sampling import DisjointPartition, PoissonSampler, WithoutReplacementSampler  # re-exported
 
 __all__ = [
     "Dataset",

@@ -15,7 +15,7 @@ Variants ("-ST" = imbalanced, Qi et al. 2022 / Zhang et al. 2025c):
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -34,19 +34,23 @@ FASHION = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shi
 # ------------------------------------------------------------------------------- transforms
 
 
-def select_classes(raw: RawData, classes: Optional[Sequence[int]]) -> RawData:
+def select_classes(raw: RawData, classes: Sequence[int] | None) -> RawData:
     """Keep only ``classes`` (labels renumbered 0..k-1 in the given order)."""
     if classes is None:
         return raw
     classes = list(classes)
-    if len(classes) < 2 or len(set(classes)) != len(classes) or any(
-        isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c < raw.num_classes for c in classes
+    if (
+        len(classes) < 2
+        or len(set(classes)) != len(classes)
+        or any(
+            isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c < raw.num_classes for c in classes
+        )
     ):
         raise ConfigError(f"classes must be >= 2 distinct labels in 0..{raw.num_classes - 1}, got {classes!r}")
     lut = np.full(raw.num_classes, -1, dtype=np.int64)
     lut[classes] = np.arange(len(classes))
 
-    def pick(p: Optional[Part]) -> Optional[Part]:
+    def pick(p: Part | None) -> Part | None:
         if p is None:
             return None
         q = p.take(np.flatnonzero(lut[p.y] >= 0))
@@ -73,7 +77,7 @@ def binarize(raw: RawData, positive: Sequence[int], description: str) -> RawData
     return raw
 
 
-def imbalance(raw: RawData, ctx: BuildContext, *, imratio: float, test_imratio: Optional[float]) -> RawData:
+def imbalance(raw: RawData, ctx: BuildContext, *, imratio: float, test_imratio: float | None) -> RawData:
     """Subsample so positives are ``imratio`` of the training split (and ``test_imratio`` of test)."""
     for name, value in (("imratio", imratio), ("test_imratio", test_imratio)):
         if value is not None and not (isinstance(value, (int, float)) and 0 < value < 1):
@@ -83,11 +87,15 @@ def imbalance(raw: RawData, ctx: BuildContext, *, imratio: float, test_imratio: 
     before = len(raw.train)
     raw.train = raw.train.take(positive_ratio_indices(raw.train.y, imratio, ctx.rng("imbalance-train")))
     prep = raw.meta.setdefault("preprocessing", [])
-    prep.append(f"training split subsampled from {before} to {len(raw.train)} records so positives are {imratio:g} of it")
+    prep.append(
+        f"training split subsampled from {before} to {len(raw.train)} records so positives are {imratio:g} of it"
+    )
     if test_imratio is not None:
         before = len(raw.test)
         raw.test = raw.test.take(positive_ratio_indices(raw.test.y, test_imratio, ctx.rng("imbalance-test")))
-        prep.append(f"test split subsampled from {before} to {len(raw.test)} records so positives are {test_imratio:g} of it")
+        prep.append(
+            f"test split subsampled from {before} to {len(raw.test)} records so positives are {test_imratio:g} of it"
+        )
     raw.meta["imratio"] = {"train": imratio, "test": test_imratio}
     return raw
 
@@ -99,33 +107,33 @@ _ST_DESC = "binary task: original labels 0-4 -> 0, 5-9 -> 1"
 
 
 @register_dataset("mnist")
-def _mnist(ctx: BuildContext, *, classes: Optional[Sequence[int]] = None) -> RawData:
+def _mnist(ctx: BuildContext, *, classes: Sequence[int] | None = None) -> RawData:
     """MNIST handwritten digits (IDX files in <data_dir>/mnist), 10 classes, [1, 28, 28]."""
     return select_classes(ctx.with_test(idx_source(ctx, folders=MNIST_FOLDERS, class_names=DIGITS)), classes)
 
 
 @register_dataset("fashion-mnist")
-def _fashion(ctx: BuildContext, *, classes: Optional[Sequence[int]] = None) -> RawData:
+def _fashion(ctx: BuildContext, *, classes: Sequence[int] | None = None) -> RawData:
     """Fashion-MNIST (IDX files in <data_dir>/fashion-mnist), 10 classes, used unmodified (SPEC E-A.22)."""
     return select_classes(ctx.with_test(idx_source(ctx, folders=FASHION_FOLDERS, class_names=FASHION)), classes)
 
 
 @register_dataset("mnist-st")
-def _mnist_st(ctx: BuildContext, *, imratio: float = 0.1, test_imratio: Optional[float] = 0.5) -> RawData:
+def _mnist_st(ctx: BuildContext, *, imratio: float = 0.1, test_imratio: float | None = 0.5) -> RawData:
     """MNIST-ST: binary 0-4 vs 5-9, positives subsampled to ``imratio`` of the training split."""
     raw = ctx.with_test(idx_source(ctx, folders=MNIST_FOLDERS, class_names=DIGITS))
     return imbalance(binarize(raw, range(5, 10), _ST_DESC), ctx, imratio=imratio, test_imratio=test_imratio)
 
 
 @register_dataset("cifar10")
-def _cifar10(ctx: BuildContext, *, classes: Optional[Sequence[int]] = None) -> RawData:
+def _cifar10(ctx: BuildContext, *, classes: Sequence[int] | None = None) -> RawData:
     """CIFAR-10 (binary batches in <data_dir>/cifar10), 10 classes, [3, 32, 32]."""
     return select_classes(ctx.with_test(cifar10_source(ctx)), classes)
 
 
 @register_dataset("cifar10-st")
 def _cifar10_st(
-    ctx: BuildContext, *, minority_count: Optional[int] = 100, minority_fraction: Optional[float] = None
+    ctx: BuildContext, *, minority_count: int | None = 100, minority_fraction: float | None = None
 ) -> RawData:
     """CIFAR10-ST: classes 0-4 keep only their last training images (paper: 100 each); test unchanged."""
     if (minority_count is None) == (minority_fraction is None):
@@ -133,9 +141,13 @@ def _cifar10_st(
             f"cifar10-st: set exactly one of minority_count / minority_fraction "
             f"(got {minority_count!r} / {minority_fraction!r}; pass minority_count=None to use a fraction)"
         )
-    if minority_count is not None and (isinstance(minority_count, bool) or not isinstance(minority_count, int) or minority_count < 1):
+    if minority_count is not None and (
+        isinstance(minority_count, bool) or not isinstance(minority_count, int) or minority_count < 1
+    ):
         raise ConfigError(f"cifar10-st: minority_count must be a positive integer, got {minority_count!r}")
-    if minority_fraction is not None and not (isinstance(minority_fraction, (int, float)) and 0 < minority_fraction <= 1):
+    if minority_fraction is not None and not (
+        isinstance(minority_fraction, (int, float)) and 0 < minority_fraction <= 1
+    ):
         raise ConfigError(f"cifar10-st: minority_fraction must be in (0, 1], got {minority_fraction!r}")
     raw = ctx.with_test(cifar10_source(ctx))
     y = raw.train.y
@@ -156,13 +168,13 @@ def _cifar10_st(
 
 
 @register_dataset("digits", needs_files=False)
-def _digits(ctx: BuildContext, *, classes: Optional[Sequence[int]] = None) -> RawData:
+def _digits(ctx: BuildContext, *, classes: Sequence[int] | None = None) -> RawData:
     """scikit-learn's 8x8 digits (1,797 images, 10 classes, [1, 8, 8]); no files needed."""
     return select_classes(ctx.with_test(sklearn_source("digits")), classes)
 
 
 @register_dataset("digits-st", needs_files=False)
-def _digits_st(ctx: BuildContext, *, imratio: float = 0.1, test_imratio: Optional[float] = 0.5) -> RawData:
+def _digits_st(ctx: BuildContext, *, imratio: float = 0.1, test_imratio: float | None = 0.5) -> RawData:
     """digits binarised 0-4 vs 5-9 and imbalanced like MNIST-ST (offline demo); no files needed."""
     raw = ctx.with_test(sklearn_source("digits"))
     return imbalance(binarize(raw, range(5, 10), _ST_DESC), ctx, imratio=imratio, test_imratio=test_imratio)
@@ -184,7 +196,7 @@ def _covertype(
     task: str = "binary",
     positive_class: int = 2,
     unit_norm: bool = False,
-    classes: Optional[Sequence[int]] = None,
+    classes: Sequence[int] | None = None,
 ) -> RawData:
     """UCI Covertype, 54 features; binary (Cover_Type == 2 vs rest, LIBSVM covtype.binary) or 7 classes."""
     if task not in ("binary", "multiclass"):
@@ -200,7 +212,10 @@ def _covertype(
     if task == "binary":
         y = (cover == positive_class).astype(np.int64)
         meta["class_names"] = ["other cover types", f"Cover_Type {positive_class}"]
-        meta["preprocessing"] = [f"binary label: 1 iff Cover_Type == {positive_class} (LIBSVM covtype.binary uses 2 = Lodgepole Pine vs rest)"]
+        meta["preprocessing"] = [
+            f"binary label: 1 iff Cover_Type == {positive_class} "
+            "(LIBSVM covtype.binary uses 2 = Lodgepole Pine vs rest)"
+        ]
         k = 2
     else:
         y = cover - 1
@@ -212,7 +227,7 @@ def _covertype(
 
 
 @register_dataset("adult")
-def _adult(ctx: BuildContext, *, group: Optional[str] = "sex", missing: str = "category") -> RawData:
+def _adult(ctx: BuildContext, *, group: str | None = "sex", missing: str = "category") -> RawData:
     """UCI Adult income (>50K = 1), numeric + one-hot features; groups by ``sex`` (or ``race``)."""
     return ctx.with_test(adult_source(ctx, group=group, missing=missing))
 

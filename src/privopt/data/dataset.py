@@ -4,7 +4,7 @@ dataset builders work with before the generic pipeline (splits, scaling, tensors
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,9 +37,9 @@ class Dataset:
     y_test: torch.Tensor
     num_classes: int
     input_shape: tuple[int, ...]
-    g_train: Optional[torch.Tensor] = None
-    g_val: Optional[torch.Tensor] = None
-    g_test: Optional[torch.Tensor] = None
+    g_train: torch.Tensor | None = None
+    g_val: torch.Tensor | None = None
+    g_test: torch.Tensor | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -59,7 +59,7 @@ class Dataset:
             raise ConfigError(f"unknown split {which!r}; use 'train', 'val' or 'test'")
         return getattr(self, f"x_{which}"), getattr(self, f"y_{which}")
 
-    def validate(self) -> "Dataset":
+    def validate(self) -> Dataset:
         """Check a dataset (e.g. one built from your own tensors) before training on it.
 
         Raises :class:`privopt.errors.DataError` naming the split and the problem: mismatched
@@ -86,13 +86,16 @@ class Dataset:
             if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
                 raise DataError(f"dataset {self.name!r}: the {split} split must hold torch tensors")
             if x.shape[0] != y.shape[0]:
-                raise DataError(f"dataset {self.name!r}: the {split} split has {x.shape[0]} feature rows but "
-                                f"{y.shape[0]} labels")
+                raise DataError(
+                    f"dataset {self.name!r}: the {split} split has {x.shape[0]} feature rows but {y.shape[0]} labels"
+                )
             if x.shape[0] == 0:
                 continue
             if tuple(x.shape[1:]) != tuple(self.input_shape):
-                raise DataError(f"dataset {self.name!r}: {split} features have shape {tuple(x.shape[1:])}, "
-                                f"expected input_shape {tuple(self.input_shape)}")
+                raise DataError(
+                    f"dataset {self.name!r}: {split} features have shape {tuple(x.shape[1:])}, "
+                    f"expected input_shape {tuple(self.input_shape)}"
+                )
             if not torch.isfinite(x).all():
                 raise DataError(f"dataset {self.name!r}: the {split} split has NaN or infinite feature values")
             if y.dtype.is_floating_point or y.dim() != 1:
@@ -114,9 +117,9 @@ class Part:
 
     x: np.ndarray
     y: np.ndarray
-    g: Optional[np.ndarray] = None
+    g: np.ndarray | None = None
 
-    def take(self, idx: np.ndarray) -> "Part":
+    def take(self, idx: np.ndarray) -> Part:
         return Part(self.x[idx], self.y[idx], None if self.g is None else self.g[idx])
 
     def __len__(self) -> int:
@@ -139,7 +142,7 @@ class RawData:
     """
 
     train: Part
-    test: Optional[Part]
+    test: Part | None
     kind: str
     num_classes: int
     x_scale: float = 1.0

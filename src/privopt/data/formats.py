@@ -130,9 +130,7 @@ def read_idx(path: str | os.PathLike, *, expect_ndim: int | None = None) -> np.n
     actual = len(raw) - header
     if actual != expected:
         problem = "truncated" if actual < expected else "has trailing bytes"
-        raise DataError(
-            f"{path}: IDX data {problem}: header dims {dims} need {expected} bytes, found {actual}"
-        )
+        raise DataError(f"{path}: IDX data {problem}: header dims {dims} need {expected} bytes, found {actual}")
     arr = np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims)
     return arr.astype(dtype.newbyteorder("="), copy=True)
 

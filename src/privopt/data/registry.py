@@ -20,9 +20,10 @@ import inspect
 import os
 import warnings
 import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -131,7 +132,7 @@ def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path:
 class BuildContext:
     """Handed to dataset builders: file lookup, seeded generators and test-split carving."""
 
-    def __init__(self, *, name: str, data_dir: Optional[str | os.PathLike], seed: int, test_fraction: Optional[float]):
+    def __init__(self, *, name: str, data_dir: str | os.PathLike | None, seed: int, test_fraction: float | None):
         self.name = name
         self._data_dir = data_dir
         self.seed = seed
@@ -154,7 +155,7 @@ class BuildContext:
         )
 
     @staticmethod
-    def find(folder: Path, names: Iterable[str]) -> Optional[Path]:
+    def find(folder: Path, names: Iterable[str]) -> Path | None:
         """The first of ``names`` (or ``name.gz``) present in ``folder``."""
         for n in names:
             for cand in (folder / n, folder / f"{n}.gz"):
@@ -173,7 +174,8 @@ class BuildContext:
             raw.meta.setdefault("test_split", "official test split")
             if self.test_fraction is not None:
                 warnings.warn(
-                    f"dataset {self.name!r} has an official test split; test_fraction={self.test_fraction} is not applied",
+                    f"dataset {self.name!r} has an official test split; "
+                    f"test_fraction={self.test_fraction} is not applied",
                     stacklevel=3,
                 )
                 raw.meta["test_fraction_ignored"] = self.test_fraction
@@ -191,7 +193,11 @@ class BuildContext:
 def _check_fraction(name: str, value: Any, *, allow_none: bool, allow_zero: bool) -> None:
     if value is None and allow_none:
         return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (0 <= value < 1 if allow_zero else 0 < value < 1)
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and (0 <= value < 1 if allow_zero else 0 < value < 1)
+    )
     if not ok:
         rng = "[0, 1)" if allow_zero else "(0, 1)"
         raise ConfigError(f"{name} must be a number in {rng}{' or None' if allow_none else ''}, got {value!r}")
@@ -203,9 +209,9 @@ def load_dataset(
     data_dir: str | os.PathLike | None = None,
     seed: int = 0,
     val_fraction: float = 0.0,
-    test_fraction: Optional[float] = None,
+    test_fraction: float | None = None,
     standardize: bool = True,
-    max_train: Optional[int] = None,
+    max_train: int | None = None,
     **options: Any,
 ) -> Dataset:
     """Load a registered dataset with seeded, deterministic splits.
@@ -247,7 +253,9 @@ def load_dataset(
         raise ConfigError(f"seed must be an integer, got {seed!r}")
     _check_fraction("val_fraction", val_fraction, allow_none=False, allow_zero=True)
     _check_fraction("test_fraction", test_fraction, allow_none=True, allow_zero=False)
-    if max_train is not None and (isinstance(max_train, bool) or not isinstance(max_train, (int, np.integer)) or max_train < 1):
+    if max_train is not None and (
+        isinstance(max_train, bool) or not isinstance(max_train, (int, np.integer)) or max_train < 1
+    ):
         raise ConfigError(f"max_train must be a positive integer or None, got {max_train!r}")
 
     ctx = BuildContext(name=name, data_dir=data_dir, seed=int(seed), test_fraction=test_fraction)
@@ -271,7 +279,9 @@ def _finish(raw: RawData, *, ctx: BuildContext, val_fraction: float, max_train, 
     if max_train is not None and max_train < len(train):
         before = len(train)
         train = train.take(stratified_subsample(train.y, int(max_train), ctx.rng("max-train")))
-        meta["max_train"] = f"training split subsampled from {before} to {len(train)} records (stratified, seed {ctx.seed})"
+        meta["max_train"] = (
+            f"training split subsampled from {before} to {len(train)} records (stratified, seed {ctx.seed})"
+        )
 
     # In-place arithmetic below: full CIFAR-10 is 600 MB as float32, so avoid extra copies.
     xs = {k: p.x.astype(np.float32) for k, p in (("train", train), ("val", val), ("test", test))}
@@ -293,7 +303,9 @@ def _finish(raw: RawData, *, ctx: BuildContext, val_fraction: float, max_train, 
             m = np.clip((xs[k] - lo) / span, 0.0, 1.0).reshape(xs[k].shape[0], int(np.prod(xs[k].shape[1:])))
             norms = np.linalg.norm(m, axis=1, keepdims=True)
             xs[k] = (m / np.where(norms > 0, norms, 1.0)).reshape(xs[k].shape).astype(np.float32)
-        prep.append("min-max scaled to [0, 1] with training min/max (val/test clipped), then rows scaled to unit L2 norm")
+        prep.append(
+            "min-max scaled to [0, 1] with training min/max (val/test clipped), then rows scaled to unit L2 norm"
+        )
         if standardize:
             prep.append("standardize=True not applied: unit_norm scaling replaces it")
     elif standardize:
@@ -305,7 +317,10 @@ def _finish(raw: RawData, *, ctx: BuildContext, val_fraction: float, max_train, 
             x -= mean.astype(np.float32)
             x /= std.astype(np.float32)
         unit = "channel" if raw.kind == "image" else "feature"
-        prep.append(f"standardised per {unit} with training-split mean/std" + (f" ({int(const.sum())} constant {unit}s left centred only)" if const.any() else ""))
+        prep.append(
+            f"standardised per {unit} with training-split mean/std"
+            + (f" ({int(const.sum())} constant {unit}s left centred only)" if const.any() else "")
+        )
         meta["standardization"] = {"mean": mean.ravel().tolist(), "std": std.ravel().tolist()}
     meta["preprocessing"] = prep
 

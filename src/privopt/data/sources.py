@@ -21,8 +21,14 @@ __all__ = ["idx_source", "cifar10_source", "covtype_source", "adult_source", "ce
 
 _IDX_NAMES = {
     # split -> (images names, labels names); the dotted variants are used by some official mirrors.
-    "train": (("train-images-idx3-ubyte", "train-images.idx3-ubyte"), ("train-labels-idx1-ubyte", "train-labels.idx1-ubyte")),
-    "test": (("t10k-images-idx3-ubyte", "t10k-images.idx3-ubyte"), ("t10k-labels-idx1-ubyte", "t10k-labels.idx1-ubyte")),
+    "train": (
+        ("train-images-idx3-ubyte", "train-images.idx3-ubyte"),
+        ("train-labels-idx1-ubyte", "train-labels.idx1-ubyte"),
+    ),
+    "test": (
+        ("t10k-images-idx3-ubyte", "t10k-images.idx3-ubyte"),
+        ("t10k-labels-idx1-ubyte", "t10k-labels.idx1-ubyte"),
+    ),
 }
 
 
@@ -35,7 +41,10 @@ def _no_train_note(meta: dict, split_name: str) -> None:
 
 def idx_source(ctx: BuildContext, *, folders: tuple[str, ...], class_names: list[str]) -> RawData:
     """MNIST-format IDX files: ``train-*`` and/or ``t10k-*`` image/label pairs (``.gz`` or not)."""
-    expected = "train-images-idx3-ubyte[.gz] + train-labels-idx1-ubyte[.gz] and/or t10k-images-idx3-ubyte[.gz] + t10k-labels-idx1-ubyte[.gz]"
+    expected = (
+        "train-images-idx3-ubyte[.gz] + train-labels-idx1-ubyte[.gz] and/or "
+        "t10k-images-idx3-ubyte[.gz] + t10k-labels-idx1-ubyte[.gz]"
+    )
     root = ctx.dataset_dir(folders, expected=expected)
     parts: dict[str, Part] = {}
     files: dict[str, int] = {}
@@ -78,7 +87,10 @@ def cifar10_source(ctx: BuildContext) -> RawData:
         elif "train" in low or "data_batch" in low:
             groups["train"].append(f)
         else:
-            raise DataError(f"{f}: cannot tell whether this CIFAR-10 batch is train or test data (name it *train*/data_batch_* or *test*)")
+            raise DataError(
+                f"{f}: cannot tell whether this CIFAR-10 batch is train or test data "
+                "(name it *train*/data_batch_* or *test*)"
+            )
     if not groups["train"] and not groups["test"]:
         raise DataError(f"{root}: no CIFAR-10 batch files found; expected {expected}")
     meta_file = root / "batches.meta.txt"
@@ -115,7 +127,9 @@ def covtype_source(ctx: BuildContext) -> tuple[np.ndarray, np.ndarray, dict]:
         if not cands:
             raise DataError(f"{root}: covtype file missing; expected {expected}")
         if len(cands) > 1:
-            raise DataError(f"{root}: several covtype files {[c.name for c in cands]}; keep one or name it covtype.data[.gz]")
+            raise DataError(
+                f"{root}: several covtype files {[c.name for c in cands]}; keep one or name it covtype.data[.gz]"
+            )
         path = cands[0]
     x, y = formats.read_covtype(path)
     return x, y, {"source": {"format": "UCI covtype.data", "files": {str(path): len(y)}}}
@@ -222,17 +236,26 @@ def celeba_source(ctx: BuildContext, *, target: str, group: str, groups: str) ->
         g, gnames = gattr, [f"not {group}", group]
     else:
         g = 2 * y + gattr
-        gnames = [f"not {target}, not {group}", f"not {target}, {group}", f"{target}, not {group}", f"{target}, {group}"]
+        gnames = [
+            f"not {target}, not {group}",
+            f"not {target}, {group}",
+            f"{target}, not {group}",
+            f"{target}, {group}",
+        ]
     counts = {str(k): int((part == k).sum()) for k in (0, 1, 2)}
     test_k = 2 if counts["2"] else 1
     if counts["0"] == 0 or counts[str(test_k)] == 0:
-        raise DataError(f"{attr_path}: needs rows of partition 0 (train) and of partition 1 or 2 (test); counts {counts}")
-    sel = lambda k: Part(x[part == k], y[part == k], g[part == k])  # noqa: E731
+        raise DataError(
+            f"{attr_path}: needs rows of partition 0 (train) and of partition 1 or 2 (test); counts {counts}"
+        )
+    sel = lambda k: Part(x[part == k], y[part == k], g[part == k])
     meta = {
         "source": {"format": "CelebA annotations", "files": {str(attr_path): len(ids), str(part_path): len(partition)}},
         "partition_counts": counts,
         "official_splits_present": ["train", "val"] + (["test"] if counts["2"] else []),
-        "test_split": "official test partition 2" if test_k == 2 else "official validation partition 1 (test rows absent)",
+        "test_split": "official test partition 2"
+        if test_k == 2
+        else "official validation partition 1 (test rows absent)",
         "stand_in": "attribute-only tabular stand-in for CelebA images: features are the 38 other binary attributes",
         "class_names": [f"not {target}", target],
         "feature_names": [names[j] for j in feat_idx],
@@ -241,7 +264,9 @@ def celeba_source(ctx: BuildContext, *, target: str, group: str, groups: str) ->
         "group_names": gnames,
     }
     if test_k == 2 and counts["1"]:
-        meta["unused"] = f"official validation partition 1 ({counts['1']} rows) is not used; carve val with val_fraction"
+        meta["unused"] = (
+            f"official validation partition 1 ({counts['1']} rows) is not used; carve val with val_fraction"
+        )
     return RawData(sel(0), sel(test_k), "tabular", 2, meta=meta)
 
 
@@ -254,7 +279,8 @@ def sklearn_source(which: str) -> RawData:
         x = b.images.astype(np.float64)[:, None, :, :]
         return RawData(
             Part(x, b.target.astype(np.int64)), None, "image", 10, x_scale=16.0,
-            meta={"source": {"format": "scikit-learn load_digits", "records": len(x)}, "class_names": [str(i) for i in range(10)]},
+            meta={"source": {"format": "scikit-learn load_digits", "records": len(x)},
+                  "class_names": [str(i) for i in range(10)]},
         )  # fmt: skip
     if which == "breast_cancer":
         b = skd.load_breast_cancer()

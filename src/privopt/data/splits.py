@@ -57,7 +57,7 @@ def stratified_subsample(y: np.ndarray, size: int, rng: np.random.Generator) -> 
     y = np.asarray(y)
     if size >= len(y):
         return np.arange(len(y))
-    classes, inverse = np.unique(y, return_inverse=True)
+    _classes, inverse = np.unique(y, return_inverse=True)
     take = _alloc(np.bincount(inverse), size)
     out = [rng.choice(np.flatnonzero(inverse == c), size=int(k), replace=False) for c, k in enumerate(take) if k]
     return np.sort(np.concatenate(out)) if out else np.zeros(0, dtype=np.int64)

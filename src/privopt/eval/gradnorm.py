@@ -13,8 +13,8 @@ only, never feed their output back into training.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -55,7 +55,9 @@ def _device(model: nn.Module) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
-def full_losses(model: nn.Module, loss_fn: LossFn, x: torch.Tensor, y: torch.Tensor, *, batch_size: int = 1024) -> torch.Tensor:
+def full_losses(
+    model: nn.Module, loss_fn: LossFn, x: torch.Tensor, y: torch.Tensor, *, batch_size: int = 1024
+) -> torch.Tensor:
     """Per-sample losses on the whole set, ``[n]`` float64 on CPU, computed in chunks without grad."""
     _check(x, y, batch_size)
     dev = _device(model)
@@ -129,7 +131,7 @@ def kl_dro_stats(
     lam0: float,
     rho: float,
     batch_size: int = 1024,
-    loss_bound: Optional[float] = None,
+    loss_bound: float | None = None,
 ) -> KLDROStats:
     """``Ψ_KL``, its minimising λ and ``‖∇_x Ψ_KL‖`` on ``(x, y)`` (see :func:`kl_dro_grad_norm`)."""
     obj = KLCompositional(rho=rho, lam0=lam0, loss_bound=loss_bound)
@@ -155,7 +157,7 @@ def kl_dro_grad_norm(
     lam0: float,
     rho: float,
     batch_size: int = 1024,
-    loss_bound: Optional[float] = None,
+    loss_bound: float | None = None,
 ) -> float:
     """``‖∇_x Ψ_KL(x)‖`` on the full training set, ``Ψ_KL(x) = min_{λ≥λ0} λ log mean e^{ℓ/λ} + λρ``.
 

@@ -11,7 +11,8 @@ statistical allowance, the unit test of SPEC §8.9 item 6 (Paper A's Table 2 vio
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Literal, Optional
+from collections.abc import Callable
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -173,7 +174,7 @@ def mia_report(
     num_se: float = 3.0,
     seed: int = 0,
     batch_size: int = 1024,
-    max_per_side: Optional[int] = None,
+    max_per_side: int | None = None,
 ) -> dict[str, Any]:
     """Run the attack and compare its AUC with the DP cap.
 

@@ -22,11 +22,21 @@ def experiment_modules() -> dict[str, tuple[ModuleType, str]]:
     return {name: (importlib.import_module(mod), h) for name, (mod, h) in sorted(_EXPERIMENTS.items())}
 
 
-register_experiment("dpsgd-vs-opacus", "privopt.experiments.dpsgd_opacus",
-                    "DP-SGD beside Opacus on MNIST (MLP-128, same setting)")
-register_experiment("dro-table3", "privopt.experiments.dro",
-                    "Paper A Table 3 / Figs 1-3: DP DRO methods, accuracy, AUC, F1, gradient norm, MIA")
-register_experiment("dro-mia", "privopt.experiments.dro",
-                    "Paper A Table 2: membership-inference AUC of the DP SPIDER methods vs the DP cap")
-register_experiment("erm-covertype", "privopt.experiments.erm_covertype",
-                    "Paper B Figs 1-2: DP-SVRG / DP-SVRG++ vs DP-GD optimality gap on Covertype")
+register_experiment(
+    "dpsgd-vs-opacus", "privopt.experiments.dpsgd_opacus", "DP-SGD beside Opacus on MNIST (MLP-128, same setting)"
+)
+register_experiment(
+    "dro-table3",
+    "privopt.experiments.dro",
+    "Paper A Table 3 / Figs 1-3: DP DRO methods, accuracy, AUC, F1, gradient norm, MIA",
+)
+register_experiment(
+    "dro-mia",
+    "privopt.experiments.dro",
+    "Paper A Table 2: membership-inference AUC of the DP SPIDER methods vs the DP cap",
+)
+register_experiment(
+    "erm-covertype",
+    "privopt.experiments.erm_covertype",
+    "Paper B Figs 1-2: DP-SVRG / DP-SVRG++ vs DP-GD optimality gap on Covertype",
+)

@@ -45,24 +45,32 @@ DEMO_HYPERPARAMETERS = {
 def _demo_budget(quick: bool):
     from privopt.experiments.dro import BUDGETS
 
-    return replace(BUDGETS["quick"], name="demo-quick" if quick else "demo", epochs=1 if quick else 10,
-                   eval_points=3 if quick else 8)
+    return replace(
+        BUDGETS["quick"],
+        name="demo-quick" if quick else "demo",
+        epochs=1 if quick else 10,
+        eval_points=3 if quick else 8,
+    )
 
 
 def format_runs_table(rows: list[dict[str, Any]]) -> str:
     """One line per run: method, target / spent ε, test metrics, gradient norm, MIA AUC and cap."""
-    head = ("| method | ε target | ε spent | δ | test acc | test AUC | test F1 | ‖∇ₓΨ_KL‖ | MIA AUC | DP cap | wall s |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|")
+    head = (
+        "| method | ε target | ε spent | δ | test acc | test AUC | test F1 | ‖∇ₓΨ_KL‖ | MIA AUC | DP cap | wall s |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|"
+    )
     lines = [head]
 
     def f(x, spec):
         return "–" if x is None else format(x, spec)
 
     for r in rows:
-        lines.append(f"| {r['label']} | {f(r['epsilon'], 'g')} | {f(r['epsilon_spent'], '.3f')} | {f(r['delta'], '.1e')} "
-                     f"| {f(r['test_accuracy'], '.4f')} | {f(r['test_auc'], '.4f')} | {f(r['test_f1'], '.4f')} "
-                     f"| {f(r['grad_norm'], '.3g')} | {f(r['mia_auc'], '.3f')} | {f(r['mia_bound'], '.3f')} "
-                     f"| {f(r['wall_s'], '.1f')} |")
+        lines.append(
+            f"| {r['label']} | {f(r['epsilon'], 'g')} | {f(r['epsilon_spent'], '.3f')} | {f(r['delta'], '.1e')} "
+            f"| {f(r['test_accuracy'], '.4f')} | {f(r['test_auc'], '.4f')} | {f(r['test_f1'], '.4f')} "
+            f"| {f(r['grad_norm'], '.3g')} | {f(r['mia_auc'], '.3f')} | {f(r['mia_bound'], '.3f')} "
+            f"| {f(r['wall_s'], '.1f')} |"
+        )
     return "\n".join(lines)
 
 
@@ -79,9 +87,17 @@ def run_demo(*, out_dir: str | Path = "runs/demo", progress: bool = True, quick:
     root = Path(out_dir) / time.strftime("%Y%m%d-%H%M%S")
     t0 = time.perf_counter()
     print(f"privopt demo — Paper A's DP DRO methods on digits-st (embedded); outputs in {root}", flush=True)
-    res = run_dro_table3(dataset="digits-st", epsilons=(1.0,) if quick else EPSILONS, seeds=1,
-                         budget=_demo_budget(quick), methods=TABLE3_METHODS, out_dir=root, progress=progress,
-                         tune=False, hyperparameters=DEMO_HYPERPARAMETERS)
+    res = run_dro_table3(
+        dataset="digits-st",
+        epsilons=(1.0,) if quick else EPSILONS,
+        seeds=1,
+        budget=_demo_budget(quick),
+        methods=TABLE3_METHODS,
+        out_dir=root,
+        progress=progress,
+        tune=False,
+        hyperparameters=DEMO_HYPERPARAMETERS,
+    )
     rows = [{k: v for k, v in r.items() if k != "history"} for r in res["rows"]]
     runs = format_runs_table(rows)
     atomic_write_text(root / "runs.md", runs + "\n")

@@ -30,8 +30,10 @@ def _mnist_subset(data_dir: str, n_train: int, n_test: int, seed: int):
 
     data = load_dataset("mnist", data_dir=data_dir, seed=seed, max_train=n_train)
     if data.x_train.shape[0] < n_train or data.x_test.shape[0] < n_test:
-        raise ConfigError(f"MNIST in {data_dir} has only {data.x_train.shape[0]} train / {data.x_test.shape[0]} "
-                          f"test images; need {n_train} / {n_test}")
+        raise ConfigError(
+            f"MNIST in {data_dir} has only {data.x_train.shape[0]} train / {data.x_test.shape[0]} "
+            f"test images; need {n_train} / {n_test}"
+        )
     data.x_test, data.y_test = data.x_test[:n_test], data.y_test[:n_test]
     return data
 
@@ -39,15 +41,24 @@ def _mnist_subset(data_dir: str, n_train: int, n_test: int, seed: int):
 def _run_privopt(data, *, epsilon, delta, epochs, batch_size, lr, clip, seed, out_dir: Path) -> dict[str, Any]:
     from privopt.training import train
 
-    cfg = RunConfig.from_dict({
-        "algorithm": "dp-sgd", "model": "mlp", "seed": seed, "dataset": "mnist",
-        "algorithm_params": {"epochs": epochs, "batch_size": batch_size, "lr": lr, "clip": clip},
-        "privacy": {"epsilon": epsilon, "delta": delta},
-    })
+    cfg = RunConfig.from_dict(
+        {
+            "algorithm": "dp-sgd",
+            "model": "mlp",
+            "seed": seed,
+            "dataset": "mnist",
+            "algorithm_params": {"epochs": epochs, "batch_size": batch_size, "lr": lr, "clip": clip},
+            "privacy": {"epsilon": epsilon, "delta": delta},
+        }
+    )
     t0 = time.perf_counter()
     rec = train(cfg, out_dir=out_dir, progress=False, dataset=data)
-    return {"test_accuracy": rec["metrics"]["test_accuracy"], "epsilon_spent": rec["privacy"]["epsilon_spent"],
-            "noise_multiplier": rec["calibration"]["noise_multipliers"]["grad"], "wall_s": time.perf_counter() - t0}
+    return {
+        "test_accuracy": rec["metrics"]["test_accuracy"],
+        "epsilon_spent": rec["privacy"]["epsilon_spent"],
+        "noise_multiplier": rec["calibration"]["noise_multipliers"]["grad"],
+        "wall_s": time.perf_counter() - t0,
+    }
 
 
 def _run_opacus(data, *, epsilon, delta, epochs, batch_size, lr, clip, seed) -> dict[str, Any]:
@@ -60,12 +71,19 @@ def _run_opacus(data, *, epsilon, delta, epochs, batch_size, lr, clip, seed) -> 
     torch.manual_seed(seed)
     model = build_model("mlp", input_shape=data.input_shape, num_classes=data.num_classes)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data.x_train, data.y_train),
-                                         batch_size=batch_size, shuffle=True)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(data.x_train, data.y_train), batch_size=batch_size, shuffle=True
+    )
     engine = PrivacyEngine()
     model, opt, loader = engine.make_private_with_epsilon(
-        module=model, optimizer=opt, data_loader=loader, target_epsilon=epsilon, target_delta=delta,
-        epochs=epochs, max_grad_norm=clip)
+        module=model,
+        optimizer=opt,
+        data_loader=loader,
+        target_epsilon=epsilon,
+        target_delta=delta,
+        epochs=epochs,
+        max_grad_norm=clip,
+    )
     t0 = time.perf_counter()
     loss_fn = nn.CrossEntropyLoss()
     for _ in range(epochs):
@@ -78,12 +96,29 @@ def _run_opacus(data, *, epsilon, delta, epochs, batch_size, lr, clip, seed) -> 
     model.eval()
     with torch.no_grad():
         acc = (model(data.x_test).argmax(1) == data.y_test).float().mean().item()
-    return {"test_accuracy": acc, "epsilon_spent": engine.get_epsilon(delta),
-            "noise_multiplier": opt.noise_multiplier, "wall_s": time.perf_counter() - t0}
+    return {
+        "test_accuracy": acc,
+        "epsilon_spent": engine.get_epsilon(delta),
+        "noise_multiplier": opt.noise_multiplier,
+        "wall_s": time.perf_counter() - t0,
+    }
 
 
-def run_comparison(*, data_dir: str, out_dir: str | Path, epsilons=(1.0, 8.0), seeds=3, epochs=20, batch_size=256,
-                   lr=0.5, clip=1.0, delta=1e-5, n_train=8000, n_test=2000, progress=True) -> list[dict[str, Any]]:
+def run_comparison(
+    *,
+    data_dir: str,
+    out_dir: str | Path,
+    epsilons=(1.0, 8.0),
+    seeds=3,
+    epochs=20,
+    batch_size=256,
+    lr=0.5,
+    clip=1.0,
+    delta=1e-5,
+    n_train=8000,
+    n_test=2000,
+    progress=True,
+) -> list[dict[str, Any]]:
     out = Path(out_dir)
     rows = []
     from tqdm.auto import tqdm
@@ -93,8 +128,11 @@ def run_comparison(*, data_dir: str, out_dir: str | Path, epsilons=(1.0, 8.0), s
     for eps, seed, lib in bar:
         data = _mnist_subset(data_dir, n_train, n_test, seed)
         kw = dict(epsilon=eps, delta=delta, epochs=epochs, batch_size=batch_size, lr=lr, clip=clip, seed=seed)
-        res = (_run_privopt(data, out_dir=out / f"privopt-eps{eps:g}-seed{seed}", **kw) if lib == "privopt"
-               else _run_opacus(data, **kw))
+        res = (
+            _run_privopt(data, out_dir=out / f"privopt-eps{eps:g}-seed{seed}", **kw)
+            if lib == "privopt"
+            else _run_opacus(data, **kw)
+        )
         rows.append({"library": lib, "epsilon": eps, "seed": seed, **res})
     summary = []
     for eps in epsilons:
@@ -102,14 +140,33 @@ def run_comparison(*, data_dir: str, out_dir: str | Path, epsilons=(1.0, 8.0), s
             accs = [r["test_accuracy"] for r in rows if r["epsilon"] == eps and r["library"] == lib]
             secs = [r["wall_s"] for r in rows if r["epsilon"] == eps and r["library"] == lib]
             zs = [r["noise_multiplier"] for r in rows if r["epsilon"] == eps and r["library"] == lib]
-            summary.append({"library": lib, "epsilon": eps, "mean_accuracy": statistics.mean(accs),
-                            "std_accuracy": statistics.pstdev(accs), "noise_multiplier": zs[0],
-                            "mean_wall_s": statistics.mean(secs)})
+            summary.append(
+                {
+                    "library": lib,
+                    "epsilon": eps,
+                    "mean_accuracy": statistics.mean(accs),
+                    "std_accuracy": statistics.pstdev(accs),
+                    "noise_multiplier": zs[0],
+                    "mean_wall_s": statistics.mean(secs),
+                }
+            )
     table = ["| library | ε | test accuracy (mean ± std) | noise multiplier | wall s/run |", "|---|---|---|---|---|"]
-    table += [f"| {s['library']} | {s['epsilon']:g} | {s['mean_accuracy']:.4f} ± {s['std_accuracy']:.4f} | "
-              f"{s['noise_multiplier']:.3f} | {s['mean_wall_s']:.1f} |" for s in summary]
-    settings = {"n_train": n_train, "n_test": n_test, "epochs": epochs, "batch_size": batch_size, "lr": lr,
-                "clip": clip, "delta": delta, "seeds": seeds, "model": "mlp (784-128-10)"}
+    table += [
+        f"| {s['library']} | {s['epsilon']:g} | {s['mean_accuracy']:.4f} ± {s['std_accuracy']:.4f} | "
+        f"{s['noise_multiplier']:.3f} | {s['mean_wall_s']:.1f} |"
+        for s in summary
+    ]
+    settings = {
+        "n_train": n_train,
+        "n_test": n_test,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "lr": lr,
+        "clip": clip,
+        "delta": delta,
+        "seeds": seeds,
+        "model": "mlp (784-128-10)",
+    }
     atomic_write_text(out / "results.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     atomic_write_json(out / "summary.json", {"settings": settings, "summary": summary})
     atomic_write_text(out / "table.md", "\n".join(table) + "\n")
@@ -130,10 +187,17 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    rows = run_comparison(data_dir=args.data_dir, out_dir=args.out,
-                          epsilons=tuple(float(e) for e in args.epsilons.split(",")), seeds=args.seeds,
-                          epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, clip=args.clip,
-                          progress=not args.json)
+    rows = run_comparison(
+        data_dir=args.data_dir,
+        out_dir=args.out,
+        epsilons=tuple(float(e) for e in args.epsilons.split(",")),
+        seeds=args.seeds,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        clip=args.clip,
+        progress=not args.json,
+    )
     if args.json:
         print(json.dumps(rows))
     return 0

@@ -65,8 +65,14 @@ def grad_norm_metric(*, model, loss_fn, data, record) -> dict[str, float]:
     return {"grad_norm": st.grad_norm, "dro_lam_star": st.lam_star, "dro_psi": st.psi}
 
 
-def class_matched_indices(y_members: torch.Tensor, y_non_members: torch.Tensor, *, num_classes: int,
-                          seed: int = 0, max_per_side: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def class_matched_indices(
+    y_members: torch.Tensor,
+    y_non_members: torch.Tensor,
+    *,
+    num_classes: int,
+    seed: int = 0,
+    max_per_side: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Indices of equally sized member / non-member subsets, both with the members' label mix.
 
     The common size N is the largest with ``round(N·p_c)`` records of every class c available on
@@ -106,11 +112,18 @@ def mia_metric(*, model, loss_fn, data, record) -> dict[str, float]:
     from privopt.eval.mia import dp_auc_bound, hanley_mcneil_se, mia_auc
 
     seed = int(record.get("seeds", {}).get("seed", 0))
-    im, inn = class_matched_indices(data.y_train, data.y_test, num_classes=data.num_classes, seed=seed,
-                                    max_per_side=MIA_MAX_PER_SIDE)
+    im, inn = class_matched_indices(
+        data.y_train, data.y_test, num_classes=data.num_classes, seed=seed, max_per_side=MIA_MAX_PER_SIDE
+    )
     im_t, in_t = torch.from_numpy(im), torch.from_numpy(inn)
-    auc = mia_auc(model, loss_fn, members=(data.x_train[im_t], data.y_train[im_t]),
-                  non_members=(data.x_test[in_t], data.y_test[in_t]), balance=False, seed=seed)
+    auc = mia_auc(
+        model,
+        loss_fn,
+        members=(data.x_train[im_t], data.y_train[im_t]),
+        non_members=(data.x_test[in_t], data.y_test[in_t]),
+        balance=False,
+        seed=seed,
+    )
     out = {"mia_auc": auc, "mia_n": float(len(im))}
     priv = record.get("privacy") or {}
     if priv.get("private"):

@@ -35,9 +35,10 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -66,9 +67,16 @@ class Budget:
 
 
 BUDGETS = {
-    "quick": Budget(runs=3, accountant="rdp", svrg_steps=(0.0003, 0.001, 0.003), gd_steps=(0.05, 0.1, 0.5), curve_points=60),
-    "paper": Budget(runs=10, accountant="pld", svrg_steps=(0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1),
-                    gd_steps=(0.01, 0.05, 0.1, 0.5, 1.0), curve_points=150),
+    "quick": Budget(
+        runs=3, accountant="rdp", svrg_steps=(0.0003, 0.001, 0.003), gd_steps=(0.05, 0.1, 0.5), curve_points=60
+    ),
+    "paper": Budget(
+        runs=10,
+        accountant="pld",
+        svrg_steps=(0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1),
+        gd_steps=(0.01, 0.05, 0.1, 0.5, 1.0),
+        curve_points=150,
+    ),
 }
 REG_L2 = 1e-2
 SVRG = dict(epochs=15, inner=5000)
@@ -86,11 +94,12 @@ def _find_covtype_file(data_dir: Path) -> Path:
         cands = sorted(p for p in folder.glob("covtype*.data*") if p.is_file())
         if cands:
             return cands[0]
-    raise DataError(f"no Covertype file (covtype*.data or covtype*.data.gz) found in {data_dir} "
-                    f"or {data_dir / 'covtype'}")
+    raise DataError(
+        f"no Covertype file (covtype*.data or covtype*.data.gz) found in {data_dir} or {data_dir / 'covtype'}"
+    )
 
 
-def load_covertype_binary(*, data_dir, n_train: Optional[int] = None, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def load_covertype_binary(*, data_dir, n_train: int | None = None, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Covertype as ±1 logistic-regression data with unit-norm rows (see the module docstring).
 
     Args:
@@ -118,8 +127,9 @@ def load_covertype_binary(*, data_dir, n_train: Optional[int] = None, seed: int 
 def _calibrate(algo: Algorithm, *, n: int, epsilon: float, delta: float, accountant: str):
     from privopt.privacy import calibrate
 
-    return calibrate(algo.inventory(n=n), epsilon=epsilon, delta=delta, neighbouring=NEIGHBOURING,
-                     accountant=accountant)
+    return calibrate(
+        algo.inventory(n=n), epsilon=epsilon, delta=delta, neighbouring=NEIGHBOURING, accountant=accountant
+    )
 
 
 def _sources(seed: int) -> dict:
@@ -128,19 +138,38 @@ def _sources(seed: int) -> dict:
     return {"noise_rng": srcs["noise"], "sampler_rng": srcs["sampler"]}
 
 
-def _run_once(algo: Algorithm, *, x: torch.Tensor, y: torch.Tensor, problem: LogisticERM, f_star: float,
-              noise: dict[str, float], delta: float, accountant: str, seed: int,
-              eval_every: int) -> dict[str, Any]:
+def _run_once(
+    algo: Algorithm,
+    *,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    problem: LogisticERM,
+    f_star: float,
+    noise: dict[str, float],
+    delta: float,
+    accountant: str,
+    seed: int,
+    eval_every: int,
+) -> dict[str, Any]:
     """Run one private optimisation; returns final gap, algorithm wall time and the gap curve."""
     from privopt.privacy import PrivacyLedger
 
     ledger = PrivacyLedger(delta=delta, neighbouring=NEIGHBOURING, accountant=accountant)
     model = torch.nn.Linear(x.shape[1], 1, bias=False, dtype=torch.float64)
     torch.nn.init.zeros_(model.weight)
-    ctx = RunContext(model=model, loss_fn=logistic_loss, x_train=x, y_train=y, engine=None, ledger=ledger,
-                     noise=dict(noise), **_sources(seed))
+    ctx = RunContext(
+        model=model,
+        loss_fn=logistic_loss,
+        x_train=x,
+        y_train=y,
+        engine=None,
+        ledger=ledger,
+        noise=dict(noise),
+        **_sources(seed),
+    )
     algo.setup(ctx)
     total = algo.num_steps()
+
     def gap() -> float:
         with single_thread_blas():
             return problem.objective(algo.output()) - f_star
@@ -154,14 +183,29 @@ def _run_once(algo: Algorithm, *, x: torch.Tensor, y: torch.Tensor, problem: Log
         if (t + 1) % eval_every == 0 or t + 1 == total:
             curve.append({"wall_s": wall, "passes": algo.passes, "gap": gap()})
     algo.finalize()
-    return {"gap": curve[-1]["gap"], "wall_s": wall, "passes": algo.passes,
-            "epsilon_spent": float(ledger.epsilon()), "curve": curve}
+    return {
+        "gap": curve[-1]["gap"],
+        "wall_s": wall,
+        "passes": algo.passes,
+        "epsilon_spent": float(ledger.epsilon()),
+        "curve": curve,
+    }
 
 
 # ------------------------------------------------------------------------------------ experiment
-def run_erm_covertype(*, data_dir, n_train: Optional[int] = None, epsilons: Sequence[float] = (0.2, 0.5, 1.0),
-                      delta: float = 1e-3, runs: Optional[int] = None, budget: str = "quick", out_dir,
-                      progress: bool = True, seed: int = 0, accountant: Optional[str] = None) -> list[dict]:
+def run_erm_covertype(
+    *,
+    data_dir,
+    n_train: int | None = None,
+    epsilons: Sequence[float] = (0.2, 0.5, 1.0),
+    delta: float = 1e-3,
+    runs: int | None = None,
+    budget: str = "quick",
+    out_dir,
+    progress: bool = True,
+    seed: int = 0,
+    accountant: str | None = None,
+) -> list[dict]:
     """Run both settings of Paper B's experiment and write results, plots and a summary.
 
     Args:
@@ -203,19 +247,36 @@ def run_erm_covertype(*, data_dir, n_train: Optional[int] = None, epsilons: Sequ
     log = (lambda msg: print(msg, flush=True)) if progress else (lambda msg: None)
 
     settings = {
-        "regularized": {"l2": REG_L2, "methods": [
-            *[("dp-svrg", lambda s: DPSVRG(l2=REG_L2, step_size=s, **SVRG), s) for s in b.svrg_steps],
-            *[("dp-gd", lambda s: DPGDERM(l2=REG_L2, iterations=GD_REG_ITERATIONS, step_size=s), s)
-              for s in b.gd_steps]]},
-        "unregularized": {"l2": 0.0, "methods": [
-            ("dp-svrg-pp", lambda s: DPSVRGPlusPlus(l2=0.0, **SVRG_PP), SVRG_PP["step_size"]),
-            ("dp-gd", lambda s: DPGDERM(l2=0.0, **GD_UNREG), GD_UNREG["step_size"])]},
+        "regularized": {
+            "l2": REG_L2,
+            "methods": [
+                *[("dp-svrg", lambda s: DPSVRG(l2=REG_L2, step_size=s, **SVRG), s) for s in b.svrg_steps],
+                *[
+                    ("dp-gd", lambda s: DPGDERM(l2=REG_L2, iterations=GD_REG_ITERATIONS, step_size=s), s)
+                    for s in b.gd_steps
+                ],
+            ],
+        },
+        "unregularized": {
+            "l2": 0.0,
+            "methods": [
+                ("dp-svrg-pp", lambda s: DPSVRGPlusPlus(l2=0.0, **SVRG_PP), SVRG_PP["step_size"]),
+                ("dp-gd", lambda s: DPGDERM(l2=0.0, **GD_UNREG), GD_UNREG["step_size"]),
+            ],
+        },
     }
     rows: list[dict] = []
-    meta: dict[str, Any] = {"n_train": n, "dim": int(feats.shape[1]), "delta": delta, "budget": budget, "runs": runs,
-                            "positive_class": f"Cover_Type == {POSITIVE_COVER_TYPE} (Lodgepole Pine)",
-                            "positive_share": float((labels > 0).mean()), "neighbouring": NEIGHBOURING,
-                            "accountant": accountant}
+    meta: dict[str, Any] = {
+        "n_train": n,
+        "dim": int(feats.shape[1]),
+        "delta": delta,
+        "budget": budget,
+        "runs": runs,
+        "positive_class": f"Cover_Type == {POSITIVE_COVER_TYPE} (Lodgepole Pine)",
+        "positive_share": float((labels > 0).mean()),
+        "neighbouring": NEIGHBOURING,
+        "accountant": accountant,
+    }
     results_path = out / "results.jsonl"
     with open(results_path, "w") as fh:
         for setting, spec in settings.items():
@@ -232,22 +293,47 @@ def run_erm_covertype(*, data_dir, n_train: Optional[int] = None, epsilons: Sequ
                     for r in range(runs):
                         algo = make(step)
                         eval_every = max(1, algo.num_steps() // b.curve_points)
-                        res = _run_once(algo, x=x_t, y=y_t, problem=problem, f_star=f_star, noise=cal.noise,
-                                        delta=delta, accountant=cal.accountant, seed=seed + r,
-                                        eval_every=eval_every)
-                        row = {"setting": setting, "method": method, "algorithm": algo.name, "epsilon": eps,
-                               "delta": delta, "run": r, "step_size": step, "gap": res["gap"],
-                               "wall_s": res["wall_s"], "passes": res["passes"],
-                               "epsilon_spent": res["epsilon_spent"], "noise_multipliers": dict(cal.noise),
-                               "accountant": cal.accountant, "f_star": f_star, "n_train": n, "l2": spec["l2"],
-                               "hyperparameters": algo.hyperparameters(), "curve": res["curve"]}
+                        res = _run_once(
+                            algo,
+                            x=x_t,
+                            y=y_t,
+                            problem=problem,
+                            f_star=f_star,
+                            noise=cal.noise,
+                            delta=delta,
+                            accountant=cal.accountant,
+                            seed=seed + r,
+                            eval_every=eval_every,
+                        )
+                        row = {
+                            "setting": setting,
+                            "method": method,
+                            "algorithm": algo.name,
+                            "epsilon": eps,
+                            "delta": delta,
+                            "run": r,
+                            "step_size": step,
+                            "gap": res["gap"],
+                            "wall_s": res["wall_s"],
+                            "passes": res["passes"],
+                            "epsilon_spent": res["epsilon_spent"],
+                            "noise_multipliers": dict(cal.noise),
+                            "accountant": cal.accountant,
+                            "f_star": f_star,
+                            "n_train": n,
+                            "l2": spec["l2"],
+                            "hyperparameters": algo.hyperparameters(),
+                            "curve": res["curve"],
+                        }
                         fh.write(json.dumps(row) + "\n")
                         fh.flush()
                         rows.append(row)
                         gaps.append(res["gap"])
-                    log(f"[{setting}] {method:10s} eps={eps:g} step={step:g}: gap {np.mean(gaps):.4g} "
+                    log(
+                        f"[{setting}] {method:10s} eps={eps:g} step={step:g}: gap {np.mean(gaps):.4g} "
                         f"± {np.std(gaps):.2g}, wall {res['wall_s']:.2f}s, passes {res['passes']:.1f}, "
-                        f"eps spent {res['epsilon_spent']:.4f}, z={ {k: round(v, 4) for k, v in cal.noise.items()} }")
+                        f"eps spent {res['epsilon_spent']:.4f}, z={ {k: round(v, 4) for k, v in cal.noise.items()} }"
+                    )
     summary = summarize(rows)
     summary["meta"] = meta
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -280,12 +366,19 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
     best: dict[tuple, dict] = {}
     for (setting, method, eps, step), rs in groups.items():
         gaps = np.array([r["gap"] for r in rs])
-        entry = {"setting": setting, "method": method, "epsilon": eps, "step_size": step, "runs": len(rs),
-                 "gap_mean": float(gaps.mean()), "gap_std": float(gaps.std()),
-                 "wall_s_mean": float(np.mean([r["wall_s"] for r in rs])),
-                 "passes": float(np.mean([r["passes"] for r in rs])),
-                 "epsilon_spent_max": float(max(r["epsilon_spent"] for r in rs)),
-                 "curve": _mean_curve([r["curve"] for r in rs])}
+        entry = {
+            "setting": setting,
+            "method": method,
+            "epsilon": eps,
+            "step_size": step,
+            "runs": len(rs),
+            "gap_mean": float(gaps.mean()),
+            "gap_std": float(gaps.std()),
+            "wall_s_mean": float(np.mean([r["wall_s"] for r in rs])),
+            "passes": float(np.mean([r["passes"] for r in rs])),
+            "epsilon_spent_max": float(max(r["epsilon_spent"] for r in rs)),
+            "curve": _mean_curve([r["curve"] for r in rs]),
+        }
         key = (setting, method, eps)
         if key not in best or entry["gap_mean"] < best[key]["gap_mean"]:
             best[key] = entry
@@ -296,16 +389,24 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         gd = best.get((setting, "dp-gd", eps))
         if gd is None:
             continue
-        comparisons.append({
-            "setting": setting, "method": method, "epsilon": eps,
-            "method_gap": e["gap_mean"], "method_wall_s": e["wall_s_mean"],
-            "dp_gd_gap_at_method_time": _gap_at(gd["curve"], "wall_s", e["wall_s_mean"]),
-            "dp_gd_gap_final": gd["gap_mean"], "dp_gd_wall_s": gd["wall_s_mean"],
-            "method_gap_at_dp_gd_time": _gap_at(e["curve"], "wall_s", gd["wall_s_mean"]),
-            "method_better_at_equal_time": bool(e["gap_mean"] < _gap_at(gd["curve"], "wall_s", e["wall_s_mean"])
-                                                if e["wall_s_mean"] <= gd["wall_s_mean"]
-                                                else _gap_at(e["curve"], "wall_s", gd["wall_s_mean"]) < gd["gap_mean"]),
-        })
+        comparisons.append(
+            {
+                "setting": setting,
+                "method": method,
+                "epsilon": eps,
+                "method_gap": e["gap_mean"],
+                "method_wall_s": e["wall_s_mean"],
+                "dp_gd_gap_at_method_time": _gap_at(gd["curve"], "wall_s", e["wall_s_mean"]),
+                "dp_gd_gap_final": gd["gap_mean"],
+                "dp_gd_wall_s": gd["wall_s_mean"],
+                "method_gap_at_dp_gd_time": _gap_at(e["curve"], "wall_s", gd["wall_s_mean"]),
+                "method_better_at_equal_time": bool(
+                    e["gap_mean"] < _gap_at(gd["curve"], "wall_s", e["wall_s_mean"])
+                    if e["wall_s_mean"] <= gd["wall_s_mean"]
+                    else _gap_at(e["curve"], "wall_s", gd["wall_s_mean"]) < gd["gap_mean"]
+                ),
+            }
+        )
     table = []
     for e in sorted(best.values(), key=lambda d: (d["setting"], d["epsilon"], d["method"])):
         t = {k: v for k, v in e.items() if k != "curve"}
@@ -318,25 +419,41 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     meta = summary.get("meta", {})
     lines = ["# Paper B on Covertype: DP-SVRG / DP-SVRG++ vs DP-GD", ""]
     if meta:
-        lines += [f"n = {meta['n_train']}, p = {meta['dim']}, delta = {meta['delta']}, budget = {meta['budget']}, "
-                  f"{meta['runs']} runs per configuration; positive class: {meta['positive_class']} "
-                  f"({100 * meta['positive_share']:.1f}% of rows); neighbouring: {meta['neighbouring']}; accountant: {meta['accountant']}.", ""]
-    lines += ["Best constant step size per method (chosen non-privately by mean final gap).", "",
-              "| setting | method | ε | step | gap (mean ± std) | wall s | passes | ε spent (max) |",
-              "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"n = {meta['n_train']}, p = {meta['dim']}, delta = {meta['delta']}, budget = {meta['budget']}, "
+            f"{meta['runs']} runs per configuration; positive class: {meta['positive_class']} "
+            f"({100 * meta['positive_share']:.1f}% of rows); neighbouring: {meta['neighbouring']}; "
+            f"accountant: {meta['accountant']}.",
+            "",
+        ]
+    lines += [
+        "Best constant step size per method (chosen non-privately by mean final gap).",
+        "",
+        "| setting | method | ε | step | gap (mean ± std) | wall s | passes | ε spent (max) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for e in summary["best"]:
-        lines.append(f"| {e['setting']} | {e['method']} | {e['epsilon']:g} | {e['step_size']:g} | "
-                     f"{e['gap_mean']:.4g} ± {e['gap_std']:.2g} | {e['wall_s_mean']:.2f} | {e['passes']:.1f} | "
-                     f"{e['epsilon_spent_max']:.4f} |")
-    lines += ["", "Equal-time comparison (mean curves): the gap DP-GD reaches within the method's wall time, "
-              "and the method's gap within DP-GD's wall time.", "",
-              "| setting | method | ε | method gap (its time s) | DP-GD gap at that time | DP-GD final gap (its time s) "
-              "| method gap at DP-GD time | method better at equal time |", "|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {e['setting']} | {e['method']} | {e['epsilon']:g} | {e['step_size']:g} | "
+            f"{e['gap_mean']:.4g} ± {e['gap_std']:.2g} | {e['wall_s_mean']:.2f} | {e['passes']:.1f} | "
+            f"{e['epsilon_spent_max']:.4f} |"
+        )
+    lines += [
+        "",
+        "Equal-time comparison (mean curves): the gap DP-GD reaches within the method's wall time, "
+        "and the method's gap within DP-GD's wall time.",
+        "",
+        "| setting | method | ε | method gap (its time s) | DP-GD gap at that time | DP-GD final gap (its time s) "
+        "| method gap at DP-GD time | method better at equal time |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for c in summary["comparisons"]:
-        lines.append(f"| {c['setting']} | {c['method']} | {c['epsilon']:g} | {c['method_gap']:.4g} "
-                     f"({c['method_wall_s']:.2f}) | {c['dp_gd_gap_at_method_time']:.4g} | {c['dp_gd_gap_final']:.4g} "
-                     f"({c['dp_gd_wall_s']:.2f}) | {c['method_gap_at_dp_gd_time']:.4g} | "
-                     f"{'yes' if c['method_better_at_equal_time'] else 'no'} |")
+        lines.append(
+            f"| {c['setting']} | {c['method']} | {c['epsilon']:g} | {c['method_gap']:.4g} "
+            f"({c['method_wall_s']:.2f}) | {c['dp_gd_gap_at_method_time']:.4g} | {c['dp_gd_gap_final']:.4g} "
+            f"({c['dp_gd_wall_s']:.2f}) | {c['method_gap_at_dp_gd_time']:.4g} | "
+            f"{'yes' if c['method_better_at_equal_time'] else 'no'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -394,17 +511,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=None, help="runs per configuration (default: 3 quick, 10 paper)")
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="quick")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--accountant", choices=("rdp", "pld"), default=None,
-                        help="accountant for calibration (default: rdp for quick, pld for paper)")
+    parser.add_argument(
+        "--accountant",
+        choices=("rdp", "pld"),
+        default=None,
+        help="accountant for calibration (default: rdp for quick, pld for paper)",
+    )
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
 def main(args: argparse.Namespace) -> int:
     """Entry point for the parsed arguments; prints the Markdown summary (or JSON with --json)."""
-    run_erm_covertype(data_dir=args.data_dir, n_train=args.n_train, epsilons=args.epsilons, delta=args.delta,
-                      runs=args.runs, budget=args.budget, out_dir=args.out, progress=not args.json, seed=args.seed,
-                      accountant=args.accountant)
+    run_erm_covertype(
+        data_dir=args.data_dir,
+        n_train=args.n_train,
+        epsilons=args.epsilons,
+        delta=args.delta,
+        runs=args.runs,
+        budget=args.budget,
+        out_dir=args.out,
+        progress=not args.json,
+        seed=args.seed,
+        accountant=args.accountant,
+    )
     out = Path(args.out)
     if args.json:
         summary = json.loads((out / "summary.json").read_text())

@@ -21,8 +21,9 @@ Conventions shared by all engines:
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Mapping, Optional, Union
+from typing import ClassVar, Union
 
 import torch
 from torch import nn
@@ -65,7 +66,7 @@ class ClippedSum:
     total: torch.Tensor
     norms: torch.Tensor
     losses: torch.Tensor
-    losses_prev: Optional[torch.Tensor]
+    losses_prev: torch.Tensor | None
     clip: float
 
     @property
@@ -90,7 +91,7 @@ def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
     return torch.clamp(clip / norms.clamp_min(1e-12), max=1.0)
 
 
-def resolve_weights(weights: Weights, losses: torch.Tensor) -> Optional[torch.Tensor]:
+def resolve_weights(weights: Weights, losses: torch.Tensor) -> torch.Tensor | None:
     """Turn ``weights`` (None, tensor or callable of the losses) into a ``[B]`` tensor or None."""
     if weights is None:
         return None
@@ -114,7 +115,7 @@ class GradEngine(abc.ABC):
         inputs: torch.Tensor,
         targets: torch.Tensor,
         *,
-        params: Optional[Params] = None,
+        params: Params | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-sample losses ``[B]`` and flat per-sample gradients ``[B, d]``."""
 
@@ -127,9 +128,9 @@ class GradEngine(abc.ABC):
         targets: torch.Tensor,
         *,
         clip: float,
-        params: Optional[Params] = None,
+        params: Params | None = None,
         weights: Weights = None,
-        params_prev: Optional[Params] = None,
+        params_prev: Params | None = None,
         weights_prev: Weights = None,
     ) -> ClippedSum:
         """Sum of per-sample terms clipped to ``clip``.
@@ -159,7 +160,7 @@ class VmapEngine(GradEngine):
     def per_sample_grads(self, model, loss_fn, inputs, targets, *, params=None):
         params = dict(params) if params is not None else current_params(model)
         names = list(params)
-        buffers = {n: b for n, b in model.named_buffers()}
+        buffers = dict(model.named_buffers())
 
         def one_loss(p, x, y):
             out = functional_call(model, ({**p}, buffers), (x.unsqueeze(0),))

@@ -108,9 +108,7 @@ class _Piece:
     def dense(self) -> torch.Tensor:  # [B, numel], scaled
         raise NotImplementedError
 
-    def weighted_sum(
-        self, coef: torch.Tensor
-    ) -> torch.Tensor:  # sum_i coef_i * scale_i * grad_i
+    def weighted_sum(self, coef: torch.Tensor) -> torch.Tensor:  # sum_i coef_i * scale_i * grad_i
         raise NotImplementedError
 
     def _coef(self, coef: torch.Tensor) -> torch.Tensor:
@@ -173,9 +171,7 @@ class _Pair(_Piece):
     def A(self, sl: slice) -> torch.Tensor:
         return self._A[sl]
 
-    def materialize_raw(
-        self, sl: slice
-    ) -> torch.Tensor:  # [b, numel], NOT scaled, freshly allocated
+    def materialize_raw(self, sl: slice) -> torch.Tensor:  # [b, numel], NOT scaled, freshly allocated
         G = self._G[sl]
         return torch.matmul(G, self.A(sl).transpose(2, 3)).reshape(G.shape[0], -1)
 
@@ -254,9 +250,7 @@ class _ConvPair(_Pair):
         (sh, sw), (dh, dw) = self.stride, self.dilation
         ho, wo = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
         s0, s1, s2, s3 = x.stride()
-        view = x.as_strided(
-            (b, c, kh, kw, ho, wo), (s0, s1, s2 * dh, s3 * dw, s2 * sh, s3 * sw)
-        )
+        view = x.as_strided((b, c, kh, kw, ho, wo), (s0, s1, s2 * dh, s3 * dw, s2 * sh, s3 * sw))
         return view.reshape(b, self.groups, self.q, ho * wo)
 
     def _wgrad(self, go, x, groups):
@@ -302,9 +296,7 @@ class _Emb(_Piece):
 
     kind = "emb"
 
-    def __init__(
-        self, idx: torch.Tensor, G: torch.Tensor, num: int, padding_idx: int | None
-    ):
+    def __init__(self, idx: torch.Tensor, G: torch.Tensor, num: int, padding_idx: int | None):
         B = idx.shape[0]
         self.idx, self.G, self.num = (
             idx.reshape(B, -1),
@@ -321,9 +313,7 @@ class _Emb(_Piece):
     def dense(self):
         B, _T, D = self.G.shape
         out = self.G.new_zeros(B * self.num, D)
-        keys = (
-            torch.arange(B, device=self.idx.device).unsqueeze(1) * self.num + self.idx
-        ).reshape(-1)
+        keys = (torch.arange(B, device=self.idx.device).unsqueeze(1) * self.num + self.idx).reshape(-1)
         out.index_add_(0, keys, self.scaled_G().reshape(-1, D))
         return out.reshape(B, -1)
 
@@ -352,9 +342,7 @@ class _Keep:
     ) -> torch.Tensor | None:
         # A block bigger than the activations it replaces would raise peak memory: keep it only
         # when it is small in absolute terms.
-        if numel > self.left or (
-            captured is not None and numel > max(captured, _SMALL_KEEP_ELEMS)
-        ):
+        if numel > self.left or (captured is not None and numel > max(captured, _SMALL_KEEP_ELEMS)):
             return None
         self.left -= numel
         block = make()
@@ -370,9 +358,7 @@ def _sq_norms(name: str, pieces: list[_Piece], B: int, keep: _Keep) -> torch.Ten
     if kinds == {"emb"}:
         return _emb_sq_norms(pieces, B)
 
-    total = keep.offer(
-        name, lambda: _sum_dense(pieces), B * int(pieces[0].shape.numel())
-    )
+    total = keep.offer(name, lambda: _sum_dense(pieces), B * int(pieces[0].shape.numel()))
     if total is None:
         total = _sum_dense(pieces)
     return _row_sq(total)
@@ -410,16 +396,8 @@ def _pair_sq_norms(name: str, pieces: list[_Pair], B: int, keep: _Keep) -> torch
     out = []
     for s in range(0, B, step):
         sl = slice(s, min(B, s + step))
-        G = (
-            torch.cat([pc.G(sl) for pc in pieces], dim=3)
-            if len(pieces) > 1
-            else pieces[0].G(sl)
-        )
-        A = (
-            torch.cat([pc.A(sl) for pc in pieces], dim=3)
-            if len(pieces) > 1
-            else pieces[0].A(sl)
-        )
+        G = torch.cat([pc.G(sl) for pc in pieces], dim=3) if len(pieces) > 1 else pieces[0].G(sl)
+        A = torch.cat([pc.A(sl) for pc in pieces], dim=3) if len(pieces) > 1 else pieces[0].A(sl)
         gg = torch.matmul(G.transpose(2, 3), G)
         aa = torch.matmul(A.transpose(2, 3), A)
         out.append((gg * aa).sum((1, 2, 3)))
@@ -430,9 +408,7 @@ def _tensor_key(t: torch.Tensor):
     return (t.data_ptr(), tuple(t.shape), t.stride(), t._version)
 
 
-def _materialized_sq_norms(
-    name: str, pieces: list[_Pair], B: int, numel: int, keep: _Keep
-) -> torch.Tensor:
+def _materialized_sq_norms(name: str, pieces: list[_Pair], B: int, numel: int, keep: _Keep) -> torch.Tensor:
     step = max(1, _CHUNK_ELEMS // max(2 * numel, 1))
 
     def chunks():
@@ -451,9 +427,7 @@ def _materialized_sq_norms(
 
 
 def _row_sq(m: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vector_norm(
-        m, dim=1
-    ).square()  # no [b, numel] temporary, unlike m.pow(2)
+    return torch.linalg.vector_norm(m, dim=1).square()  # no [b, numel] temporary, unlike m.pow(2)
 
 
 def _combine(pieces: list[_Pair], sl: slice) -> torch.Tensor:
@@ -471,9 +445,7 @@ def _combine(pieces: list[_Pair], sl: slice) -> torch.Tensor:
     return out
 
 
-def _condense(
-    n: str, pieces: dict[str, list[_Piece]], keep: _Keep, B: int, n_points: int
-) -> None:
+def _condense(n: str, pieces: dict[str, list[_Piece]], keep: _Keep, B: int, n_points: int) -> None:
     """Once all of one point's pieces of parameter ``n`` are in, turn them into a kept per-sample
     block if the norm pass would materialise it anyway (added into the first point's block for a
     difference query) and drop their activations/output-gradients. Called from inside the backward
@@ -492,12 +464,7 @@ def _condense(
         return
     if n in keep.blocks:
         keep.blocks[n].add_(make())
-    elif (
-        keep.offer(
-            n, make, B * int(lst[0].shape.numel()), sum(pc.captured for pc in lst)
-        )
-        is None
-    ):
+    elif keep.offer(n, make, B * int(lst[0].shape.numel()), sum(pc.captured for pc in lst)) is None:
         return
     del pieces[n]
 
@@ -518,9 +485,7 @@ def _emb_sq_norms(pieces: list[_Emb], B: int) -> torch.Tensor:
     keys = (torch.arange(B, device=idx.device).unsqueeze(1) * num + idx).reshape(-1)
     uniq, inv = torch.unique(keys, return_inverse=True)
     rows = G.new_zeros(uniq.shape[0], D).index_add_(0, inv, G.reshape(-1, D))
-    return G.new_zeros(B).index_add_(
-        0, torch.div(uniq, num, rounding_mode="floor"), rows.pow(2).sum(1)
-    )
+    return G.new_zeros(B).index_add_(0, torch.div(uniq, num, rounding_mode="floor"), rows.pow(2).sum(1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -537,9 +502,7 @@ def _batched(x: torch.Tensor, B: int, what: str, min_dim: int = 2) -> torch.Tens
 def _linear(m: nn.Linear, x, gout, B):
     x = _batched(x, B, "Linear")
     A = x.reshape(B, -1, x.shape[-1]).transpose(1, 2).unsqueeze(1)  # [B, 1, in, T]
-    G = (
-        gout.reshape(B, -1, gout.shape[-1]).transpose(1, 2).unsqueeze(1)
-    )  # [B, 1, out, T]
+    G = gout.reshape(B, -1, gout.shape[-1]).transpose(1, 2).unsqueeze(1)  # [B, 1, out, T]
     out = {"weight": _Pair(G, A, m.weight.shape)}
     if m.bias is not None:
         out["bias"] = _Dense(G.sum(3).reshape(B, -1))
@@ -557,11 +520,7 @@ def _conv(m: nn.modules.conv._ConvNd, x, gout, B):
         padding = (0,) * dim
     else:
         padding = tuple(m.padding)
-    out = {
-        "weight": _ConvPair(
-            x, gout, m.weight, tuple(m.stride), tuple(m.dilation), padding, m.groups
-        )
-    }
+    out = {"weight": _ConvPair(x, gout, m.weight, tuple(m.stride), tuple(m.dilation), padding, m.groups)}
     if m.bias is not None:
         out["bias"] = _Dense(gout.reshape(B, gout.shape[1], -1).sum(2))
     return out
@@ -572,14 +531,8 @@ def _embedding(m: nn.Embedding, x, gout, B):
     return {"weight": _Emb(x, gout, m.num_embeddings, m.padding_idx)}
 
 
-def _affine(
-    normalised: torch.Tensor, gout: torch.Tensor, B: int, reduce_dims, has_bias: bool
-):
-    out = {
-        "weight": _Dense(
-            (gout * normalised).sum(reduce_dims) if reduce_dims else gout * normalised
-        )
-    }
+def _affine(normalised: torch.Tensor, gout: torch.Tensor, B: int, reduce_dims, has_bias: bool):
+    out = {"weight": _Dense((gout * normalised).sum(reduce_dims) if reduce_dims else gout * normalised)}
     if has_bias:
         out["bias"] = _Dense(gout.sum(reduce_dims) if reduce_dims else gout)
     return out
@@ -663,17 +616,13 @@ class _Call:
         self.versions = [a._version for a in args if isinstance(a, torch.Tensor)]
 
 
-def _fallback_dense(
-    call: _Call, local: list[str], gout: torch.Tensor, B: int
-) -> dict[str, _Piece]:
+def _fallback_dense(call: _Call, local: list[str], gout: torch.Tensor, B: int) -> dict[str, _Piece]:
     """Per-sample gradients of ``local`` (the module's own parameters) by vmap over this layer."""
     module = call.module
     values = call.values
     flat, spec = torch.utils._pytree.tree_flatten((call.args, call.kwargs))
     tensors = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
-    in_dims = tuple(
-        0 if flat[i].dim() > 0 and flat[i].shape[0] == B else None for i in tensors
-    )
+    in_dims = tuple(0 if flat[i].dim() > 0 and flat[i].shape[0] == B else None for i in tensors)
     if 0 not in in_dims:
         raise _Unsupported(f"{type(module).__name__}: no batch-first input")
 
@@ -689,9 +638,7 @@ def _fallback_dense(
         _, pull = vjp(f, {n: values[n] for n in local})
         return pull(g.unsqueeze(0))[0]
 
-    grads = vmap(one, in_dims=(in_dims, 0), randomness="different")(
-        tuple(flat[i] for i in tensors), gout
-    )
+    grads = vmap(one, in_dims=(in_dims, 0), randomness="different")(tuple(flat[i] for i in tensors), gout)
     return {n: _Dense(grads[n]) for n in local}
 
 
@@ -753,19 +700,13 @@ class _Structure:
         return tuple(
             (
                 id(m),
-                tuple(
-                    (k, id(v), v.requires_grad)
-                    for k, v in m._parameters.items()
-                    if v is not None
-                ),
+                tuple((k, id(v), v.requires_grad) for k, v in m._parameters.items() if v is not None),
             )
             for m in model.modules()
         )
 
 
-_STRUCTURES: weakref.WeakKeyDictionary[nn.Module, _Structure] = (
-    weakref.WeakKeyDictionary()
-)
+_STRUCTURES: weakref.WeakKeyDictionary[nn.Module, _Structure] = weakref.WeakKeyDictionary()
 
 
 def _structure(model: nn.Module) -> _Structure:
@@ -809,14 +750,10 @@ class _Capture:
             if not active[0]:
                 return
             if not isinstance(output, torch.Tensor) or not output.requires_grad:
-                raise _Unsupported(
-                    f"{type(module).__name__} output is not a differentiable tensor"
-                )
+                raise _Unsupported(f"{type(module).__name__} output is not a differentiable tensor")
             handler = _handler_for(module)
             values = None
-            if (
-                handler is None
-            ):  # fallback needs the parameter/buffer values of this point
+            if handler is None:  # fallback needs the parameter/buffer values of this point
                 values = {
                     **dict(module.named_parameters()),
                     **dict(module.named_buffers()),
@@ -834,9 +771,7 @@ class _Capture:
             )
             return
 
-        handles = [
-            m.register_forward_hook(hook, with_kwargs=True) for m in self.st.modules
-        ]
+        handles = [m.register_forward_hook(hook, with_kwargs=True) for m in self.st.modules]
         prehooks = []
         try:
             if params is None:
@@ -854,9 +789,7 @@ class _Capture:
                 h.remove()
             handles = []
             for c in calls:
-                if [
-                    a._version for a in c.args if isinstance(a, torch.Tensor)
-                ] != c.versions:
+                if [a._version for a in c.args if isinstance(a, torch.Tensor)] != c.versions:
                     # Plain autograd would reject this too (the weight gradient reads that input).
                     raise ModelError(
                         f"the input of layer {type(c.module).__name__} was modified in place after the layer "
@@ -878,9 +811,7 @@ class _Capture:
                 own = self.local_map[id(c.module)]
                 g = g.detach()
                 if c.handler is not None:
-                    got = c.handler(
-                        c.module, c.args[0].detach() if c.args else None, g, B
-                    )
+                    got = c.handler(c.module, c.args[0].detach() if c.args else None, g, B)
                     got = {k: v for k, v in got.items() if k in own}
                 else:
                     got = _fallback_dense(c, list(own), g, B)
@@ -900,9 +831,7 @@ class _Capture:
             total = losses.sum()
             direct = self._attach(total, calls, process, errors, prehooks)
             if direct:
-                gouts = torch.autograd.grad(
-                    total, [c.edge for c in direct], allow_unused=True
-                )
+                gouts = torch.autograd.grad(total, [c.edge for c in direct], allow_unused=True)
                 for h in prehooks:
                     h.remove()
                 prehooks = []
@@ -916,9 +845,7 @@ class _Capture:
                     if n not in done:
                         with torch.no_grad():
                             _condense(n, pieces, keep, B, n_points)
-            missing = [
-                n for n in self.names if n not in pieces and n not in done
-            ]
+            missing = [n for n in self.names if n not in pieces and n not in done]
             if missing:
                 self._check_unreachable(losses, missing, params)
         finally:
@@ -952,7 +879,7 @@ class _Capture:
                 if g is not None and not errors:
                     try:
                         process(c, g)
-                    except Exception as e:  # noqa: BLE001 - re-raised unchanged after the backward pass
+                    except Exception as e:
                         errors.append(e)
 
             prehooks.append(c.edge.node.register_prehook(pre))
@@ -974,9 +901,7 @@ class _Capture:
             seen.add(fn)
             var = getattr(fn, "variable", None)
             if var is not None and id(var) in leaves:
-                raise _Unsupported(
-                    f"parameter {leaves[id(var)]!r} is used outside its module's forward"
-                )
+                raise _Unsupported(f"parameter {leaves[id(var)]!r} is used outside its module's forward")
             stack.extend(nf for nf, _ in fn.next_functions)
 
 
@@ -992,7 +917,8 @@ class GhostEngine(GradEngine):
     Cost of a clipped-sum query is about one forward and one backward pass (output-gradients
     only) plus one matmul per layer; a difference query is twice that (layers reading the same
     input at both points share the matmul). Layers are processed inside the backward pass, so
-    peak memory stays close to a non-private step (see the module docstring). Falls back to :class:`VmapEngine` (with a warning) for models whose
+    peak memory stays close to a non-private step (see the module docstring). Falls back to
+    :class:`VmapEngine` (with a warning) for models whose
     layers cannot be attributed to samples.
 
     Example:
@@ -1016,22 +942,16 @@ class GhostEngine(GradEngine):
             return None
         unknown = [n for n in params if n not in st.own]
         if unknown:
-            raise ConfigError(
-                f"params has names that are not parameters of the model: {unknown[:5]}"
-            )
+            raise ConfigError(f"params has names that are not parameters of the model: {unknown[:5]}")
         full = {}
         for n, p in st.own.items():
             t = params.get(n, p).detach()
             full[n] = t.requires_grad_(True) if p.requires_grad else t
         return full
 
-    def _point(
-        self, model, st, loss_fn, inputs, targets, params, weights, sign, keep, n_points
-    ):
+    def _point(self, model, st, loss_fn, inputs, targets, params, weights, sign, keep, n_points):
         full = self._params(st, params)
-        with (
-            torch.enable_grad()
-        ):  # the capture needs a graph even if the caller is in no_grad
+        with torch.enable_grad():  # the capture needs a graph even if the caller is in no_grad
             return _Capture(model, st).run(
                 loss_fn,
                 inputs,
@@ -1057,9 +977,7 @@ class GhostEngine(GradEngine):
     ):
         st = _structure(model)
         n_points = 1 if params_prev is None else 2
-        losses, pieces = self._point(
-            model, st, loss_fn, inputs, targets, params, weights, +1, keep, n_points
-        )
+        losses, pieces = self._point(model, st, loss_fn, inputs, targets, params, weights, +1, keep, n_points)
         losses_prev = None
         if params_prev is not None:
             losses_prev, prev = self._point(
@@ -1080,14 +998,10 @@ class GhostEngine(GradEngine):
 
     def per_sample_grads(self, model, loss_fn, inputs, targets, *, params=None):
         try:
-            st, losses, _, pieces = self._collect(
-                model, loss_fn, inputs, targets, params, None, None, None
-            )
+            st, losses, _, pieces = self._collect(model, loss_fn, inputs, targets, params, None, None, None)
         except _Unsupported as e:
             _warn(e)
-            return VmapEngine().per_sample_grads(
-                model, loss_fn, inputs, targets, params=params
-            )
+            return VmapEngine().per_sample_grads(model, loss_fn, inputs, targets, params=params)
         B = inputs.shape[0]
         cols = []
         for n in st.names:
@@ -1163,10 +1077,7 @@ class GhostEngine(GradEngine):
                 if n in keep.blocks:
                     parts.append(coef @ keep.blocks[n])
                     continue
-                if (
-                    all(type(pc) is _Pair for pc in lst)
-                    and len({pc.key for pc in lst}) == 1
-                ):
+                if all(type(pc) is _Pair for pc in lst) and len({pc.key for pc in lst}) == 1:
                     parts.append(_pairs_sum(lst, coef).reshape(-1))
                     continue
                 s = lst[0].weighted_sum(coef)

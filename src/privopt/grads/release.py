@@ -18,7 +18,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 import torch
 

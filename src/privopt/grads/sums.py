@@ -6,7 +6,8 @@ memory. Scalar queries (DRO dual variables) are clipped as ``sign(a)·min(|a|, C
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+from collections.abc import Callable
+from typing import Union
 
 import torch
 from torch import nn
@@ -34,8 +35,9 @@ def clipped_scalar_sum(values: torch.Tensor, clip: float) -> torch.Tensor:
 
 
 @torch.no_grad()
-def batch_losses(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, *,
-                 params: Optional[dict] = None, chunk: int = 1024) -> torch.Tensor:
+def batch_losses(
+    model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, *, params: dict | None = None, chunk: int = 1024
+) -> torch.Tensor:
     """Per-sample losses ``[B]`` at ``params`` (``None``: the model's own parameters)."""
     if x.shape[0] == 0:
         return torch.zeros(0, dtype=torch.float64)
@@ -52,17 +54,36 @@ def _slice_weights(w: Weights, sl: slice) -> Weights:
     return w[sl] if isinstance(w, torch.Tensor) else w
 
 
-def chunked_clipped_sum(engine, model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, *, clip: float,
-                        chunk: int, params=None, weights: Weights = None, params_prev=None,
-                        weights_prev: Weights = None) -> torch.Tensor:
+def chunked_clipped_sum(
+    engine,
+    model: nn.Module,
+    loss_fn,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    clip: float,
+    chunk: int,
+    params=None,
+    weights: Weights = None,
+    params_prev=None,
+    weights_prev: Weights = None,
+) -> torch.Tensor:
     """``engine.clipped_sum`` over chunks of at most ``chunk`` records (per-sample clipping makes
     the chunked sum identical); tensor weights are aligned with the rows of ``x``. An empty batch
     gives the zero vector."""
     total = torch.zeros(num_trainable(model))
     for s in range(0, x.shape[0], chunk):
         sl = slice(s, s + chunk)
-        res = engine.clipped_sum(model, loss_fn, x[sl], y[sl], clip=clip, params=params,
-                                 weights=_slice_weights(weights, sl), params_prev=params_prev,
-                                 weights_prev=_slice_weights(weights_prev, sl))
+        res = engine.clipped_sum(
+            model,
+            loss_fn,
+            x[sl],
+            y[sl],
+            clip=clip,
+            params=params,
+            weights=_slice_weights(weights, sl),
+            params_prev=params_prev,
+            weights_prev=_slice_weights(weights_prev, sl),
+        )
         total = total + res.total.to(total.dtype)
     return total

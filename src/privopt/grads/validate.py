@@ -22,7 +22,7 @@ def validate_model(model: nn.Module) -> None:
         >>> validate_model(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
         Traceback (most recent call last):
         ...
-        privopt.errors.ModelError: layer '1' (BatchNorm1d) mixes samples across the batch, which breaks per-sample DP clipping; replace it with nn.GroupNorm or nn.LayerNorm
+        privopt.errors.ModelError: layer '1' (BatchNorm1d) mixes samples across the batch, ...
     """
     for name, module in model.named_modules():
         if isinstance(module, _SAMPLE_MIXING):

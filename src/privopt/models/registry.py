@@ -8,7 +8,7 @@ with per-sample gradient clipping.
 from __future__ import annotations
 
 import inspect
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -39,7 +39,7 @@ def available_models() -> list[str]:
 
 
 def _ensure_builtin() -> None:
-    import privopt.models.resnet  # noqa: F401
+    import privopt.models.resnet
     import privopt.models.simple  # noqa: F401
 
 
@@ -53,7 +53,7 @@ def build_model(
     *,
     input_shape: Sequence[int],
     num_classes: int,
-    seed: Optional[int] = None,
+    seed: int | None = None,
     **kw,
 ) -> nn.Module:
     """Build a registered model.
@@ -87,10 +87,15 @@ def build_model(
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise ConfigError(f"num_classes must be a positive integer, got {num_classes!r}")
     params = inspect.signature(factory).parameters
-    allowed = {p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY} - {"input_shape", "num_classes"}
+    allowed = {p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY} - {
+        "input_shape",
+        "num_classes",
+    }
     unknown = sorted(set(kw) - allowed)
     if unknown:
-        raise ConfigError(f"unknown option(s) {unknown} for model {name!r}; its options: {', '.join(sorted(allowed)) or 'none'}")
+        raise ConfigError(
+            f"unknown option(s) {unknown} for model {name!r}; its options: {', '.join(sorted(allowed)) or 'none'}"
+        )
     if seed is None:
         model = factory(input_shape=shape, num_classes=num_classes, **kw)
     else:

@@ -49,13 +49,18 @@ class BasicBlock(nn.Module):
 class ResNet(nn.Module):
     """CIFAR-style ResNet with ``6n + 2`` layers (n = blocks per stage)."""
 
-    def __init__(self, *, in_channels: int, num_classes: int, blocks_per_stage: int = 3, width: int = 16, groups: int = 16):
+    def __init__(
+        self, *, in_channels: int, num_classes: int, blocks_per_stage: int = 3, width: int = 16, groups: int = 16
+    ):
         super().__init__()
         self.conv = nn.Conv2d(in_channels, width, 3, padding=1, bias=False)
         self.gn = _gn(width, groups)
         stages, cin = [], width
         for i, cout in enumerate((width, 2 * width, 4 * width)):
-            blocks = [BasicBlock(cin if j == 0 else cout, cout, 2 if (i > 0 and j == 0) else 1, groups) for j in range(blocks_per_stage)]
+            blocks = [
+                BasicBlock(cin if j == 0 else cout, cout, 2 if (i > 0 and j == 0) else 1, groups)
+                for j in range(blocks_per_stage)
+            ]
             stages.append(nn.Sequential(*blocks))
             cin = cout
         self.stages = nn.Sequential(*stages)

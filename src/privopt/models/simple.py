@@ -40,14 +40,21 @@ def mlp(*, input_shape: tuple[int, ...], num_classes: int, hidden: int = 128) ->
     """Flatten -> Linear(d, hidden) -> ReLU -> Linear(hidden, classes) (SPEC §4.8: 101,770 params on MNIST)."""
     if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
         raise ConfigError(f"mlp hidden must be a positive integer, got {hidden!r}")
-    net = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+    net = nn.Sequential(
+        nn.Flatten(), nn.Linear(math.prod(input_shape), hidden), nn.ReLU(), nn.Linear(hidden, num_classes)
+    )
     _kaiming(net)
     return net
 
 
 @register_model("cnn")
 def cnn(
-    *, input_shape: tuple[int, ...], num_classes: int, channels: tuple[int, int] = (16, 32), groups: int = 4, norm: str = "group"
+    *,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    channels: tuple[int, int] = (16, 32),
+    groups: int = 4,
+    norm: str = "group",
 ) -> nn.Module:
     """Two 3x3 conv blocks (conv -> GroupNorm -> ReLU -> 2x2 max-pool), then a linear classifier.
 

@@ -6,11 +6,11 @@ values); per-sample parameter gradients come from :mod:`privopt.grads` via ``wei
 
 from privopt.objectives.compositional import KLCompositional
 from privopt.objectives.divergences import (
-    CVaR,
+    KL,
     ChiSquare,
     CressieRead,
+    CVaR,
     Divergence,
-    KL,
     KLRegularizedCVaR,
     available_divergences,
     get_divergence,

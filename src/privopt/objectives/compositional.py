@@ -33,7 +33,8 @@ clipping with a public constant, so privacy is unaffected. The exact quantities 
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Union
+from collections.abc import Callable
+from typing import Union
 
 import torch
 from scipy.optimize import brentq
@@ -74,9 +75,9 @@ class KLCompositional:
         *,
         rho: float,
         lam0: float,
-        loss_bound: Optional[float] = None,
-        shift: Optional[float] = None,
-        a_max: Optional[float] = None,
+        loss_bound: float | None = None,
+        shift: float | None = None,
+        a_max: float | None = None,
     ):
         self.rho = self._pos("rho", rho)
         self.lam0 = self._pos("lam0", lam0)
@@ -102,8 +103,10 @@ class KLCompositional:
         return f
 
     def __repr__(self) -> str:
-        return (f"KLCompositional(rho={self.rho}, lam0={self.lam0}, loss_bound={self.loss_bound}, "
-                f"shift={self.shift}, a_max={self.a_max})")
+        return (
+            f"KLCompositional(rho={self.rho}, lam0={self.lam0}, loss_bound={self.loss_bound}, "
+            f"shift={self.shift}, a_max={self.a_max})"
+        )
 
     # ----------------------------------------------------------------- helpers
     def _losses(self, losses: TensorLike) -> torch.Tensor:
@@ -126,10 +129,10 @@ class KLCompositional:
         return max(float(lam), self.lam0)
 
     # ----------------------------------------------------------------- per-sample inner quantities
-    def _c(self, shift: Optional[float]) -> float:
+    def _c(self, shift: float | None) -> float:
         return self.shift if shift is None else float(shift)
 
-    def h(self, losses: TensorLike, lam: TensorLike, *, shift: Optional[float] = None) -> torch.Tensor:
+    def h(self, losses: TensorLike, lam: TensorLike, *, shift: float | None = None) -> torch.Tensor:
         """Shifted inner function ``h(w; ξ_i) = exp((ℓ_i − c)/λ)``, shape ``[B]``, float64.
 
         ``shift`` overrides the object's c for this call (a public value, e.g. re-centred from
@@ -141,12 +144,12 @@ class KLCompositional:
             a = a.clamp(max=self.a_max)
         return torch.exp(a)
 
-    def h_x_weights(self, losses: TensorLike, lam: TensorLike, *, shift: Optional[float] = None) -> torch.Tensor:
+    def h_x_weights(self, losses: TensorLike, lam: TensorLike, *, shift: float | None = None) -> torch.Tensor:
         """Weights ``h_i/λ`` with ``∇_x h(w; ξ_i) = (h_i/λ)·∇_x ℓ_i`` (engine ``weights=``), detached."""
         with torch.no_grad():
             return (self.h(losses, lam, shift=shift) / self._lam(lam)).detach()
 
-    def h_lam_grads(self, losses: TensorLike, lam: TensorLike, *, shift: Optional[float] = None) -> torch.Tensor:
+    def h_lam_grads(self, losses: TensorLike, lam: TensorLike, *, shift: float | None = None) -> torch.Tensor:
         """Per-sample ``∇_λ h(w; ξ_i) = −h_i·(ℓ_i − c)/λ²``, shape ``[B]``, float64, detached.
 
         With ``ℓ ∈ [0, c]`` this lies in ``[0, 1/(e·λ)]`` (max of ``a e^{−a/λ}/λ²`` over a ≥ 0).
@@ -156,7 +159,7 @@ class KLCompositional:
             lam_t = self._lam(lam)
             return (-self.h(ell, lam_t, shift=shift) * (ell - self._c(shift)) / lam_t**2).detach()
 
-    def h_weight_fn(self, lam: float, *, shift: Optional[float] = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    def h_weight_fn(self, lam: float, *, shift: float | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
         """Callable ``losses -> h_i/λ`` for the engine's ``weights=`` at a fixed λ (and shift)."""
         lam_f = float(lam)
 
@@ -231,7 +234,7 @@ class KLCompositional:
             return self.lam0
         spread = float(ell.max() - ell.min())
         lam_hi = max(self.lam0, spread / math.sqrt(8.0 * self.rho)) * 1.01
-        f = lambda log_lam: self.lam_grad(ell, math.exp(log_lam))  # noqa: E731
+        f = lambda log_lam: self.lam_grad(ell, math.exp(log_lam))
         if f(math.log(lam_hi)) <= 0:  # only at the Hoeffding limit; widen defensively
             lam_hi *= 4.0
         root = brentq(f, math.log(self.lam0), math.log(lam_hi), xtol=xtol, maxiter=500)

@@ -29,13 +29,14 @@ applied *before* clipping, so DP is unaffected — SPEC §8.6–8.7):
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Union
+from collections.abc import Callable
+from typing import Union
 
 import torch
 
 from privopt.errors import ConfigError
+from privopt.objectives.divergences import KL, Divergence, as_float64, get_divergence
 from privopt.validation import positive
-from privopt.objectives.divergences import Divergence, KL, as_float64, get_divergence
 
 __all__ = ["DualObjective"]
 
@@ -66,11 +67,11 @@ class DualObjective:
     def __init__(
         self,
         *,
-        divergence: Union[str, Divergence],
+        divergence: str | Divergence,
         lam: float,
         g_eta: float = 1.0,
-        a_max: Optional[float] = 50.0,
-        loss_bound: Optional[float] = None,
+        a_max: float | None = 50.0,
+        loss_bound: float | None = None,
     ):
         self.divergence = get_divergence(divergence)
         self.lam = positive("lam", lam)

@@ -25,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 import torch
@@ -66,8 +65,9 @@ def prox_l2(v: np.ndarray, *, step: float, l2: float) -> np.ndarray:
     return v / (1.0 + step * l2)
 
 
-def minmax_scale(features: np.ndarray, *, lower: Optional[np.ndarray] = None,
-                 upper: Optional[np.ndarray] = None) -> np.ndarray:
+def minmax_scale(
+    features: np.ndarray, *, lower: np.ndarray | None = None, upper: np.ndarray | None = None
+) -> np.ndarray:
     """Scale each column to [0, 1] with the given (ideally public) bounds, or the column min/max.
 
     Constant columns map to 0. Values outside given bounds are clipped into [0, 1].
@@ -145,7 +145,7 @@ class LogisticERM:
         return float(self.losses(w).mean() + 0.5 * self.l2 * (w @ w))
 
     # ------------------------------------------------------------------ gradients
-    def grad_coefficients(self, w: np.ndarray, idx=None, *, clip: Optional[float] = None) -> np.ndarray:
+    def grad_coefficients(self, w: np.ndarray, idx=None, *, clip: float | None = None) -> np.ndarray:
         """Scalar ``c_i`` with per-sample gradient ``g_i(w) = c_i * x_i``, optionally clipped at ``clip``.
 
         ``c_i = -y_i sigmoid(-y_i w^T x_i)``; with ``clip`` the coefficient is scaled by
@@ -159,7 +159,7 @@ class LogisticERM:
             coef = coef * np.minimum(1.0, clip / np.maximum(norms, 1e-300))
         return coef
 
-    def per_sample_grads(self, w: np.ndarray, idx=None, *, clip: Optional[float] = None) -> np.ndarray:
+    def per_sample_grads(self, w: np.ndarray, idx=None, *, clip: float | None = None) -> np.ndarray:
         """Per-sample gradients of the logistic loss, ``[B, p]`` (no regulariser)."""
         x = self.x if idx is None else self.x[idx]
         return self.grad_coefficients(w, idx, clip=clip)[:, None] * x

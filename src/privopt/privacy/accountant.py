@@ -192,7 +192,7 @@ def _inner_event(mechanisms, factor: float) -> tuple[dpa.DpEvent, bool]:
         # the concatenated vector with block j rescaled by 1/z_j: its sensitivity is
         # sqrt(sum_j (Δ/z_j)^2), i.e. one Gaussian with z_eff = (sum_j z_j^-2)^-1/2. Reducing to
         # it keeps Poisson-subsampled steps inside what the PLD accountant supports.
-        z_eff = math.fsum(m.noise_multiplier ** -2 for m in gauss) ** -0.5
+        z_eff = math.fsum(m.noise_multiplier**-2 for m in gauss) ** -0.5
         events.append(dpa.GaussianDpEvent(z_eff / factor))
     for m in others:
         if isinstance(m, Laplace):
@@ -267,11 +267,7 @@ def to_dp_event(step: Step, *, neighbouring: str = ADD_REMOVE) -> dpa.DpEvent:
             f"(no dp-accounting event supports it): {step}; account the step as FullBatch "
             "(no amplification, conservative) or release them on separate batches"
         )
-    if (
-        not fixed_size
-        and len(step.mechanisms) == 1
-        and isinstance(step.mechanisms[0], Laplace)
-    ):
+    if not fixed_size and len(step.mechanisms) == 1 and isinstance(step.mechanisms[0], Laplace):
         return dpa.PoissonSampledDpEvent(s.rate, inner)  # exact in PLD; RDP amplifies (see below)
     eps0 = math.fsum(_mechanism_epsilon(m, factor) for m in step.mechanisms)
     return _pure_event(_amplified_pure(eps0, s.rate))
@@ -369,15 +365,22 @@ def _pld_of(event: dpa.DpEvent, count: int, interval: float):
         base = pld_lib.from_laplace_mechanism(event.noise_multiplier, value_discretization_interval=interval)
     elif isinstance(event, dpa.RandomizedResponseDpEvent):
         base = pld_lib.from_randomized_response(
-            event.noise_parameter, event.num_buckets, value_discretization_interval=interval, neighboring_relation=_REPLACE
+            event.noise_parameter,
+            event.num_buckets,
+            value_discretization_interval=interval,
+            neighboring_relation=_REPLACE,
         )
     elif isinstance(event, dpa.PoissonSampledDpEvent) and isinstance(event.event, dpa.GaussianDpEvent):
         base = pld_lib.from_gaussian_mechanism(
-            event.event.noise_multiplier, value_discretization_interval=interval, sampling_prob=event.sampling_probability
+            event.event.noise_multiplier,
+            value_discretization_interval=interval,
+            sampling_prob=event.sampling_probability,
         )
     elif isinstance(event, dpa.PoissonSampledDpEvent) and isinstance(event.event, dpa.LaplaceDpEvent):
         base = pld_lib.from_laplace_mechanism(
-            event.event.noise_multiplier, value_discretization_interval=interval, sampling_prob=event.sampling_probability
+            event.event.noise_multiplier,
+            value_discretization_interval=interval,
+            sampling_prob=event.sampling_probability,
         )
     else:
         raise _NeedsRdp(event)

@@ -93,14 +93,18 @@ class PlannedStep:
             raise ConfigError(f"planned step count must be an integer >= 0, got {self.count!r}")
         object.__setattr__(self, "count", int(self.count))
         if not isinstance(self.sampling, (Poisson, WithoutReplacement, FullBatch, SingleRecord)):
-            raise ConfigError(f"unknown sampling {self.sampling!r}; use Poisson, WithoutReplacement, FullBatch or SingleRecord")
+            raise ConfigError(
+                f"unknown sampling {self.sampling!r}; use Poisson, WithoutReplacement, FullBatch or SingleRecord"
+            )
 
     def to_dict(self) -> dict:
-        mechs = [{"name": m[0], "ratio": m[1]} if isinstance(m, tuple) else {"fixed": asdict(m)} for m in self.mechanisms]
+        mechs = [
+            {"name": m[0], "ratio": m[1]} if isinstance(m, tuple) else {"fixed": asdict(m)} for m in self.mechanisms
+        ]
         return {"sampling": asdict(self.sampling), "mechanisms": mechs, "count": self.count}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "PlannedStep":
+    def from_dict(cls, d: dict) -> PlannedStep:
         fixed = [m["fixed"] for m in d["mechanisms"] if "fixed" in m]
         # Reuse the Step decoder for the sampling and the fixed mechanisms.
         probe = step_from_dict({"sampling": d["sampling"], "mechanisms": fixed or [asdict(Gaussian(1.0))]})
@@ -160,9 +164,7 @@ class Inventory:
             raise ConfigError(f"no noise multiplier given for families {missing}")
         out: dict[Step, int] = {}
         for s in self.steps:
-            mechs = tuple(
-                Gaussian(float(noise[m[0]]), name=m[0]) if isinstance(m, tuple) else m for m in s.mechanisms
-            )
+            mechs = tuple(Gaussian(float(noise[m[0]]), name=m[0]) if isinstance(m, tuple) else m for m in s.mechanisms)
             step = Step(s.sampling, mechs)
             if s.count:
                 out[step] = out.get(step, 0) + s.count
@@ -172,7 +174,7 @@ class Inventory:
         return {"steps": [s.to_dict() for s in self.steps]}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Inventory":
+    def from_dict(cls, d: dict) -> Inventory:
         return cls(tuple(PlannedStep.from_dict(s) for s in d["steps"]))
 
 
@@ -269,7 +271,9 @@ def calibrate(
 def _calibrate_cached(inventory, epsilon, delta, neighbouring, accountant, key_ratios) -> Calibration:
     ratios = dict(key_ratios)
     names = inventory.names
-    kind = _acc._resolve(_acc.normalize_counts(inventory.steps_for(dict.fromkeys(names, 1.0))), neighbouring, accountant)
+    kind = _acc._resolve(
+        _acc.normalize_counts(inventory.steps_for(dict.fromkeys(names, 1.0))), neighbouring, accountant
+    )
 
     def evaluator(relative: float):
         def eps_at(scale: float) -> _acc.EpsilonResult:

@@ -7,7 +7,8 @@ event (never independent steps). Steps are frozen and hashable so a ledger can c
 Noise is always parametrised by the per-record contribution bound ``C`` of the released sum
 (the clip threshold): ``noise_multiplier = std / C``. The neighbouring relation then fixes the
 L2 sensitivity (``C`` under add/remove-one, ``2C`` under replace-one), and
-:func:`privopt.privacy.accountant.to_dp_event` passes ``std / sensitivity`` to dp_accounting with the conventions of SPEC §8.2 (in particular it
+:func:`privopt.privacy.accountant.to_dp_event` passes ``std / sensitivity`` to dp_accounting with the
+conventions of SPEC §8.2 (in particular it
 never relies on the PLD accountant's REPLACE_ONE handling of plain Gaussians).
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from typing import Union
-
 
 from privopt.errors import ConfigError
 

@@ -89,7 +89,8 @@ class PrivacyLedger:
             planned_eps = self._eps(self._planned).epsilon
             if planned_eps > self._target:
                 raise ConfigError(
-                    f"the planned schedule already spends epsilon={planned_eps:.6g} > target_epsilon={self._target:.6g} "
+                    f"the planned schedule already spends epsilon={planned_eps:.6g} "
+                    f"> target_epsilon={self._target:.6g} "
                     f"(delta={self._delta:g}, {self._accountant}); recalibrate the noise with the same accountant"
                 )
             self._cert = dict(self._planned)
@@ -186,7 +187,8 @@ class PrivacyLedger:
         spent = self.epsilon()
         err = PrivacyBudgetExceeded(
             f"privacy budget exhausted: spent epsilon={spent:.6g}, this step would make it {would_be:.6g} "
-            f"> target {self._target:.6g} (delta={self._delta:g}, {self.spent().accountant}); step {step} was not recorded"
+            f"> target {self._target:.6g} (delta={self._delta:g}, {self.spent().accountant}); "
+            f"step {step} was not recorded"
         )
         err.spent, err.would_be, err.target = spent, would_be, self._target
         raise err
@@ -223,7 +225,7 @@ class PrivacyLedger:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "PrivacyLedger":
+    def from_dict(cls, d: Mapping) -> PrivacyLedger:
         """Restore a ledger saved with :meth:`to_dict` (e.g. from a checkpoint).
 
         Raises:
@@ -258,7 +260,9 @@ class PrivacyLedger:
             else:
                 spent = ledger.epsilon()
                 if not spent <= ledger._target:
-                    raise ConfigError(f"restored ledger already spends epsilon={spent:.6g} > target {ledger._target:.6g}")
+                    raise ConfigError(
+                        f"restored ledger already spends epsilon={spent:.6g} > target {ledger._target:.6g}"
+                    )
                 ledger._cert = dict(counts)
         return ledger
 

@@ -16,7 +16,6 @@ right event:
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from privopt.errors import ConfigError
