@@ -219,6 +219,16 @@ def _check_fraction(name: str, value: Any, *, allow_none: bool, allow_zero: bool
         raise ConfigError(f"{name} must be a number in {rng}{' or None' if allow_none else ''}, got {value!r}")
 
 
+def _check_arguments(seed, val_fraction, test_fraction, train_fraction, max_train) -> None:
+    if not is_int(seed):
+        raise ConfigError(f"seed must be an integer, got {seed!r}")
+    _check_fraction("val_fraction", val_fraction, allow_none=False, allow_zero=True)
+    _check_fraction("test_fraction", test_fraction, allow_none=True, allow_zero=False)
+    _check_fraction("train_fraction", train_fraction, allow_none=True, allow_zero=False)
+    if max_train is not None and not (is_int(max_train) and max_train >= 1):
+        raise ConfigError(f"max_train must be a positive integer or None, got {max_train!r}")
+
+
 def _scaling_mode(scaling: Any, standardize: Any) -> str:
     if standardize is None:
         return check_mode(scaling)
@@ -286,13 +296,7 @@ def load_dataset(
     if unknown:
         allowed = ", ".join(sorted(spec.options)) or "none"
         raise ConfigError(f"unknown option(s) {unknown} for dataset {name!r}; its options: {allowed}")
-    if not is_int(seed):
-        raise ConfigError(f"seed must be an integer, got {seed!r}")
-    _check_fraction("val_fraction", val_fraction, allow_none=False, allow_zero=True)
-    _check_fraction("test_fraction", test_fraction, allow_none=True, allow_zero=False)
-    _check_fraction("train_fraction", train_fraction, allow_none=True, allow_zero=False)
-    if max_train is not None and not (is_int(max_train) and max_train >= 1):
-        raise ConfigError(f"max_train must be a positive integer or None, got {max_train!r}")
+    _check_arguments(seed, val_fraction, test_fraction, train_fraction, max_train)
     mode = _scaling_mode(scaling, standardize)
 
     ctx = BuildContext(name=name, data_dir=data_dir, seed=int(seed), test_fraction=test_fraction)

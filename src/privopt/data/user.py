@@ -85,6 +85,27 @@ def _max_id(*tensors: torch.Tensor | None) -> int:
     return max((int(t.max()) for t in tensors if t is not None and t.numel()), default=-1)
 
 
+def _convert_splits(raw: dict, name: str) -> tuple[dict, dict, dict]:
+    """Features, labels and group ids of every given split, converted and shape-checked."""
+    xs, ys, gs = {}, {}, {}
+    has_groups = raw["train"][2] is not None
+    for split, (xi, yi, gi) in raw.items():
+        suffix = "" if split == "train" else f"_{split}"
+        if split != "train" and xi is None and yi is None:
+            if gi is not None:
+                raise DataError(f"dataset {name!r}: groups_{split} given without x_{split}/y_{split}")
+            continue
+        if (xi is None) != (yi is None):
+            raise DataError(f"dataset {name!r}: give both x_{split} and y_{split} (or neither)")
+        xs[split] = _features(xi, f"x{suffix}", name)
+        n = xs[split].shape[0]
+        ys[split] = _ids(yi, f"y{suffix}", name, n)
+        if (gi is None) == has_groups:
+            raise DataError(f"dataset {name!r}: groups given for some splits only; pass groups{suffix} too")
+        gs[split] = None if gi is None else _ids(gi, f"groups{suffix}", name, n)
+    return xs, ys, gs
+
+
 def dataset_from_tensors(
     x,
     y,
@@ -103,21 +124,7 @@ def dataset_from_tensors(
 ) -> Dataset:
     """Implementation of :meth:`Dataset.from_tensors` (see there)."""
     raw = {"train": (x, y, groups), "test": (x_test, y_test, groups_test), "val": (x_val, y_val, groups_val)}
-    xs, ys, gs = {}, {}, {}
-    for split, (xi, yi, gi) in raw.items():
-        if split != "train" and xi is None and yi is None:
-            if gi is not None:
-                raise DataError(f"dataset {name!r}: groups_{split} given without x_{split}/y_{split}")
-            continue
-        if (xi is None) != (yi is None):
-            raise DataError(f"dataset {name!r}: give both x_{split} and y_{split} (or neither)")
-        label = "x" if split == "train" else f"x_{split}"
-        xs[split] = _features(xi, label, name)
-        n = xs[split].shape[0]
-        ys[split] = _ids(yi, "y" if split == "train" else f"y_{split}", name, n)
-        if (gi is None) != (groups is None) and split != "train":
-            raise DataError(f"dataset {name!r}: groups given for some splits only; pass groups_{split} too")
-        gs[split] = None if gi is None else _ids(gi, "groups" if split == "train" else f"groups_{split}", name, n)
+    xs, ys, gs = _convert_splits(raw, name)
     shape = tuple(int(d) for d in xs["train"].shape[1:])
     inferred = []
     if num_classes is None:
