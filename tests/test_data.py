@@ -205,14 +205,21 @@ def test_celeba_truncated(shared_data, tmp_path):
         load_dataset("celeba", data_dir=tmp_path)
 
 
-def test_adult_bad_label(tmp_path):
+@pytest.mark.parametrize(
+    "country, income, match",
+    [
+        ("United-States", "maybe", r"adult\.data: line 1 has income 'maybe'"),
+        ("Atlantis", "<=50K", r"native-country value\(s\) \['Atlantis'\] are not in the adult.names vocabulary"),
+    ],
+)
+def test_adult_bad_row(tmp_path, country, income, match):
     d = tmp_path / "adult"
     d.mkdir()
     (d / "adult.data").write_text(
         "39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, "
-        "2174, 0, 40, United-States, maybe\n"
+        f"2174, 0, 40, {country}, {income}\n"
     )
-    with pytest.raises(DataError, match=r"adult\.data: line 1 has income 'maybe'"):
+    with pytest.raises(DataError, match=match):
         load_dataset("adult", data_dir=tmp_path)
 
 
@@ -337,10 +344,11 @@ def test_mnist_st_imbalance(shared_data, imratio):
     tr = np.add(hist(ds, "train"), hist(ds, "val"))
     # Majority class (digits 0-4) of the official 60,000-image training set kept whole.
     assert tr[0] == sum(MNIST_TRAIN_HIST[:5])
-    # Positives (29,404) kept with probability imratio/(1-imratio): binomial, 4 std.
-    n_pos, p = sum(MNIST_TRAIN_HIST[5:]), imratio / (1 - imratio)
+    # Positives (29,404) kept with probability imratio/(1-imratio) * 30,596/29,404: binomial, 4 std.
+    n_neg, n_pos = sum(MNIST_TRAIN_HIST[:5]), sum(MNIST_TRAIN_HIST[5:])
+    p = imratio / (1 - imratio) * n_neg / n_pos
     assert abs(tr[1] - n_pos * p) < 4 * (n_pos * p * (1 - p)) ** 0.5
-    assert abs(tr[1] / tr.sum() - imratio) < 0.01
+    assert abs(tr[1] / tr.sum() - imratio) < 0.005
     te = hist(ds, "test")
     assert te[0] == te[1] == sum(MNIST_HIST[5:])  # balanced exactly: negatives cut to the 4,861 positives
     assert ds.num_classes == 2 and int(ds.y_train.max()) == 1

@@ -4,9 +4,9 @@ See ``docs/data.md`` for each dataset's construction, public preprocessing and g
 ("-ST" = imbalanced, Qi et al. 2022 / Zhang et al. 2025c):
 
 * ``mnist-st`` / ``digits-st``: digits 0-4 -> label 0, 5-9 -> label 1; each positive TRAINING
-  record is kept with probability ``imratio / (1 - imratio)`` (per record), so positives are
-  about ``imratio`` of the training split (exactly, when the source classes are balanced); the
-  test split is rebalanced exactly to ``test_imratio`` (default 0.5; None keeps it).
+  record is kept with a fixed probability (``imratio / (1 - imratio)`` times the official source's
+  public negatives-per-positive ratio), so positives are ``imratio`` of the training split in
+  expectation; the test split is rebalanced exactly to ``test_imratio`` (default 0.5; None keeps it).
 * ``cifar10-st``: each training image of classes 0-4 is kept with probability
   ``minority_fraction`` (default 0.02 = the paper's 100 of 5,000); ``minority_count`` instead
   keeps the paper's exact "last k images" (count-based).
@@ -84,20 +84,34 @@ def binarize(raw: RawData, positive: Sequence[int], description: str) -> RawData
     return raw
 
 
-def imbalance(raw: RawData, ctx: BuildContext, *, imratio: float, test_imratio: float | None) -> RawData:
-    """Thin the training split per record so positives are about ``imratio`` of it; rebalance test exactly."""
+# Negatives (original labels 0-4) per positive (5-9) in the official sources: public label counts
+# (MNIST training set: 30,596 / 29,404 per its published histogram; scikit-learn digits: 901 / 896).
+MNIST_ST_CLASS_RATIO = 30596 / 29404
+DIGITS_ST_CLASS_RATIO = 901 / 896
+
+
+def imbalance(
+    raw: RawData, ctx: BuildContext, *, imratio: float, test_imratio: float | None, class_ratio: float
+) -> RawData:
+    """Thin the training split per record so positives are about ``imratio`` of it; rebalance test exactly.
+
+    ``class_ratio`` is the public number of negatives per positive in the official source, so the
+    expected positive share is exactly ``imratio`` on the official files.
+    """
     for name, value in (("imratio", imratio), ("test_imratio", test_imratio)):
         if value is not None and not (is_real(value) and 0 < value < 1):
             raise ConfigError(f"{name} must be in (0, 1){' or None' if name == 'test_imratio' else ''}, got {value!r}")
     if imratio is None:
         raise ConfigError("imratio must be in (0, 1), got None")
-    # A fixed keep probability (not one computed from class counts): each record's fate is its own.
-    label, p = (1, imratio / (1.0 - imratio)) if imratio <= 0.5 else (0, (1.0 - imratio) / imratio)
+    # A fixed keep probability (public constants, not the loaded counts): each record's fate is its own.
+    odds = imratio / (1.0 - imratio) * class_ratio
+    label, p = (1, odds) if odds <= 1 else (0, 1.0 / odds)
     before = len(raw.train)
     raw.train = thin_label(raw.train, label, p, seed=ctx.seed, stage="imbalance")
     raw.note(
-        f"training split: each label-{label} record kept with probability {p:.6g} = imratio/(1-imratio) "
-        f"(per record; positives are {imratio:g} of the split when the source classes are balanced)"
+        f"training split: each label-{label} record kept with probability {p:.6g} "
+        f"(= imratio/(1-imratio) x {class_ratio:.6g} public negatives per positive; per record, so positives "
+        f"are {imratio:g} of the split in expectation on the official files)"
     )
     raw.stats["imbalance"] = {"train_before": before, "train_after": len(raw.train)}
     if test_imratio is not None:
@@ -138,7 +152,7 @@ def _fashion(ctx: BuildContext, *, classes: Sequence[int] | None = None) -> RawD
 def _mnist_st(ctx: BuildContext, *, imratio: float = 0.1, test_imratio: float | None = 0.5) -> RawData:
     """MNIST-ST: binary 0-4 vs 5-9, positives thinned per record to about ``imratio`` of the training split."""
     raw = binarize(_idx(ctx, MNIST_FOLDERS, DIGITS, "mnist"), range(5, 10), _ST_DESC)
-    return imbalance(raw, ctx, imratio=imratio, test_imratio=test_imratio)
+    return imbalance(raw, ctx, imratio=imratio, test_imratio=test_imratio, class_ratio=MNIST_ST_CLASS_RATIO)
 
 
 @register_dataset("cifar10")
@@ -192,7 +206,7 @@ def _digits(ctx: BuildContext, *, classes: Sequence[int] | None = None) -> RawDa
 def _digits_st(ctx: BuildContext, *, imratio: float = 0.1, test_imratio: float | None = 0.5) -> RawData:
     """digits binarised 0-4 vs 5-9 and imbalanced like MNIST-ST (offline demo); no files needed."""
     raw = binarize(ctx.with_test(sklearn_source("digits")), range(5, 10), _ST_DESC)
-    return imbalance(raw, ctx, imratio=imratio, test_imratio=test_imratio)
+    return imbalance(raw, ctx, imratio=imratio, test_imratio=test_imratio, class_ratio=DIGITS_ST_CLASS_RATIO)
 
 
 # ------------------------------------------------------------------------------- tabular
