@@ -59,6 +59,10 @@ def _records(ds, split: str) -> set[tuple[bytes, int]]:
     return {(r.numpy().tobytes(), int(t)) for r, t in zip(x, y)}
 
 
+def _without_paths(public_meta: dict) -> dict:
+    return {k: v for k, v in public_meta.items() if k != "source"}  # file paths differ (a/ vs b/)
+
+
 def _extra_records(a, b, split: str) -> tuple[set, set]:
     ra, rb = _records(a, split), _records(b, split)
     return ra - rb, rb - ra
@@ -81,7 +85,7 @@ def test_outlier_does_not_move_other_records_scaling(shared_data, tmp_path, scal
         assert not only_a, f"{split}: {len(only_a)} records of the smaller world changed or vanished"
         extra |= only_b
     assert len(extra) == 1  # the outlier itself, clipped into the public bounds
-    assert a.public_meta["scaling"] == b.public_meta["scaling"]
+    assert _without_paths(a.public_meta) == _without_paths(b.public_meta)
     lo, hi = covtype_bounds()
     assert float(b.x_train.max()) <= float((hi - lo).max())  # nothing unbounded reaches the features
 
@@ -117,8 +121,7 @@ def test_one_record_changes_mnist_st_selection_by_at_most_itself(shared_data, tm
         changed += list(only_b)
     assert len(changed) <= 1
     assert _records(a, "test") == _records(b, "test")
-    drop_paths = lambda m: {k: v for k, v in m.items() if k != "source"}  # file paths differ (a/ vs b/)
-    assert drop_paths(a.public_meta) == drop_paths(b.public_meta)  # public facts do not depend on the records
+    assert _without_paths(a.public_meta) == _without_paths(b.public_meta)  # public facts ignore the records
     assert "at most that record" in a.public_meta["selection"]["protected_unit"]
 
 
@@ -126,6 +129,8 @@ def test_max_train_changes_by_at_most_one_swap(shared_data, tmp_path):
     test_x = formats.read_idx(shared_data / "mnist" / "t10k-images-idx3-ubyte.gz")
     kw = dict(seed=1, max_train=1500, scaling="unit")
     a = load_dataset("mnist", data_dir=_mnist_world(shared_data, tmp_path / "a", 3000, None), **kw)
+    small = load_dataset("mnist", data_dir=_mnist_world(shared_data, tmp_path / "s", 1000, None), **kw)
+    assert _without_paths(small.public_meta) == _without_paths(a.public_meta)  # even when the cap does not bite
     swaps = 0
     for k in range(3):  # several candidate records: some rank inside the cap, some do not
         b = load_dataset("mnist", data_dir=_mnist_world(shared_data, tmp_path / f"b{k}", 3000, (test_x[k], 1)), **kw)

@@ -16,8 +16,6 @@ from privopt.errors import DataError
 
 __all__ = ["finish", "protected_unit"]
 
-_SPLITS = ("train", "val", "test")
-
 
 def protected_unit(count_based: list[str]) -> str:
     """What one record of the source can change in the training split, given the count-based steps used."""
@@ -50,7 +48,7 @@ def _select(raw: RawData, ctx: BuildContext, *, val_fraction: float, max_train, 
         u = uniforms(train, seed=ctx.seed, stage="max_train")
         train = train.take(np.flatnonzero(u < train_fraction))
         public["train_fraction"] = f"each training record kept with probability {train_fraction:g} (per record)"
-    if max_train is not None and max_train < len(train):
+    if max_train is not None:  # noted whether or not it bites: the public facts must not depend on the count
         train = cap_count(train, int(max_train), seed=ctx.seed, stage="max_train")
         public["max_train"] = (
             f"training split capped at {int(max_train)} records: the lowest-ranked by keyed hash (seed {ctx.seed})"
