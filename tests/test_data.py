@@ -32,7 +32,11 @@ COVTYPE_HIST = [2942, 6022, 2160, 2160, 2396, 2160, 2160]
 
 
 def total_hist(ds):
-    return [sum(v) for v in zip(*ds.meta["label_histogram"].values())]
+    return [sum(v) for v in zip(*ds.private_stats["label_histogram"].values())]
+
+
+def hist(ds, split):
+    return ds.private_stats["label_histogram"][split]
 
 
 # ----------------------------------------------------------------------------- real files
@@ -159,10 +163,10 @@ def test_uncompressed_and_official_train_names(shared_data, tmp_path):
     raw_lab = gzip.decompress((d / "t10k-labels-idx1-ubyte.gz").read_bytes())
     (d / "train-images-idx3-ubyte").write_bytes(raw_img)
     (d / "train-labels-idx1-ubyte").write_bytes(raw_lab)
-    ds = load_dataset("mnist", data_dir=tmp_path, standardize=False)
-    assert ds.meta["test_split"] == "official test split"
-    assert ds.meta["label_histogram"]["train"] == MNIST_HIST
-    assert ds.meta["label_histogram"]["test"] == MNIST_HIST
+    ds = load_dataset("mnist", data_dir=tmp_path, scaling="unit")
+    assert ds.public_meta["test_split"] == "official test split"
+    assert hist(ds, "train") == MNIST_HIST
+    assert hist(ds, "test") == MNIST_HIST
     with pytest.warns(UserWarning, match="official test split"):
         load_dataset("mnist", data_dir=tmp_path, test_fraction=0.3)
 
@@ -201,14 +205,21 @@ def test_celeba_truncated(shared_data, tmp_path):
         load_dataset("celeba", data_dir=tmp_path)
 
 
-def test_adult_bad_label(tmp_path):
+@pytest.mark.parametrize(
+    "country, income, match",
+    [
+        ("United-States", "maybe", r"adult\.data: line 1 has income 'maybe'"),
+        ("Atlantis", "<=50K", r"native-country value\(s\) \['Atlantis'\] are not in the adult.names vocabulary"),
+    ],
+)
+def test_adult_bad_row(tmp_path, country, income, match):
     d = tmp_path / "adult"
     d.mkdir()
     (d / "adult.data").write_text(
         "39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, "
-        "2174, 0, 40, United-States, maybe\n"
+        f"2174, 0, 40, {country}, {income}\n"
     )
-    with pytest.raises(DataError, match=r"adult\.data: line 1 has income 'maybe'"):
+    with pytest.raises(DataError, match=match):
         load_dataset("adult", data_dir=tmp_path)
 
 
@@ -227,7 +238,7 @@ def test_missing_directories(tmp_path, monkeypatch):
 
 def test_env_var_data_dir(shared_data, monkeypatch):
     monkeypatch.setenv("PRIVOPT_DATA", str(shared_data))
-    assert load_dataset("cifar10").meta["label_histogram"]["test"] == CIFAR_TEST_HIST
+    assert hist(load_dataset("cifar10"), "test") == CIFAR_TEST_HIST
 
 
 # ----------------------------------------------------------------------------- registry
@@ -253,7 +264,8 @@ def test_registry_names_and_errors():
         load_dataset("mnsit")
     with pytest.raises(ConfigError, match=r"unknown option\(s\) \['imbalance'\].*imratio"):
         load_dataset("digits-st", imbalance=0.1)
-    for bad in ({"val_fraction": 1.0}, {"test_fraction": 0.0}, {"max_train": 0}, {"seed": 1.5}):
+    bads = ({"val_fraction": 1.0}, {"test_fraction": 0.0}, {"max_train": 0}, {"seed": 1.5}, {"scaling": "zscore"})
+    for bad in bads + ({"train_fraction": 1.0}, {"standardize": "yes"}):
         with pytest.raises(ConfigError):
             load_dataset("digits", **bad)
     assert dataset_options("mnist-st") == {"imratio": 0.1, "test_imratio": 0.5}
@@ -271,39 +283,30 @@ def test_embedded_datasets_need_no_files(monkeypatch):
     assert total_hist(bc) == [212, 357]
 
 
-def test_splits_deterministic_disjoint_and_stratified(shared_data):
-    a = load_dataset("covertype", data_dir=shared_data, seed=3, val_fraction=0.1, standardize=False)
-    b = load_dataset("covertype", data_dir=shared_data, seed=3, val_fraction=0.1, standardize=False)
-    c = load_dataset("covertype", data_dir=shared_data, seed=4, val_fraction=0.1, standardize=False)
+def test_splits_deterministic_disjoint_and_proportional(shared_data):
+    a = load_dataset("covertype", data_dir=shared_data, seed=3, val_fraction=0.1, scaling="unit")
+    b = load_dataset("covertype", data_dir=shared_data, seed=3, val_fraction=0.1, scaling="unit")
+    c = load_dataset("covertype", data_dir=shared_data, seed=4, val_fraction=0.1, scaling="unit")
     assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
     assert not torch.equal(a.x_test, c.x_test)
     # README: all 20,000 rows are distinct, so disjoint splits give 20,000 distinct rows in total.
     rows = {tuple(r) for x in (a.x_train, a.x_val, a.x_test) for r in x.tolist()}
     assert len(rows) == 20000
-    assert a.meta["splits"] == {"train": 14400, "val": 1600, "test": 4000}
+    # Independent per-record coins: sizes are binomial (4 std ~ 230 records for the test split).
+    sizes = a.private_stats["splits"]
+    assert abs(sizes["test"] - 4000) < 230 and abs(sizes["val"] - 1600) < 200
     # binary = Cover_Type 2 vs rest: 6022 positives overall (README class counts).
     assert total_hist(a) == [20000 - 6022, 6022]
     for s in ("train", "val", "test"):
-        h = a.meta["label_histogram"][s]
-        assert abs(h[1] / sum(h) - 6022 / 20000) < 0.002
-
-
-def test_standardisation_uses_training_statistics(shared_data):
-    raw = load_dataset("cifar10", data_dir=shared_data, standardize=False, val_fraction=0.1)
-    std = load_dataset("cifar10", data_dir=shared_data, standardize=True, val_fraction=0.1)
-    assert float(raw.x_train.min()) >= 0.0 and float(raw.x_train.max()) <= 1.0
-    mean = raw.x_train.double().mean(dim=(0, 2, 3), keepdim=True)
-    sd = raw.x_train.double().std(dim=(0, 2, 3), keepdim=True, unbiased=False)
-    torch.testing.assert_close(std.x_test.double(), (raw.x_test.double() - mean) / sd, atol=1e-4, rtol=0)
-    torch.testing.assert_close(std.x_val.double(), (raw.x_val.double() - mean) / sd, atol=1e-4, rtol=0)
-    assert not torch.allclose(std.x_test.mean(dim=(0, 2, 3)), torch.zeros(3), atol=1e-3)
+        h = hist(a, s)
+        assert abs(h[1] / sum(h) - 6022 / 20000) < 0.05
 
 
 def test_mnist_official_splits(shared_data):
     ds = load_dataset("mnist", data_dir=shared_data, max_train=3000)
-    assert ds.meta["splits"]["test"] == 10000
-    assert ds.meta["label_histogram"]["test"] == MNIST_HIST
-    assert ds.meta["splits"]["train"] == 3000  # capped from the 60,000 official training images
+    assert ds.private_stats["splits"]["test"] == 10000
+    assert hist(ds, "test") == MNIST_HIST
+    assert ds.private_stats["splits"]["train"] == 3000  # capped from the 60,000 official training images
     x = formats.read_idx(shared_data / "mnist" / "train-labels-idx1-ubyte.gz", expect_ndim=1)
     assert np.bincount(x).tolist() == MNIST_TRAIN_HIST
 
@@ -315,18 +318,19 @@ def test_mnist_only_t10k_is_carved(shared_data, tmp_path):
         (only_test / name).symlink_to(shared_data / "mnist" / name)
     ds = load_dataset("mnist", data_dir=tmp_path, test_fraction=0.25, max_train=3000)
     assert ds.input_shape == (1, 28, 28)
-    assert ds.meta["splits"]["test"] == 2500 and ds.meta["splits"]["train"] == 3000
-    assert "carved" in ds.meta["test_split"]
-    assert any("only the official test" in p for p in ds.meta["preprocessing"])
-    # stratified: each class keeps its share within one record
-    for k, h in enumerate(ds.meta["label_histogram"]["test"]):
-        assert abs(h - MNIST_HIST[k] / 4) <= 1
+    assert abs(ds.private_stats["splits"]["test"] - 2500) < 4 * 44 and ds.private_stats["splits"]["train"] == 3000
+    assert "carved per record" in ds.public_meta["test_split"]
+    assert any("only the official test" in p for p in ds.public_meta["preprocessing"])
+    # per-record coins: each class keeps about its share (4 binomial std)
+    for k, h in enumerate(hist(ds, "test")):
+        assert abs(h - MNIST_HIST[k] / 4) <= 4 * (MNIST_HIST[k] * 0.25 * 0.75) ** 0.5
 
 
 def test_classes_option(shared_data):
     ds = load_dataset("fashion-mnist", data_dir=shared_data, classes=[7, 3])
-    assert ds.num_classes == 2 and ds.meta["class_names"] == ["Sneaker", "Dress"]
+    assert ds.num_classes == 2
     assert total_hist(ds) == [7000, 7000]  # 6,000 training + 1,000 test images per class
+    assert ds.class_names == ["Sneaker", "Dress"]
     with pytest.raises(ConfigError, match="classes"):
         load_dataset("fashion-mnist", data_dir=shared_data, classes=[3, 3])
 
@@ -337,61 +341,43 @@ def test_classes_option(shared_data):
 @pytest.mark.parametrize("imratio", [0.1, 0.2])
 def test_mnist_st_imbalance(shared_data, imratio):
     ds = load_dataset("mnist-st", data_dir=shared_data, imratio=imratio, val_fraction=0.1)
-    tr = np.add(ds.meta["label_histogram"]["train"], ds.meta["label_histogram"]["val"])
+    tr = np.add(hist(ds, "train"), hist(ds, "val"))
     # Majority class (digits 0-4) of the official 60,000-image training set kept whole.
     assert tr[0] == sum(MNIST_TRAIN_HIST[:5])
-    assert abs(tr[1] / tr.sum() - imratio) < 1.0 / tr.sum() + 1e-9
-    te = ds.meta["label_histogram"]["test"]
-    assert te[0] == te[1]
+    # Positives (29,404) kept with probability imratio/(1-imratio) * 30,596/29,404: binomial, 4 std.
+    n_neg, n_pos = sum(MNIST_TRAIN_HIST[:5]), sum(MNIST_TRAIN_HIST[5:])
+    p = imratio / (1 - imratio) * n_neg / n_pos
+    assert abs(tr[1] - n_pos * p) < 4 * (n_pos * p * (1 - p)) ** 0.5
+    assert abs(tr[1] / tr.sum() - imratio) < 0.005
+    te = hist(ds, "test")
+    assert te[0] == te[1] == sum(MNIST_HIST[5:])  # balanced exactly: negatives cut to the 4,861 positives
     assert ds.num_classes == 2 and int(ds.y_train.max()) == 1
 
 
 def test_digits_st_and_keep_test():
     ds = load_dataset("digits-st", imratio=0.25, test_imratio=None, seed=5)
-    h = ds.meta["label_histogram"]
-    assert abs(h["train"][1] / sum(h["train"]) - 0.25) < 0.01
-    assert sum(h["test"]) == round(0.2 * 1797)  # carved test split, untouched by test_imratio=None
+    h = ds.private_stats["label_histogram"]
+    assert abs(h["train"][1] / sum(h["train"]) - 0.25) < 0.05
+    assert abs(sum(h["test"]) - 0.2 * 1797) < 4 * 17  # carved test split, untouched by test_imratio=None
 
 
 def test_cifar10_st_keeps_last_images(shared_data):
-    ds = load_dataset("cifar10-st", data_dir=shared_data, standardize=False)
-    assert ds.meta["label_histogram"]["train"] == [100] * 5 + CIFAR_TRAIN_HIST[5:]
-    assert ds.meta["label_histogram"]["test"] == CIFAR_TEST_HIST
+    ds = load_dataset("cifar10-st", data_dir=shared_data, scaling="unit", minority_count=100, minority_fraction=None)
+    assert hist(ds, "train") == [100] * 5 + CIFAR_TRAIN_HIST[5:]
+    assert hist(ds, "test") == CIFAR_TEST_HIST
+    assert "count-based" in ds.public_meta["selection"]["protected_unit"]
     x, y = formats.read_cifar_bin(shared_data / "cifar10" / "cifar10_train_first2000.bin.gz")
     want = {bytes(im) for im in x[y == 0][-100:]}
     got = {bytes(np.rint(im.numpy() * 255).astype(np.uint8)) for im in ds.x_train[ds.y_train == 0]}
     assert got == want
-    frac = load_dataset("cifar10-st", data_dir=shared_data, minority_count=None, minority_fraction=0.02)
-    assert frac.meta["label_histogram"]["train"][:5] == [round(0.02 * c) for c in CIFAR_TRAIN_HIST[:5]]
+    frac = load_dataset("cifar10-st", data_dir=shared_data, minority_fraction=0.5)
+    h = hist(frac, "train")
+    assert h[5:] == CIFAR_TRAIN_HIST[5:]
+    for got, full in zip(h[:5], CIFAR_TRAIN_HIST[:5]):  # each kept with probability 0.5: 4 std
+        assert abs(got - full / 2) < 4 * (full / 4) ** 0.5
+    assert "one record of the source" in frac.public_meta["selection"]["protected_unit"]
     with pytest.raises(ConfigError, match="exactly one"):
-        load_dataset("cifar10-st", data_dir=shared_data, minority_fraction=0.02)
-
-
-def test_celeba_stand_in(shared_data):
-    ds = load_dataset("celeba", data_dir=shared_data, max_train=20000, val_fraction=0.05)
-    assert ds.input_shape == (38,) and ds.num_classes == 2
-    assert len(ds.y_test) == 19867  # official validation partition used as test (test rows absent)
-    assert "partition 1" in ds.meta["test_split"] and "stand-in" in ds.meta["stand_in"]
-    assert ds.g_test is not None and ds.g_test.shape == ds.y_test.shape
-    assert ds.meta["group_names"] == ["not Male", "Male"]
-    names, _, attrs = formats.read_celeba_attributes(shared_data / "celeba" / "list_attr_celeba_train_valid.txt.gz")
-    part = formats.read_celeba_partition(shared_data / "celeba" / "list_eval_partition.txt.gz")
-    val_rows = np.array([v == 1 for v in part.values()])[: len(attrs)]
-    assert int(ds.g_test.sum()) == int(attrs[val_rows, names.index("Male")].sum())
-    assert int(ds.y_test.sum()) == int(attrs[val_rows, names.index("Blond_Hair")].sum())
-    joint = load_dataset("celeba", data_dir=shared_data, max_train=1000, groups="target_x_attribute")
-    assert joint.num_groups == 4 and sum(joint.meta["group_histogram"]["test"]) == 19867
-
-
-def test_adult_groups_and_features(shared_data):
-    ds = load_dataset("adult", data_dir=shared_data, val_fraction=0.1)
-    assert sum(ds.meta["splits"].values()) == 32561
-    assert total_hist(ds) == [24720, 7841]
-    assert [sum(v) for v in zip(*ds.meta["group_histogram"].values())] == [10771, 21790]
-    assert "workclass=?" in ds.meta["feature_names"]
-    race = load_dataset("adult", data_dir=shared_data, group="race", missing="drop")
-    assert race.num_groups == 5 and "workclass=?" not in race.meta["feature_names"]
-    assert sum(race.meta["splits"].values()) < 32561
+        load_dataset("cifar10-st", data_dir=shared_data, minority_count=100)
 
 
 def test_covertype_unit_norm(shared_data):

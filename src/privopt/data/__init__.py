@@ -1,4 +1,5 @@
-"""privopt.data: real-format dataset parsers, a dataset registry with seeded splits, and samplers.
+"""privopt.data: real-format dataset parsers, a registry with per-record selection and public
+preprocessing, group data, your own tensors as a Dataset, and samplers. Guide: ``docs/data.md``.
 
 Example:
     >>> from privopt.data import load_dataset, available_datasets
@@ -10,6 +11,8 @@ Example:
 """
 
 from privopt.data.dataset import Dataset
+from privopt.data.preprocess import PrivatePreprocessingWarning
+from privopt.data.public import PublicScaling
 from privopt.data.registry import (
     BuildContext,
     available_datasets,
@@ -20,10 +23,14 @@ from privopt.data.registry import (
     resolve_data_dir,
 )
 from privopt.data.splits import shard_by_label
+from privopt.data.user import ensure_dataset
 from privopt.sampling import DisjointPartition, PoissonSampler, WithoutReplacementSampler  # re-exported
 
 __all__ = [
     "Dataset",
+    "ensure_dataset",
+    "PrivatePreprocessingWarning",
+    "PublicScaling",
     "BuildContext",
     "available_datasets",
     "dataset_options",

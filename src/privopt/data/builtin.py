@@ -1,16 +1,22 @@
-"""The datasets privopt ships: plain benchmarks and the task variants of the papers (SPEC §2.8, §3.7).
+"""The datasets privopt ships: plain benchmarks, the task variants of the papers, and group data.
 
-Variants ("-ST" = imbalanced, Qi et al. 2022 / Zhang et al. 2025c):
+See ``docs/data.md`` for each dataset's construction, public preprocessing and groups. Variants
+("-ST" = imbalanced, Qi et al. 2022 / Zhang et al. 2025c):
 
-* ``mnist-st`` / ``digits-st``: digits 0-4 -> label 0, 5-9 -> label 1; the TRAINING split keeps all
-  of its majority class and subsamples the other so positives are ``imratio`` of it (default 0.1,
-  SPEC E-A.22); the test split is rebalanced to ``test_imratio`` (default 0.5; None keeps it).
-* ``cifar10-st``: classes 0-4 keep only their LAST ``minority_count`` training images (paper: 100
-  of 5,000). On a subset of CIFAR-10 use ``minority_fraction`` (0.02 reproduces 100/5000) instead.
-* ``fashion-mnist``: SPEC E-A.22 says to use it unmodified (10 classes); no -ST variant exists.
-* ``celeba``: attribute-only tabular stand-in (no images), target Blond_Hair, group Male.
+* ``mnist-st`` / ``digits-st``: digits 0-4 -> label 0, 5-9 -> label 1; each positive TRAINING
+  record is kept with a fixed probability (``imratio / (1 - imratio)`` times the official source's
+  public negatives-per-positive ratio), so positives are ``imratio`` of the training split in
+  expectation; the test split is rebalanced exactly to ``test_imratio`` (default 0.5; None keeps it).
+* ``cifar10-st``: each training image of classes 0-4 is kept with probability
+  ``minority_fraction`` (default 0.02 = the paper's 100 of 5,000); ``minority_count`` instead
+  keeps the paper's exact "last k images" (count-based).
+* ``fashion-mnist``: used unmodified (10 classes); no -ST variant exists.
+* ``celeba``: attribute-only tabular stand-in (no images), target ``Blond_Hair``, groups
+  ``Male`` x ``Blond_Hair`` (Sagawa et al.).
+* ``adult``: income, groups sex x race (see :mod:`privopt.data.adult`).
 * ``covertype``: binary "class 2 (Lodgepole Pine) vs rest" as LIBSVM ``covtype.binary``;
-  ``unit_norm=True`` gives min-max scaling then unit-L2 rows (||x|| <= 1, SPEC E-B.8).
+  ``unit_norm=True`` gives public min-max bounds then unit-L2 rows (||x|| <= 1).
+* ``synthetic-groups``: p-group Gaussian-mixture logistic benchmark (:mod:`privopt.data.synthetic`).
 """
 
 from __future__ import annotations
@@ -19,10 +25,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+import privopt.data.synthetic  # noqa: F401  (registers synthetic-groups)
+from privopt.data.adult import adult_source
 from privopt.data.dataset import Part, RawData
-from privopt.data.registry import BuildContext, register_dataset
-from privopt.data.sources import adult_source, celeba_source, cifar10_source, covtype_source, idx_source, sklearn_source
-from privopt.data.splits import positive_ratio_indices
+from privopt.data.public import covtype_scaling
+from privopt.data.registry import BuildContext, is_int, is_real, register_dataset
+from privopt.data.sources import celeba_source, cifar10_source, covtype_source, idx_source, sklearn_source
+from privopt.data.splits import balance_exact, thin_label, uniforms
 from privopt.errors import ConfigError
 
 MNIST_FOLDERS = ("mnist", "MNIST", "MNIST/raw")
@@ -42,9 +51,7 @@ def select_classes(raw: RawData, classes: Sequence[int] | None) -> RawData:
     if (
         len(classes) < 2
         or len(set(classes)) != len(classes)
-        or any(
-            isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c < raw.num_classes for c in classes
-        )
+        or any(not is_int(c) or not 0 <= c < raw.num_classes for c in classes)
     ):
         raise ConfigError(f"classes must be >= 2 distinct labels in 0..{raw.num_classes - 1}, got {classes!r}")
     lut = np.full(raw.num_classes, -1, dtype=np.int64)
@@ -73,29 +80,48 @@ def binarize(raw: RawData, positive: Sequence[int], description: str) -> RawData
             p.y = np.isin(p.y, list(positive)).astype(np.int64)
     raw.num_classes = 2
     raw.meta["class_names"] = ["negative", "positive"]
-    raw.meta.setdefault("preprocessing", []).append(description)
+    raw.note(description)
     return raw
 
 
-def imbalance(raw: RawData, ctx: BuildContext, *, imratio: float, test_imratio: float | None) -> RawData:
-    """Subsample so positives are ``imratio`` of the training split (and ``test_imratio`` of test)."""
+# Negatives (original labels 0-4) per positive (5-9) in the official sources: public label counts
+# (MNIST training set: 30,596 / 29,404 per its published histogram; scikit-learn digits: 901 / 896).
+MNIST_ST_CLASS_RATIO = 30596 / 29404
+DIGITS_ST_CLASS_RATIO = 901 / 896
+
+
+def imbalance(
+    raw: RawData, ctx: BuildContext, *, imratio: float, test_imratio: float | None, class_ratio: float
+) -> RawData:
+    """Thin the training split per record so positives are about ``imratio`` of it; rebalance test exactly.
+
+    ``class_ratio`` is the public number of negatives per positive in the official source, so the
+    expected positive share is exactly ``imratio`` on the official files.
+    """
     for name, value in (("imratio", imratio), ("test_imratio", test_imratio)):
-        if value is not None and not (isinstance(value, (int, float)) and 0 < value < 1):
+        if value is not None and not (is_real(value) and 0 < value < 1):
             raise ConfigError(f"{name} must be in (0, 1){' or None' if name == 'test_imratio' else ''}, got {value!r}")
     if imratio is None:
         raise ConfigError("imratio must be in (0, 1), got None")
+    # A fixed keep probability (public constants, not the loaded counts): each record's fate is its own.
+    odds = imratio / (1.0 - imratio) * class_ratio
+    label, p = (1, odds) if odds <= 1 else (0, 1.0 / odds)
     before = len(raw.train)
-    raw.train = raw.train.take(positive_ratio_indices(raw.train.y, imratio, ctx.rng("imbalance-train")))
-    prep = raw.meta.setdefault("preprocessing", [])
-    prep.append(
-        f"training split subsampled from {before} to {len(raw.train)} records so positives are {imratio:g} of it"
+    raw.train = thin_label(raw.train, label, p, seed=ctx.seed, stage="imbalance")
+    raw.note(
+        f"training split: each label-{label} record kept with probability {p:.6g} "
+        f"(= imratio/(1-imratio) x {class_ratio:.6g} public negatives per positive; per record, so positives "
+        f"are {imratio:g} of the split in expectation on the official files)"
     )
+    raw.stats["imbalance"] = {"train_before": before, "train_after": len(raw.train)}
     if test_imratio is not None:
         before = len(raw.test)
-        raw.test = raw.test.take(positive_ratio_indices(raw.test.y, test_imratio, ctx.rng("imbalance-test")))
-        prep.append(
-            f"test split subsampled from {before} to {len(raw.test)} records so positives are {test_imratio:g} of it"
+        raw.test = balance_exact(raw.test, test_imratio, seed=ctx.seed, stage="test_balance")
+        raw.note(
+            f"test split (evaluation only) subsampled so positives are exactly {test_imratio:g} of it "
+            "(the lowest-ranked records by keyed hash of the class in excess)"
         )
+        raw.stats["imbalance"].update(test_before=before, test_after=len(raw.test))
     raw.meta["imratio"] = {"train": imratio, "test": test_imratio}
     return raw
 
@@ -106,23 +132,27 @@ _ST_DESC = "binary task: original labels 0-4 -> 0, 5-9 -> 1"
 # ------------------------------------------------------------------------------- images
 
 
+def _idx(ctx: BuildContext, folders, names, normalization: str) -> RawData:
+    return ctx.with_test(idx_source(ctx, folders=folders, class_names=names, normalization=normalization))
+
+
 @register_dataset("mnist")
 def _mnist(ctx: BuildContext, *, classes: Sequence[int] | None = None) -> RawData:
     """MNIST handwritten digits (IDX files in <data_dir>/mnist), 10 classes, [1, 28, 28]."""
-    return select_classes(ctx.with_test(idx_source(ctx, folders=MNIST_FOLDERS, class_names=DIGITS)), classes)
+    return select_classes(_idx(ctx, MNIST_FOLDERS, DIGITS, "mnist"), classes)
 
 
 @register_dataset("fashion-mnist")
 def _fashion(ctx: BuildContext, *, classes: Sequence[int] | None = None) -> RawData:
-    """Fashion-MNIST (IDX files in <data_dir>/fashion-mnist), 10 classes, used unmodified (SPEC E-A.22)."""
-    return select_classes(ctx.with_test(idx_source(ctx, folders=FASHION_FOLDERS, class_names=FASHION)), classes)
+    """Fashion-MNIST (IDX files in <data_dir>/fashion-mnist), 10 classes, used unmodified."""
+    return select_classes(_idx(ctx, FASHION_FOLDERS, FASHION, "fashion-mnist"), classes)
 
 
 @register_dataset("mnist-st")
 def _mnist_st(ctx: BuildContext, *, imratio: float = 0.1, test_imratio: float | None = 0.5) -> RawData:
-    """MNIST-ST: binary 0-4 vs 5-9, positives subsampled to ``imratio`` of the training split."""
-    raw = ctx.with_test(idx_source(ctx, folders=MNIST_FOLDERS, class_names=DIGITS))
-    return imbalance(binarize(raw, range(5, 10), _ST_DESC), ctx, imratio=imratio, test_imratio=test_imratio)
+    """MNIST-ST: binary 0-4 vs 5-9, positives thinned per record to about ``imratio`` of the training split."""
+    raw = binarize(_idx(ctx, MNIST_FOLDERS, DIGITS, "mnist"), range(5, 10), _ST_DESC)
+    return imbalance(raw, ctx, imratio=imratio, test_imratio=test_imratio, class_ratio=MNIST_ST_CLASS_RATIO)
 
 
 @register_dataset("cifar10")
@@ -131,39 +161,38 @@ def _cifar10(ctx: BuildContext, *, classes: Sequence[int] | None = None) -> RawD
     return select_classes(ctx.with_test(cifar10_source(ctx)), classes)
 
 
-@register_dataset("cifar10-st")
-def _cifar10_st(
-    ctx: BuildContext, *, minority_count: int | None = 100, minority_fraction: float | None = None
-) -> RawData:
-    """CIFAR10-ST: classes 0-4 keep only their last training images (paper: 100 each); test unchanged."""
+def _check_minority(minority_count, minority_fraction) -> None:
     if (minority_count is None) == (minority_fraction is None):
         raise ConfigError(
             f"cifar10-st: set exactly one of minority_count / minority_fraction "
-            f"(got {minority_count!r} / {minority_fraction!r}; pass minority_count=None to use a fraction)"
+            f"(got {minority_count!r} / {minority_fraction!r}; pass minority_fraction=None to use a count)"
         )
-    if minority_count is not None and (
-        isinstance(minority_count, bool) or not isinstance(minority_count, int) or minority_count < 1
-    ):
+    if minority_count is not None and not (is_int(minority_count) and minority_count >= 1):
         raise ConfigError(f"cifar10-st: minority_count must be a positive integer, got {minority_count!r}")
-    if minority_fraction is not None and not (
-        isinstance(minority_fraction, (int, float)) and 0 < minority_fraction <= 1
-    ):
+    if minority_fraction is not None and not (is_real(minority_fraction) and 0 < minority_fraction <= 1):
         raise ConfigError(f"cifar10-st: minority_fraction must be in (0, 1], got {minority_fraction!r}")
+
+
+@register_dataset("cifar10-st")
+def _cifar10_st(
+    ctx: BuildContext, *, minority_count: int | None = None, minority_fraction: float | None = 0.02
+) -> RawData:
+    """CIFAR10-ST: training images of classes 0-4 kept with probability minority_fraction (paper: 100 of 5,000)."""
+    _check_minority(minority_count, minority_fraction)
     raw = ctx.with_test(cifar10_source(ctx))
-    y = raw.train.y
-    keep = np.ones(len(y), dtype=bool)
-    kept = {}
-    for c in range(5):
-        idx = np.flatnonzero(y == c)  # file order, so idx[-k:] are the LAST k images of class c
-        k = minority_count if minority_count is not None else max(1, int(round(minority_fraction * len(idx))))
-        keep[idx[: max(len(idx) - k, 0)]] = False
-        kept[str(c)] = int(min(k, len(idx)))
+    minority = raw.train.y < 5
+    if minority_fraction is not None:
+        keep = ~minority | (uniforms(raw.train, seed=ctx.seed, stage="minority") < minority_fraction)
+        rule = f"each image of classes 0-4 kept with probability {minority_fraction:g} (per record, keyed hash)"
+    else:
+        keep = ~minority
+        for c in range(5):
+            idx = np.flatnonzero(raw.train.y == c)  # file order: idx[-k:] are the LAST k images of class c
+            keep[idx[max(len(idx) - minority_count, 0) :]] = True
+        rule = f"classes 0-4 keep only their last {minority_count} training images in file order (count-based)"
+        raw.meta["count_based_selection"] = [f"cifar10-st minority_count={minority_count}"]
     raw.train = raw.train.take(np.flatnonzero(keep))
-    rule = f"last {minority_count}" if minority_count is not None else f"last {minority_fraction:g} share"
-    raw.meta.setdefault("preprocessing", []).append(
-        f"CIFAR10-ST: classes 0-4 keep only the {rule} of their training images in file order (kept {kept}); "
-        "classes 5-9 and the test split unchanged"
-    )
+    raw.note(f"CIFAR10-ST: {rule}; classes 5-9 and the test split unchanged")
     return raw
 
 
@@ -176,8 +205,8 @@ def _digits(ctx: BuildContext, *, classes: Sequence[int] | None = None) -> RawDa
 @register_dataset("digits-st", needs_files=False)
 def _digits_st(ctx: BuildContext, *, imratio: float = 0.1, test_imratio: float | None = 0.5) -> RawData:
     """digits binarised 0-4 vs 5-9 and imbalanced like MNIST-ST (offline demo); no files needed."""
-    raw = ctx.with_test(sklearn_source("digits"))
-    return imbalance(binarize(raw, range(5, 10), _ST_DESC), ctx, imratio=imratio, test_imratio=test_imratio)
+    raw = binarize(ctx.with_test(sklearn_source("digits")), range(5, 10), _ST_DESC)
+    return imbalance(raw, ctx, imratio=imratio, test_imratio=test_imratio, class_ratio=DIGITS_ST_CLASS_RATIO)
 
 
 # ------------------------------------------------------------------------------- tabular
@@ -203,11 +232,11 @@ def _covertype(
         raise ConfigError(f"covertype option task={task!r} unknown; use 'binary' or 'multiclass'")
     if task == "binary" and classes is not None:
         raise ConfigError("covertype option classes applies to task='multiclass' only")
-    if not (isinstance(positive_class, int) and 1 <= positive_class <= 7):
+    if not (is_int(positive_class) and 1 <= positive_class <= 7):
         raise ConfigError(f"covertype positive_class must be a Cover_Type in 1..7, got {positive_class!r}")
     if not isinstance(unit_norm, bool):
         raise ConfigError(f"covertype unit_norm must be True or False, got {unit_norm!r}")
-    x, cover, meta = covtype_source(ctx)
+    x, cover, meta, stats = covtype_source(ctx)
     meta["official_splits_present"] = ["all rows (one file)"]
     if task == "binary":
         y = (cover == positive_class).astype(np.int64)
@@ -222,19 +251,19 @@ def _covertype(
         meta["class_names"] = [f"Cover_Type {i}" for i in range(1, 8)]
         meta["preprocessing"] = ["label = Cover_Type - 1 (0..6)"]
         k = 7
-    raw = RawData(Part(x, y), None, "tabular", k, scaling="minmax_unit_norm" if unit_norm else "standardize", meta=meta)
+    raw = RawData(Part(x, y), None, "tabular", k, covtype_scaling(), unit_norm=unit_norm, meta=meta, stats=stats)
     return select_classes(ctx.with_test(raw), classes)
 
 
 @register_dataset("adult")
-def _adult(ctx: BuildContext, *, group: str | None = "sex", missing: str = "category") -> RawData:
-    """UCI Adult income (>50K = 1), numeric + one-hot features; groups by ``sex`` (or ``race``)."""
+def _adult(ctx: BuildContext, *, group: str | None = "sex_race", missing: str = "category") -> RawData:
+    """UCI Adult income (>50K = 1), public feature encoding; groups sex x race (or ``sex``, ``race``)."""
     return ctx.with_test(adult_source(ctx, group=group, missing=missing))
 
 
 @register_dataset("celeba")
 def _celeba(
-    ctx: BuildContext, *, target: str = "Blond_Hair", group: str = "Male", groups: str = "attribute"
+    ctx: BuildContext, *, target: str = "Blond_Hair", group: str = "Male", groups: str = "target_x_attribute"
 ) -> RawData:
-    """CelebA attribute-only stand-in: predict ``target`` from the other attributes; groups from ``group``."""
+    """CelebA attribute-only stand-in: predict ``target`` from the other attributes; groups target x ``group``."""
     return celeba_source(ctx, target=target, group=group, groups=groups)

@@ -240,7 +240,13 @@ def read_adult(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], np.ndarr
     Raises:
         DataError: a row without 15 fields, a non-numeric numeric field, or an unknown income label.
     """
-    path = Path(path)
+    cols, label = _read_adult_cached(_cache_key(Path(path)))
+    return {k: v.copy() for k, v in cols.items()}, label.copy()
+
+
+@functools.lru_cache(maxsize=2)
+def _read_adult_cached(key) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    path = Path(key[0])
     rows = []
     for i, ln in enumerate(read_text(path).splitlines()):
         if not ln.strip() or ln.startswith("|"):

@@ -1,7 +1,8 @@
 """Readers that turn a dataset folder (or an embedded scikit-learn dataset) into :class:`RawData`.
 
-Each source records in ``meta["source"]`` the files it read and their record counts, and which
-official splits were present. Test splits are NOT carved here (see
+Each source records in ``meta["source"]`` the files it read and which official splits were present
+(public facts), and in ``stats["records_per_file"]`` how many records each file held (private).
+Test splits are NOT carved here (see
 :meth:`privopt.data.registry.BuildContext.with_test`), so variants can transform the official
 splits first.
 """
@@ -14,10 +15,11 @@ import numpy as np
 
 from privopt.data import formats
 from privopt.data.dataset import Part, RawData
+from privopt.data.public import PublicScaling, breast_cancer_scaling, image_scaling
 from privopt.data.registry import BuildContext
 from privopt.errors import ConfigError, DataError
 
-__all__ = ["idx_source", "cifar10_source", "covtype_source", "adult_source", "celeba_source", "sklearn_source"]
+__all__ = ["idx_source", "cifar10_source", "covtype_source", "celeba_source", "sklearn_source"]
 
 _IDX_NAMES = {
     # split -> (images names, labels names); the dotted variants are used by some official mirrors.
@@ -39,8 +41,13 @@ def _no_train_note(meta: dict, split_name: str) -> None:
     )
 
 
-def idx_source(ctx: BuildContext, *, folders: tuple[str, ...], class_names: list[str]) -> RawData:
-    """MNIST-format IDX files: ``train-*`` and/or ``t10k-*`` image/label pairs (``.gz`` or not)."""
+def idx_source(
+    ctx: BuildContext, *, folders: tuple[str, ...], class_names: list[str], normalization: str | None
+) -> RawData:
+    """MNIST-format IDX files: ``train-*`` and/or ``t10k-*`` image/label pairs (``.gz`` or not).
+
+    ``normalization`` names the published constants of :data:`privopt.data.public.IMAGE_NORMALIZATION`.
+    """
     expected = (
         "train-images-idx3-ubyte[.gz] + train-labels-idx1-ubyte[.gz] and/or "
         "t10k-images-idx3-ubyte[.gz] + t10k-labels-idx1-ubyte[.gz]"
@@ -66,12 +73,18 @@ def idx_source(ctx: BuildContext, *, folders: tuple[str, ...], class_names: list
         parts[split] = Part(x[:, None, :, :], y)
     if not parts:
         raise DataError(f"{root}: no IDX files found; expected {expected}")
-    meta = {"source": {"format": "IDX", "files": files}, "class_names": class_names}
+    return _image_raw(parts, files, "IDX", class_names, image_scaling(255, 1, normalization=normalization))
+
+
+def _image_raw(parts: dict, files: dict, fmt: str, class_names: list[str], scaling: PublicScaling) -> RawData:
+    meta = {"source": {"format": fmt, "files": sorted(files)}, "class_names": class_names}
+    stats = {"records_per_file": files}
+    k = len(class_names)
     if "train" in parts:
         meta["official_splits_present"] = sorted(parts)
-        return RawData(parts["train"], parts.get("test"), "image", len(class_names), x_scale=255.0, meta=meta)
-    _no_train_note(meta, "test (t10k)")
-    return RawData(parts["test"], None, "image", len(class_names), x_scale=255.0, meta=meta)
+        return RawData(parts["train"], parts.get("test"), "image", k, scaling, meta=meta, stats=stats)
+    _no_train_note(meta, "test")
+    return RawData(parts["test"], None, "image", k, scaling, meta=meta, stats=stats)
 
 
 def cifar10_source(ctx: BuildContext) -> RawData:
@@ -109,16 +122,11 @@ def cifar10_source(ctx: BuildContext) -> RawData:
             xs.append(x)
             ys.append(y)
         parts[split] = Part(np.concatenate(xs), np.concatenate(ys))
-    meta = {"source": {"format": "CIFAR-10 binary", "files": files}, "class_names": names}
-    if "train" in parts:
-        meta["official_splits_present"] = sorted(parts)
-        return RawData(parts["train"], parts.get("test"), "image", 10, x_scale=255.0, meta=meta)
-    _no_train_note(meta, "test")
-    return RawData(parts["test"], None, "image", 10, x_scale=255.0, meta=meta)
+    return _image_raw(parts, files, "CIFAR-10 binary", names, image_scaling(255, 3, normalization="cifar10"))
 
 
-def covtype_source(ctx: BuildContext) -> tuple[np.ndarray, np.ndarray, dict]:
-    """``covtype.data[.gz]`` (any ``covtype*.data[.gz]``): features [N, 54] and Cover_Type 1..7."""
+def covtype_source(ctx: BuildContext) -> tuple[np.ndarray, np.ndarray, dict, dict]:
+    """``covtype.data[.gz]`` (any ``covtype*.data[.gz]``): features [N, 54], Cover_Type 1..7, public meta, stats."""
     expected = "covtype.data[.gz] (UCI Covertype text, 55 comma-separated integers per row)"
     root = ctx.dataset_dir(("covtype", "covertype"), expected=expected)
     path = ctx.find(root, ("covtype.data",))
@@ -132,80 +140,15 @@ def covtype_source(ctx: BuildContext) -> tuple[np.ndarray, np.ndarray, dict]:
             )
         path = cands[0]
     x, y = formats.read_covtype(path)
-    return x, y, {"source": {"format": "UCI covtype.data", "files": {str(path): len(y)}}}
-
-
-_ADULT_GROUPS = {
-    "sex": ("Female", "Male"),
-    "race": ("White", "Black", "Asian-Pac-Islander", "Amer-Indian-Eskimo", "Other"),
-}
-
-
-def adult_source(ctx: BuildContext, *, group: str | None, missing: str) -> RawData:
-    """UCI Adult: ``adult.data[.gz]`` (+ ``adult.test[.gz]`` if present), one-hot categoricals."""
-    if group is not None and group not in _ADULT_GROUPS:
-        raise ConfigError(f"adult option group={group!r} unknown; use one of {sorted(_ADULT_GROUPS)} or None")
-    if missing not in ("category", "drop"):
-        raise ConfigError(f"adult option missing={missing!r} unknown; use 'category' or 'drop'")
-    expected = "adult.data[.gz] (and optionally adult.test[.gz]) in UCI text format"
-    root = ctx.dataset_dir(("adult",), expected=expected)
-    train_path = ctx.find(root, ("adult.data",))
-    if train_path is None:
-        raise DataError(f"{root / 'adult.data'}[.gz] is missing; expected {expected}")
-    test_path = ctx.find(root, ("adult.test",))
-    tables = {"train": formats.read_adult(train_path)}
-    files = {str(train_path): len(tables["train"][1])}
-    if test_path is not None:
-        tables["test"] = formats.read_adult(test_path)
-        files[str(test_path)] = len(tables["test"][1])
-    cat_cols = [c for c in formats.ADULT_COLUMNS[:-1] if c not in formats.ADULT_NUMERIC]
-    # One-hot vocabulary from the training file; categories unseen there get an all-zero block.
-    vocab = {c: sorted(set(tables["train"][0][c]) - ({"?"} if missing == "drop" else set())) for c in cat_cols}
-    dropped = {}
-    parts = {}
-    for split, (cols, label) in tables.items():
-        keep = np.ones(len(label), dtype=bool)
-        if missing == "drop":
-            for c in cat_cols:
-                keep &= cols[c] != "?"
-            dropped[split] = int((~keep).sum())
-        blocks = [cols[c][:, None] for c in formats.ADULT_NUMERIC]
-        blocks += [(cols[c][:, None] == np.array(vocab[c], dtype=object)[None, :]) for c in cat_cols]
-        x = np.concatenate([b.astype(np.float64) for b in blocks], axis=1)[keep]
-        g = None
-        if group is not None:
-            values = cols[group][keep]
-            names = _ADULT_GROUPS[group]
-            bad = sorted(set(values) - set(names))
-            if bad:
-                raise DataError(f"{train_path if split == 'train' else test_path}: unknown {group} value(s) {bad}")
-            g = np.array([names.index(v) for v in values], dtype=np.int64)
-        parts[split] = Part(x, label[keep], g)
-    feature_names = list(formats.ADULT_NUMERIC) + [f"{c}={v}" for c in cat_cols for v in vocab[c]]
-    meta = {
-        "source": {"format": "UCI adult", "files": files},
-        "official_splits_present": sorted(tables),
-        "class_names": ["<=50K", ">50K"],
-        "feature_names": feature_names,
-        "preprocessing": [
-            "label 1 = income >50K",
-            "categorical columns one-hot encoded with the vocabulary of adult.data"
-            + ("; '?' (missing) is its own category" if missing == "category" else "; rows with '?' dropped"),
-        ],
-    }
-    if dropped:
-        meta["rows_dropped_missing"] = dropped
-    if group is not None:
-        meta["group_attribute"] = group
-        meta["group_names"] = list(_ADULT_GROUPS[group])
-    return RawData(parts["train"], parts.get("test"), "tabular", 2, meta=meta)
+    meta = {"source": {"format": "UCI covtype.data", "files": [str(path)]}}
+    return x, y, meta, {"records_per_file": {str(path): len(y)}}
 
 
 def celeba_source(ctx: BuildContext, *, target: str, group: str, groups: str) -> RawData:
     """CelebA attribute annotations as a tabular stand-in (no images): features = the other attributes.
 
     Train = official partition 0; test = partition 2 when its rows are present, else the official
-    validation partition 1 (the shared data holds only partitions 0 and 1).
+    validation partition 1 (the shared data holds only partitions 0 and 1). Attributes are 0/1.
     """
     if groups not in ("attribute", "target_x_attribute"):
         raise ConfigError(f"celeba option groups={groups!r} unknown; use 'attribute' or 'target_x_attribute'")
@@ -229,19 +172,8 @@ def celeba_source(ctx: BuildContext, *, target: str, group: str, groups: str) ->
         raise DataError(f"{part_path}: image {exc.args[0]} of {attr_path} has no partition entry") from None
     ti, gi = names.index(target), names.index(group)
     feat_idx = [j for j in range(len(names)) if j not in (ti, gi)]
-    x = attrs[:, feat_idx].astype(np.float32)
-    y = attrs[:, ti].astype(np.int64)
-    gattr = attrs[:, gi].astype(np.int64)
-    if groups == "attribute":
-        g, gnames = gattr, [f"not {group}", group]
-    else:
-        g = 2 * y + gattr
-        gnames = [
-            f"not {target}, not {group}",
-            f"not {target}, {group}",
-            f"{target}, not {group}",
-            f"{target}, {group}",
-        ]
+    x, y, gattr = attrs[:, feat_idx].astype(np.float32), attrs[:, ti].astype(np.int64), attrs[:, gi].astype(np.int64)
+    g, gnames = _celeba_groups(y, gattr, target=target, group=group, groups=groups)
     counts = {str(k): int((part == k).sum()) for k in (0, 1, 2)}
     test_k = 2 if counts["2"] else 1
     if counts["0"] == 0 or counts[str(test_k)] == 0:
@@ -250,8 +182,7 @@ def celeba_source(ctx: BuildContext, *, target: str, group: str, groups: str) ->
         )
     sel = lambda k: Part(x[part == k], y[part == k], g[part == k])
     meta = {
-        "source": {"format": "CelebA annotations", "files": {str(attr_path): len(ids), str(part_path): len(partition)}},
-        "partition_counts": counts,
+        "source": {"format": "CelebA annotations", "files": [str(attr_path), str(part_path)]},
         "official_splits_present": ["train", "val"] + (["test"] if counts["2"] else []),
         "test_split": "official test partition 2"
         if test_k == 2
@@ -262,12 +193,25 @@ def celeba_source(ctx: BuildContext, *, target: str, group: str, groups: str) ->
         "target_attribute": target,
         "group_attribute": group,
         "group_names": gnames,
+        "preprocessing": ["attributes mapped from -1/1 to 0/1"],
     }
     if test_k == 2 and counts["1"]:
-        meta["unused"] = (
-            f"official validation partition 1 ({counts['1']} rows) is not used; carve val with val_fraction"
-        )
-    return RawData(sel(0), sel(test_k), "tabular", 2, meta=meta)
+        meta["unused"] = "official validation partition 1 is not used; carve a validation split with val_fraction"
+    stats = {"records_per_file": {str(attr_path): len(ids), str(part_path): len(partition)}, "partition_counts": counts}
+    box = PublicScaling.box(np.zeros(len(feat_idx)), np.ones(len(feat_idx)), source="binary attributes (0/1)")
+    return RawData(sel(0), sel(test_k), "tabular", 2, box, meta=meta, stats=stats)
+
+
+def _celeba_groups(y, gattr, *, target: str, group: str, groups: str) -> tuple[np.ndarray, list[str]]:
+    if groups == "attribute":
+        return gattr, [f"not {group}", group]
+    names = [
+        f"not {target}, not {group}",
+        f"not {target}, {group}",
+        f"{target}, not {group}",
+        f"{target}, {group}",
+    ]
+    return 2 * y + gattr, names
 
 
 def sklearn_source(which: str) -> RawData:
@@ -278,18 +222,19 @@ def sklearn_source(which: str) -> RawData:
         b = skd.load_digits()
         x = b.images.astype(np.float64)[:, None, :, :]
         return RawData(
-            Part(x, b.target.astype(np.int64)), None, "image", 10, x_scale=16.0,
-            meta={"source": {"format": "scikit-learn load_digits", "records": len(x)},
-                  "class_names": [str(i) for i in range(10)]},
+            Part(x, b.target.astype(np.int64)), None, "image", 10, image_scaling(16, 1, normalization=None),
+            meta={"source": {"format": "scikit-learn load_digits"}, "class_names": [str(i) for i in range(10)]},
+            stats={"records": len(x)},
         )  # fmt: skip
     if which == "breast_cancer":
         b = skd.load_breast_cancer()
         return RawData(
-            Part(b.data.astype(np.float64), b.target.astype(np.int64)), None, "tabular", 2,
+            Part(b.data.astype(np.float64), b.target.astype(np.int64)), None, "tabular", 2, breast_cancer_scaling(),
             meta={
-                "source": {"format": "scikit-learn load_breast_cancer", "records": len(b.target)},
+                "source": {"format": "scikit-learn load_breast_cancer"},
                 "class_names": [str(n) for n in b.target_names],
                 "feature_names": [str(n) for n in b.feature_names],
             },
+            stats={"records": len(b.target)},
         )  # fmt: skip
     raise ConfigError(f"unknown scikit-learn dataset {which!r}")

@@ -1,86 +1,89 @@
-"""Seeded, deterministic index manipulations: stratified splits, subsampling, imbalance, shards.
+"""Selection steps of the loading pipeline, each decided per record (see :mod:`privopt.data.selection`).
 
-All functions take an explicit :class:`numpy.random.Generator` and return sorted index arrays
-(sorted so that the original file order survives inside each split — the "last 100 images of a
-class" rule of CIFAR10-ST depends on file order).
+* :func:`carve` / :func:`thin_label`: independent keyed coins; adding or removing one record
+  changes the result by at most that record.
+* :func:`cap_count` / :func:`balance_exact`: exact counts, ranked by the same keyed hash; one
+  record changes the result by at most one swap. Used for ``max_train`` and for rebalancing the
+  (evaluation-only) test split.
+
+All return splits in source order (the "last images of a class" rule of CIFAR10-ST needs it).
+``shard_by_label`` (distributed clients) and :func:`label_histogram` live here too.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from privopt.data.dataset import Part
+from privopt.data.selection import keep_mask, lowest_ranked, record_uniforms, stage_index
 from privopt.errors import ConfigError
 
 __all__ = [
-    "stratified_split",
-    "stratified_subsample",
-    "positive_ratio_indices",
+    "uniforms",
+    "carve",
+    "thin_label",
+    "cap_count",
+    "balance_exact",
     "label_histogram",
     "shard_by_label",
 ]
 
 
-def _alloc(counts: np.ndarray, total: int) -> np.ndarray:
-    """Split ``total`` over classes proportionally to ``counts`` (largest-remainder rounding)."""
-    exact = counts * (total / counts.sum())
-    take = np.floor(exact).astype(np.int64)
-    rest = total - int(take.sum())
-    if rest > 0:
-        order = np.argsort(-(exact - take), kind="stable")
-        take[order[:rest]] += 1
-    return np.minimum(take, counts)
+def uniforms(part: Part, *, seed: int, stage: str) -> np.ndarray:
+    """The ``stage`` uniform of every record of ``part`` (computed once per part, then cached)."""
+    if part.u is None:
+        part.u = record_uniforms(part.x, part.y, seed=seed)
+    return part.u[:, stage_index(stage)]
 
 
-def stratified_split(y: np.ndarray, fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Split indices into ``(kept, held_out)`` with ``round(fraction * n)`` held out, per-class proportional.
+def carve(part: Part, fraction: float, *, seed: int, stage: str) -> tuple[Part, Part]:
+    """``(kept, held_out)``: each record is held out iff its ``stage`` uniform is below ``fraction``.
 
     Example:
         >>> import numpy as np
-        >>> keep, out = stratified_split(np.array([0] * 8 + [1] * 2), 0.5, np.random.default_rng(0))
-        >>> len(out), int((np.array([0] * 8 + [1] * 2)[out] == 1).sum())
-        (5, 1)
+        >>> p = Part(np.arange(2000, dtype=np.int64)[:, None], np.zeros(2000, dtype=np.int64))
+        >>> kept, held = carve(p, 0.25, seed=0, stage="test")
+        >>> len(kept) + len(held), abs(len(held) - 500) < 70
+        (2000, True)
     """
     if not 0.0 < fraction < 1.0:
         raise ConfigError(f"split fraction must be in (0, 1), got {fraction}")
-    y = np.asarray(y)
-    n_out = int(round(fraction * len(y)))
-    if n_out == 0 or n_out == len(y):
-        raise ConfigError(f"split fraction {fraction} of {len(y)} records leaves an empty split")
-    held = stratified_subsample(y, n_out, rng)
-    mask = np.ones(len(y), dtype=bool)
-    mask[held] = False
-    return np.flatnonzero(mask), held
+    held = keep_mask(uniforms(part, seed=seed, stage=stage), fraction)
+    return part.take(np.flatnonzero(~held)), part.take(np.flatnonzero(held))
 
 
-def stratified_subsample(y: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
-    """``size`` indices drawn without replacement, keeping the class proportions of ``y``."""
-    y = np.asarray(y)
-    if size >= len(y):
-        return np.arange(len(y))
-    _classes, inverse = np.unique(y, return_inverse=True)
-    take = _alloc(np.bincount(inverse), size)
-    out = [rng.choice(np.flatnonzero(inverse == c), size=int(k), replace=False) for c, k in enumerate(take) if k]
-    return np.sort(np.concatenate(out)) if out else np.zeros(0, dtype=np.int64)
+def thin_label(part: Part, label: int, keep_probability: float, *, seed: int, stage: str) -> Part:
+    """Keep every record of other labels; keep each record of ``label`` iff its uniform < ``keep_probability``."""
+    u = uniforms(part, seed=seed, stage=stage)
+    keep = (part.y != label) | keep_mask(u, keep_probability)
+    return part.take(np.flatnonzero(keep))
 
 
-def positive_ratio_indices(y: np.ndarray, ratio: float, rng: np.random.Generator) -> np.ndarray:
-    """Indices of a subsample of binary labels ``y`` whose share of label 1 is ``ratio``.
+def cap_count(part: Part, count: int, *, seed: int, stage: str) -> Part:
+    """The ``count`` records with the smallest ``stage`` uniforms (all if fewer)."""
+    return part.take(lowest_ranked(uniforms(part, seed=seed, stage=stage), count))
 
-    Only the class in excess is subsampled (the other is kept whole), so the subsample is as
-    large as possible. ``ratio = 0.5`` balances the classes.
+
+def balance_exact(part: Part, ratio: float, *, seed: int, stage: str) -> Part:
+    """Subsample binary labels so label 1 is exactly ``ratio`` of the records (up to rounding).
+
+    Only the label in excess is subsampled, keeping its lowest-ranked records. Counts are used, so
+    this is meant for the test split (evaluation data), not for training data.
     """
     if not 0.0 < ratio < 1.0:
         raise ConfigError(f"imbalance ratio (share of positives) must be in (0, 1), got {ratio}")
-    y = np.asarray(y)
+    y = np.asarray(part.y)
     pos, neg = np.flatnonzero(y == 1), np.flatnonzero(y == 0)
     if len(pos) + len(neg) != len(y):
-        raise ConfigError("positive_ratio_indices needs binary labels 0/1")
+        raise ConfigError("balance_exact needs binary labels 0/1")
+    u = uniforms(part, seed=seed, stage=stage)
     want_pos = int(round(ratio / (1.0 - ratio) * len(neg)))
     if want_pos <= len(pos):
-        pos = rng.choice(pos, size=max(want_pos, 1), replace=False)
+        pos = pos[lowest_ranked(u[pos], max(want_pos, 1))]
     else:
-        neg = rng.choice(neg, size=max(int(round((1.0 - ratio) / ratio * len(pos))), 1), replace=False)
-    return np.sort(np.concatenate([pos, neg]))
+        want_neg = max(int(round((1.0 - ratio) / ratio * len(pos))), 1)
+        neg = neg[lowest_ranked(u[neg], want_neg)]
+    return part.take(np.sort(np.concatenate([pos, neg])))
 
 
 def label_histogram(y: np.ndarray, num_classes: int) -> list[int]:
@@ -93,6 +96,8 @@ def shard_by_label(y: np.ndarray, num_shards: int, *, rng: np.random.Generator, 
 
     ``iid=False`` sorts by label (ties broken at random) before cutting, so each client sees few
     classes (the heterogeneous split recommended for Paper C); ``iid=True`` cuts a random permutation.
+    Shard boundaries depend on the label counts: the protected unit of a distributed run is the
+    client's shard.
     """
     if num_shards < 1 or num_shards > len(y):
         raise ConfigError(f"num_shards must be in [1, {len(y)}], got {num_shards}")

@@ -100,25 +100,35 @@ def _find_covtype_file(data_dir: Path) -> Path:
 
 
 def load_covertype_binary(*, data_dir, n_train: int | None = None, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Covertype as ±1 logistic-regression data with unit-norm rows (see the module docstring).
+    """Covertype as ±1 logistic-regression data with unit-norm rows, scaled with public constants only.
+
+    Every feature is clipped into Covertype's public attribute range and min-max scaled with it
+    (``privopt.data.public.covtype_bounds``; sources in docs/data.md, "Covertype"), then each row is
+    scaled to unit L2 norm: no record's features depend on another record.
 
     Args:
         data_dir: a data folder with ``covtype/covtype*.data[.gz]`` (UCI format), the folder
             holding that file, or the file itself.
-        n_train: rows to keep after a seeded shuffle (default: all).
-        seed: shuffle seed.
+        n_train: rows to keep (default: all): the rows with the smallest keyed hash of their content
+            (``seed`` as key), in hash order, so one row added to or removed from the file changes
+            the kept set by at most one swap.
+        seed: key of that hash.
 
     Returns:
         ``(features [n, 54] float64 with ||x_i|| = 1, labels [n] in {-1, +1})``.
     """
     from privopt.data.formats import read_covtype
+    from privopt.data.public import covtype_bounds
+    from privopt.data.selection import record_uniforms, stage_index
 
     raw_x, cover = read_covtype(_find_covtype_file(Path(data_dir)))
     n_all = raw_x.shape[0]
     if n_train is not None and not (isinstance(n_train, int) and 1 <= n_train <= n_all):
         raise ConfigError(f"n_train must be an integer in [1, {n_all}] for this file, got {n_train!r}")
-    order = np.random.default_rng(seed).permutation(n_all)[: n_train or n_all]
-    x = normalize_rows(minmax_scale(raw_x))[order]
+    rank = record_uniforms(raw_x, cover, seed=seed)[:, stage_index("max_train")]
+    order = np.argsort(rank, kind="stable")[: n_train or n_all]
+    lower, upper = covtype_bounds()
+    x = normalize_rows(minmax_scale(raw_x[order], lower=lower, upper=upper))
     y = np.where(cover[order] == POSITIVE_COVER_TYPE, 1.0, -1.0)
     return x, y
 

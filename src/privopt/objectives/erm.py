@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -68,11 +69,19 @@ def prox_l2(v: np.ndarray, *, step: float, l2: float) -> np.ndarray:
 def minmax_scale(
     features: np.ndarray, *, lower: np.ndarray | None = None, upper: np.ndarray | None = None
 ) -> np.ndarray:
-    """Scale each column to [0, 1] with the given (ideally public) bounds, or the column min/max.
+    """Scale each column to [0, 1] with the given public bounds (clipping values outside them).
 
-    Constant columns map to 0. Values outside given bounds are clipped into [0, 1].
+    Without ``lower``/``upper`` the column min/max of ``features`` are used: that couples every
+    record's scaling to the others (not differentially private), so it warns. Constant columns map to 0.
     """
     x = np.asarray(features, dtype=np.float64)
+    if lower is None or upper is None:
+        warnings.warn(
+            "minmax_scale without lower/upper scales with the data's own min/max: not private; "
+            "pass public bounds (docs/data.md)",
+            UserWarning,
+            stacklevel=2,
+        )
     lo = x.min(axis=0) if lower is None else np.asarray(lower, dtype=np.float64)
     hi = x.max(axis=0) if upper is None else np.asarray(upper, dtype=np.float64)
     span = np.where(hi > lo, hi - lo, 1.0)
