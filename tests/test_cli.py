@@ -16,7 +16,7 @@ def run(capsys, *argv):
 
 
 def test_account_reference_values(capsys):
-    """SPEC §8.5: sigma=3, q=0.1, 512 steps, delta=1e-6 calibrates back to eps 3.770 (PLD)."""
+    """Reference value (docs/privacy.md, accounting): q=0.1, 512 steps, delta=1e-6 at eps 1 needs z = 9.662 (PLD)."""
     code, out, _ = run(
         capsys,
         "account",

@@ -1,25 +1,29 @@
-"""Paper B's Covertype experiment (SPEC §3.7): DP-SVRG / DP-SVRG++ against DP-GD, optimality gap
-versus wall time and versus passes over the data (the paper's Figures 1–2).
+"""Paper B's Covertype experiment: DP-SVRG / DP-SVRG++ against DP-GD, optimality gap versus wall
+time and versus passes over the data (the paper's Figures 1–2; Paper B's page in ``docs/algorithms/``).
 
 Two settings, each for every epsilon and run:
 
 * ``regularized`` (Fig. 1): ``F^r(w) = mean logistic loss + (1e-2 / 2) ||w||^2``, DP-SVRG
   (T = 15 epochs, m = 5000 inner steps) against DP-GD (T = 1500). The paper's SVRG-BB step rule
-  leaks (E-B.9), so both methods use constant steps taken from a grid; the grid is searched
-  NON-privately (the best mean final gap is reported, tuning is not accounted — SPEC §8.10 says so
-  for DP-GD; we apply the same rule to DP-SVRG for a fair comparison).
+  reads exact full gradients at the snapshots and so is not private; both methods use constant
+  steps taken from a grid instead. The grid is searched NON-privately (the best mean final gap is
+  reported; tuning is not accounted, see "What is not accounted" in ``docs/privacy.md``), the same
+  rule for both methods so the comparison is fair.
 * ``unregularized`` (Fig. 2): plain logistic loss, DP-SVRG++ (T = 15, m = 10, eta = 0.01) against
   DP-GD (T = 1000, eta = 0.1), all as printed.
 
-Data (E-B.8): Covertype as the binary task "Lodgepole Pine (Cover_Type 2) vs the other six types"
-(intended to match LIBSVM ``covtype.binary``; label +1 = type 2), features min–max scaled to [0, 1]
-with the column ranges of the loaded file, then every row scaled to unit L2 norm (so G = 1 and
-per-sample clipping at 1 is a no-op); ``n_train`` rows after a seeded shuffle. The min–max ranges
-are computed from the data (as in the paper's setting); use public bounds for a strict guarantee.
+Data: Covertype as the binary task "Lodgepole Pine (Cover_Type 2) vs the other six types"
+(intended to match LIBSVM ``covtype.binary``; label +1 = type 2), rows scaled to unit L2 norm (so
+G = 1 and per-sample clipping at 1 is a no-op) as :func:`load_covertype_binary` documents;
+``n_train`` rows after a seeded shuffle.
 
-Noise is calibrated exactly for each method's query inventory and target (epsilon, delta) with the
-project accountant (add/remove-one neighbours); ``epsilon_spent`` is re-computed by the ledger from
-the steps actually recorded. The reference optimum ``F*`` comes from scipy L-BFGS.
+Every run goes through the shared step loop (:func:`privopt.training.run_loop`) with the run
+randomness of :mod:`privopt.training`: secret noise and sampling by default, ``insecure_seed`` for
+reproducible (NOT private) research runs. Noise is calibrated exactly for each method's query
+inventory and target (epsilon, delta) with the project accountant (add/remove-one neighbours);
+``epsilon_spent`` is re-computed by the ledger from the steps actually recorded. The reference
+optimum ``F*`` comes from scipy L-BFGS. The reported gaps are training-set objective values: a
+research measurement of the optimiser, not a private release.
 
 Outputs in ``out_dir``: ``results.jsonl`` (one row per method, setting, epsilon, step size and
 run), ``summary.md``, ``summary.json`` and the PNG figures ``fig1_gap_vs_time.png``,
@@ -49,7 +53,7 @@ from privopt.algorithms.erm_common import single_thread_blas
 from privopt.algorithms.svrg import DPSVRG, DPSVRGPlusPlus
 from privopt.errors import ConfigError, DataError
 from privopt.objectives.erm import LogisticERM, logistic_loss, minmax_scale, normalize_rows
-from privopt.rng import make_sources
+from privopt.training import Every, LoopState, randomness_section, run_loop, run_sources
 
 __all__ = ["load_covertype_binary", "run_erm_covertype", "add_arguments", "main", "BUDGETS"]
 
@@ -60,7 +64,7 @@ NEIGHBOURING = "add_remove"
 @dataclass(frozen=True)
 class Budget:
     runs: int
-    accountant: str  # "rdp" (fast, SPEC §8.11) or "pld" (tighter; calibration takes ~10-80 s each)
+    accountant: str  # "rdp" (fast) or "pld" (tighter; calibration takes ~10-80 s each)
     svrg_steps: tuple[float, ...]  # DP-SVRG step-size grid (Fig. 1)
     gd_steps: tuple[float, ...]  # DP-GD step-size grid (Fig. 1)
     curve_points: int  # evaluation points per DP-GD curve
@@ -132,9 +136,8 @@ def _calibrate(algo: Algorithm, *, n: int, epsilon: float, delta: float, account
     )
 
 
-def _sources(seed: int) -> dict:
-    # TODO(loop): run through the shared training loop and its randomness setting; seeded for now.
-    srcs = make_sources(insecure_seed=seed)
+def _sources(insecure_seed: int | None) -> dict:
+    srcs = run_sources(insecure_seed)  # secret unless the experiment opted into seeded randomness
     return {"noise_rng": srcs["noise"], "sampler_rng": srcs["sampler"]}
 
 
@@ -148,7 +151,7 @@ def _run_once(
     noise: dict[str, float],
     delta: float,
     accountant: str,
-    seed: int,
+    insecure_seed: int | None,
     eval_every: int,
 ) -> dict[str, Any]:
     """Run one private optimisation; returns final gap, algorithm wall time and the gap curve."""
@@ -165,27 +168,24 @@ def _run_once(
         engine=None,
         ledger=ledger,
         noise=dict(noise),
-        **_sources(seed),
+        **_sources(insecure_seed),
     )
     algo.setup(ctx)
-    total = algo.num_steps()
 
     def gap() -> float:
         with single_thread_blas():
             return problem.objective(algo.output()) - f_star
 
     curve = [{"wall_s": 0.0, "passes": 0.0, "gap": gap()}]
-    wall = 0.0
-    for t in range(total):
-        t0 = time.perf_counter()
-        algo.step(t)
-        wall += time.perf_counter() - t0  # evaluation below is not part of the algorithm's time
-        if (t + 1) % eval_every == 0 or t + 1 == total:
-            curve.append({"wall_s": wall, "passes": algo.passes, "gap": gap()})
+
+    def point(state: LoopState, logs: dict) -> None:  # evaluation is not part of the algorithm's time
+        curve.append({"wall_s": state.algo_time_s, "passes": algo.passes, "gap": gap()})
+
+    state = run_loop(algo.step, LoopState(step=0, total=algo.num_steps()), [Every(eval_every, point)])
     algo.finalize()
     return {
         "gap": curve[-1]["gap"],
-        "wall_s": wall,
+        "wall_s": state.algo_time_s,
         "passes": algo.passes,
         "epsilon_spent": float(ledger.epsilon()),
         "curve": curve,
@@ -205,6 +205,7 @@ def run_erm_covertype(
     progress: bool = True,
     seed: int = 0,
     accountant: str | None = None,
+    insecure_seed: int | None = None,
 ) -> list[dict]:
     """Run both settings of Paper B's experiment and write results, plots and a summary.
 
@@ -214,12 +215,14 @@ def run_erm_covertype(
         epsilons: target epsilons.
         delta: target delta.
         runs: runs per (setting, method, epsilon, step size); default from the budget (quick 3, paper 10).
-        budget: ``"quick"`` (small step grids) or ``"paper"`` (SPEC §8.10 grids, 10 runs).
+        budget: ``"quick"`` (small step grids) or ``"paper"`` (the full grids, 10 runs).
         out_dir: output folder (created).
         progress: print one line per finished configuration.
-        seed: base seed (data shuffle; run r uses seed ``seed + r`` for noise and sampling).
+        seed: data shuffle seed (a public choice).
         accountant: ``"rdp"`` or ``"pld"`` for calibration and the ledger (default: the budget's,
             quick ``"rdp"``, paper ``"pld"``).
+        insecure_seed: seed the noise and sampling (run r uses ``insecure_seed + r``): reproducible
+            but NOT private; default secret randomness.
 
     Returns:
         The rows written to ``results.jsonl``.
@@ -276,6 +279,7 @@ def run_erm_covertype(
         "positive_share": float((labels > 0).mean()),
         "neighbouring": NEIGHBOURING,
         "accountant": accountant,
+        "randomness": randomness_section(insecure_seed=insecure_seed),
     }
     results_path = out / "results.jsonl"
     with open(results_path, "w") as fh:
@@ -302,7 +306,7 @@ def run_erm_covertype(
                             noise=cal.noise,
                             delta=delta,
                             accountant=cal.accountant,
-                            seed=seed + r,
+                            insecure_seed=None if insecure_seed is None else insecure_seed + r,
                             eval_every=eval_every,
                         )
                         row = {
@@ -510,7 +514,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--delta", type=float, default=1e-3)
     parser.add_argument("--runs", type=int, default=None, help="runs per configuration (default: 3 quick, 10 paper)")
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="quick")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="data shuffle seed (public)")
+    parser.add_argument(
+        "--insecure-seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="seed the noise and sampling (run r uses N + r): reproducible but NOT private; default: secret",
+    )
     parser.add_argument(
         "--accountant",
         choices=("rdp", "pld"),
@@ -534,6 +545,7 @@ def main(args: argparse.Namespace) -> int:
         progress=not args.json,
         seed=args.seed,
         accountant=args.accountant,
+        insecure_seed=args.insecure_seed,
     )
     out = Path(args.out)
     if args.json:
