@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
-from _run_helpers import cfg, cfg_dict, ledger_epsilon, read_record
 from torch import nn
 
+from _run_helpers import cfg, cfg_dict, ledger_epsilon, read_record
 from privopt.config import RunConfig
 from privopt.errors import ConfigError, DataError, ModelError, PrivacyBudgetExceeded
 from privopt.training import (
@@ -90,10 +90,18 @@ def test_progress_bar_only_on_a_terminal():
             return True
 
     stream = Tty()
-    run_loop(lambda t: {}, LoopState(step=0, total=5), [ProgressCallback(desc="x", summary=dict, enabled=True, stream=stream)])
+    run_loop(
+        lambda t: {},
+        LoopState(step=0, total=5),
+        [ProgressCallback(desc="x", summary=dict, enabled=True, stream=stream)],
+    )
     assert "\r" in stream.getvalue() and "step 5/5" not in stream.getvalue()  # a tqdm bar, not lines
     quiet = io.StringIO()
-    run_loop(lambda t: {}, LoopState(step=0, total=5), [ProgressCallback(desc="x", summary=dict, enabled=False, stream=quiet)])
+    run_loop(
+        lambda t: {},
+        LoopState(step=0, total=5),
+        [ProgressCallback(desc="x", summary=dict, enabled=False, stream=quiet)],
+    )
     assert quiet.getvalue() == ""
 
 
@@ -101,7 +109,7 @@ def test_train_progress_lines_show_only_public_values(tmp_path, capsys):
     train(cfg(algorithm_params={"epochs": 1}), out_dir=tmp_path / "r", progress=True)
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("dp-sgd: step")]
-    assert lines and all(set(tok.split("=")[0] for tok in ln.split()[4:]) <= {"eps", "test_acc"} for ln in lines)
+    assert lines and all({tok.split("=")[0] for tok in ln.split()[4:]} <= {"eps", "test_acc"} for ln in lines)
 
 
 # ----------------------------------------------------------------------------- user errors, before any output
@@ -169,7 +177,9 @@ def test_delta_at_least_one_over_n_is_refused_unless_allowed(tmp_path):
 
 
 def test_private_data_metrics_need_diagnostics(tmp_path):
-    register_run_metric("test_only_train_mean", lambda *, data, **kw: {"m": float(data.x_train.mean())}, reads_private_data=True)
+    register_run_metric(
+        "test_only_train_mean", lambda *, data, **kw: {"m": float(data.x_train.mean())}, reads_private_data=True
+    )
     with pytest.raises(ConfigError, match=r"read the private training data.*non_private_diagnostics"):
         train(cfg(metrics=["test_only_train_mean"]), out_dir=tmp_path / "a", progress=False)
     with pytest.raises(ConfigError, match="eval_split 'val'.*non_private_diagnostics"):
@@ -180,11 +190,17 @@ def test_private_data_metrics_need_diagnostics(tmp_path):
 
 
 def test_public_metrics_cannot_read_the_training_split(tmp_path):
-    register_run_metric("test_only_peek", lambda *, data, **kw: {"peek": float(data.x_train.sum())}, reads_private_data=False)
+    register_run_metric(
+        "test_only_peek", lambda *, data, **kw: {"peek": float(data.x_train.sum())}, reads_private_data=False
+    )
     with pytest.raises(AttributeError, match="x_train"):
         train(cfg(metrics=["test_only_peek"], algorithm_params={"epochs": 1}), out_dir=tmp_path / "r", progress=False)
-    register_run_metric("test_only_n_test", lambda *, data, **kw: {"n_test_seen": len(data.y_test)}, reads_private_data=False)
-    rec = train(cfg(metrics=["test_only_n_test"], algorithm_params={"epochs": 1}), out_dir=tmp_path / "s", progress=False)
+    register_run_metric(
+        "test_only_n_test", lambda *, data, **kw: {"n_test_seen": len(data.y_test)}, reads_private_data=False
+    )
+    rec = train(
+        cfg(metrics=["test_only_n_test"], algorithm_params={"epochs": 1}), out_dir=tmp_path / "s", progress=False
+    )
     assert rec["metrics"]["n_test_seen"] == rec["dataset"]["n_test"]
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _run_helpers import cfg, read_record
 
+from _run_helpers import cfg, read_record
 from privopt.data import Dataset
 from privopt.training import load_diagnostics, train
 
@@ -66,7 +66,9 @@ def test_dp_sgd_learns_digits(tmp_path):
 
 
 def test_diagnostics_hold_the_non_private_values(tmp_path):
-    rec = train(cfg(algorithm_params={"epochs": 1}, non_private_diagnostics=True), out_dir=tmp_path / "r", progress=False)
+    rec = train(
+        cfg(algorithm_params={"epochs": 1}, non_private_diagnostics=True), out_dir=tmp_path / "r", progress=False
+    )
     diag = load_diagnostics(tmp_path / "r")
     assert diag["NOT_PRIVATE"].startswith("NOT PRIVATE") and diag["status"] == "finished"
     assert {"train_loss", "train_accuracy"} <= set(diag["final"])
@@ -103,7 +105,9 @@ def _published_numbers(run: Path, names) -> list[np.ndarray]:
     return out
 
 
-def _attack_1(numbers, *, n, target_x, others_x, target_y, others_y, num_classes, target_loss, others_loss) -> list[str]:
+def _attack_1(
+    numbers, *, n, target_x, others_x, target_y, others_y, num_classes, target_loss, others_loss
+) -> list[str]:
     """The differencing attack of issue 8: with the other n-1 records, any exact training statistic
     (feature mean, label histogram, mean loss) gives the missing record away. Returns what it recovered."""
     found = []
@@ -225,7 +229,9 @@ def test_neighbouring_datasets_give_identical_published_files_when_the_model_is_
     _same_published_bytes(run_a, run_b)
     assert sorted(os.listdir(run_a)) == [".privopt.lock", "checkpoint.pt", *sorted(PUBLIC_FILES)]
 
-    diag_a, diag_b = _run_pair(tmp_path, "diag", algorithm_params={"epochs": 1, "clip": 1e-30}, non_private_diagnostics=True)
+    diag_a, diag_b = _run_pair(
+        tmp_path, "diag", algorithm_params={"epochs": 1, "clip": 1e-30}, non_private_diagnostics=True
+    )
     _same_published_bytes(diag_a, diag_b)
     assert load_diagnostics(diag_a)["dataset_meta"] != load_diagnostics(diag_b)["dataset_meta"]
     assert load_diagnostics(diag_a)["final"]["train_loss"] != load_diagnostics(diag_b)["final"]["train_loss"]

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import threading
 
 from privopt.errors import PrivacyBudgetExceeded, PrivoptError
 
@@ -141,12 +144,7 @@ def _cmd_bench(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="privopt", description=__doc__, epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = p.add_subparsers(dest="command", required=True)
-
+def _add_train_parser(sub) -> None:
     t = sub.add_parser("train", help="one training run from a YAML config")
     t.add_argument("--config", help="YAML config file (defaults are used for missing keys)")
     t.add_argument(
@@ -173,6 +171,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress output and no summary line")
     t.add_argument("--json", action="store_true", help="print the result as JSON")
     t.set_defaults(func=_cmd_train)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="privopt", description=__doc__, epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    _add_train_parser(sub)
 
     a = sub.add_parser("account", help="calibrate DP-SGD noise for a target (epsilon, delta)")
     a.add_argument("--dataset-size", type=int, required=True)
@@ -229,8 +236,38 @@ EXIT_CODES = """exit codes: 0 done; 2 a user error (one-line message, nothing ha
 exhausted; 4 the run failed (e.g. diverged; its record holds the epsilon spent); 130 interrupted (resumable)."""
 
 
+def _inside_import(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _on_sigint(signum, frame) -> None:
+    """Ctrl-C: KeyboardInterrupt, but never in the middle of an import. An interrupted import leaves
+    a half-initialised module behind (numpy then fails with a RecursionError traceback) and some
+    libraries swallow the exception on import; so the signal is sent again once the import is done."""
+    if _inside_import(frame):
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+        return
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; user errors become one line on stderr and an exit code (see ``EXIT_CODES``)."""
+    try:
+        previous = signal.signal(signal.SIGINT, _on_sigint)
+    except ValueError:  # not the main thread
+        previous = None
+    try:
+        return _run(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)

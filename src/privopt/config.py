@@ -99,7 +99,9 @@ class RunConfig:
         if isinstance(self.privacy, dict):  # RunConfig(privacy={...}) reads like the YAML it mirrors
             bad = sorted(set(self.privacy) - set(PrivacyConfig.__dataclass_fields__))
             if bad:
-                raise ConfigError(f"unknown privacy key(s) {bad}; valid keys: {sorted(PrivacyConfig.__dataclass_fields__)}")
+                raise ConfigError(
+                    f"unknown privacy key(s) {bad}; valid keys: {sorted(PrivacyConfig.__dataclass_fields__)}"
+                )
             self.privacy = PrivacyConfig(**self.privacy)
 
     def validate(self) -> RunConfig:

@@ -19,7 +19,8 @@ memorised nothing. The DP cap only speaks about members and non-members drawn fr
 distribution, so both sides are subsampled (seeded) to the training split's label proportions.
 Within a class, test and training images come from the same source distribution.
 
-Select them per run with ``RunConfig.metrics = ["grad_norm", "mia"]`` (and ``non_private_diagnostics``). The KL-DRO constants are
+Select them per run with ``RunConfig.metrics = ["grad_norm", "mia"]`` and
+``non_private_diagnostics: true``. The KL-DRO constants are
 read from the run's algorithm hyper-parameters (``rho``, ``lam0``, ``loss_bound``) and default to
 Paper A's ``ρ = 0.5``, ``λ0 = 1e−3``.
 

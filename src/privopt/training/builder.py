@@ -157,7 +157,9 @@ def _check_model_fits(model: nn.Module, data: Any, loss_fn: Any) -> None:
     finally:
         model.train(was_training)
     if out.dim() == 2 and out.shape[1] != data.num_classes:
-        raise ModelError(f"the model outputs {out.shape[1]} values per example but the dataset has {data.num_classes} classes")
+        raise ModelError(
+            f"the model outputs {out.shape[1]} values per example but the dataset has {data.num_classes} classes"
+        )
     if tuple(losses.shape) != (x.shape[0],):
         raise ModelError(f"the loss must return one value per example, got shape {tuple(losses.shape)}")
 

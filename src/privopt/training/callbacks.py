@@ -34,7 +34,7 @@ class DivergenceGuard(Callback):
     """
 
     def __init__(self, model: nn.Module):
-        self.params = [p for p in model.parameters()]
+        self.params = list(model.parameters())
 
     def on_step_end(self, state: LoopState, logs: dict[str, float]) -> None:
         bad = sorted(k for k, v in logs.items() if isinstance(v, (int, float)) and not math.isfinite(v))
@@ -91,7 +91,9 @@ class ProgressCallback(Callback):
         stream: where to write (default ``sys.stderr``); a bar only if it is a terminal.
     """
 
-    def __init__(self, *, desc: str, summary: Callable[[], dict[str, str]], enabled: bool, stream: TextIO | None = None):
+    def __init__(
+        self, *, desc: str, summary: Callable[[], dict[str, str]], enabled: bool, stream: TextIO | None = None
+    ):
         self.desc, self.summary, self.enabled = desc, summary, enabled
         self.stream = stream if stream is not None else sys.stderr
         self._bar = None

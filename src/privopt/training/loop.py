@@ -52,7 +52,9 @@ class Callback:
         """After the loop, also when a step raised."""
 
 
-def run_loop(step: Callable[[int], dict[str, float]], state: LoopState, callbacks: Sequence[Callback] = ()) -> LoopState:
+def run_loop(
+    step: Callable[[int], dict[str, float]], state: LoopState, callbacks: Sequence[Callback] = ()
+) -> LoopState:
     """Call ``step(t)`` for ``t = state.step .. state.total - 1`` unless a callback sets ``state.stop``."""
     for cb in callbacks:
         cb.on_loop_start(state)

@@ -165,7 +165,9 @@ def write_outputs(
     if plots and record["status"] != "running" and record["history"]:
         from privopt.plots import plot_training_curves
 
-        plot_training_curves(out / CURVES_NAME, record["history"], title=f"{record['algorithm']} on {record['dataset']['name']}")
+        plot_training_curves(
+            out / CURVES_NAME, record["history"], title=f"{record['algorithm']} on {record['dataset']['name']}"
+        )
     if record["status"] == "finished" and model_state is not None:
         atomic_write_bytes(out / MODEL_NAME, torch_bytes(model_state))
 

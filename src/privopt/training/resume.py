@@ -52,7 +52,11 @@ def model_fingerprint(model: nn.Module) -> str:
 def provenance(run: Run) -> dict[str, Any]:
     """Where the run's data and model came from, with fingerprints (kept in the checkpoint only)."""
     return {
-        "dataset": {"source": run.provenance["dataset"], "name": run.data.name, "fingerprint": data_fingerprint(run.data)},
+        "dataset": {
+            "source": run.provenance["dataset"],
+            "name": run.data.name,
+            "fingerprint": data_fingerprint(run.data),
+        },
         "model": {
             "source": run.provenance["model"],
             "class": type(run.model).__qualname__,

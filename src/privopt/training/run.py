@@ -68,7 +68,9 @@ class _Session:
         x, y = run.eval_split()
         split = evaluate(run.model, run.loss_fn, x, y, num_classes=run.data.num_classes, prefix=cfg.eval_split)
         if not math.isfinite(split[f"{cfg.eval_split}_loss"]):
-            raise RunDiverged(f"diverged at step {self.state.step}: non-finite {cfg.eval_split} loss (try a smaller lr)")
+            raise RunDiverged(
+                f"diverged at step {self.state.step}: non-finite {cfg.eval_split} loss (try a smaller lr)"
+            )
         (pub if cfg.eval_split == "test" else diag).update(split)
         kw = dict(model=run.model, loss_fn=run.loss_fn, record=self._record_view())
         pub.update(compute_run_metrics(run.metrics, final=final, private=False, data=run.data, **kw))
@@ -76,7 +78,9 @@ class _Session:
             diag.update(compute_run_metrics(run.metrics, final=final, private=True, data=run.data, **kw))
             if final:
                 d = run.data
-                diag.update(evaluate(run.model, run.loss_fn, d.x_train, d.y_train, num_classes=d.num_classes, prefix="train"))
+                diag.update(
+                    evaluate(run.model, run.loss_fn, d.x_train, d.y_train, num_classes=d.num_classes, prefix="train")
+                )
         return pub, diag
 
     def _on_eval(self, state: LoopState, logs: dict[str, float]) -> None:
@@ -147,7 +151,9 @@ class _Session:
         if checkpoint:
             save_checkpoint(self.out, self._checkpoint(status, record, diagnostics))
         model_state = self.run.model.state_dict() if status == "finished" else None
-        write_outputs(self.out, record=record, diagnostics=diagnostics, model_state=model_state, plots=self.run.cfg.plots)
+        write_outputs(
+            self.out, record=record, diagnostics=diagnostics, model_state=model_state, plots=self.run.cfg.plots
+        )
         return record
 
     def _fail(self, err: BaseException) -> None:
@@ -158,7 +164,9 @@ class _Session:
         elif isinstance(err, PrivoptError):
             reason = str(err)
         else:
-            reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}".rstrip(": ")
+            reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}".rstrip(
+                ": "
+            )
         try:
             self.commit("failed", reason=reason, checkpoint=False)
         except Exception as write_error:  # the original error matters more; say why the record is missing
@@ -265,12 +273,18 @@ def _resume(cfg, out: Path, *, dataset, model, progress: bool, max_steps: int | 
         run_cfg = resume_config(ckpt, cfg)
         if ckpt["status"] == "finished":  # e.g. killed while writing the outputs: write them again
             write_outputs(
-                out, record=ckpt["record"], diagnostics=ckpt["diagnostics"], model_state=ckpt["model"], plots=run_cfg.plots
+                out,
+                record=ckpt["record"],
+                diagnostics=ckpt["diagnostics"],
+                model_state=ckpt["model"],
+                plots=run_cfg.plots,
             )
             return ckpt["record"]
         require_objects(ckpt, dataset=dataset, model=model)
         run = build_run(run_cfg, dataset=dataset, model=model)
         verify(ckpt, run)
         restore(run, ckpt)
-        write_outputs(out, record=ckpt["record"], diagnostics=ckpt["diagnostics"], model_state=None, plots=run_cfg.plots)
+        write_outputs(
+            out, record=ckpt["record"], diagnostics=ckpt["diagnostics"], model_state=None, plots=run_cfg.plots
+        )
         return _Session(run, out, ckpt=ckpt).execute(fresh=False, progress=progress, max_steps=max_steps)
