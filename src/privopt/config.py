@@ -6,8 +6,12 @@ Example config (``privopt train --config run.yaml --set algorithm_params.lr=0.5`
     algorithm_params: {epochs: 5, batch_size: 64, lr: 0.5, clip: 1.0}
     dataset: digits
     model: mlp
-    privacy: {epsilon: 1.0, delta: 1.0e-5}
-    seed: 0
+    privacy: {epsilon: 1.0, delta: 1.0e-5}      # delta >= 1/n needs privacy.allow_large_delta: true
+    seed: 0                                    # public: model initialisation and data splits
+    insecure_seed: null                        # N: seeded noise and sampling, reproducible but NOT private
+    non_private_diagnostics: false             # true: diagnostics.NOT_PRIVATE.json (training-set values)
+
+What a run publishes and why: ``docs/privacy.md``.
 """
 
 from __future__ import annotations

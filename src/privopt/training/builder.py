@@ -181,7 +181,7 @@ def _check_metrics(cfg: RunConfig) -> list[RunMetric]:
     return metrics
 
 
-def _privacy(cfg: RunConfig, algo: Algorithm, n: int) -> tuple[Any, Any, PrivacyLedger | None]:
+def _privacy(cfg: RunConfig, algo: Algorithm, n: int, ledger_state) -> tuple[Any, Any, PrivacyLedger | None]:
     inventory = algo.inventory(n=n) if algo.private else None
     if inventory is None:
         return None, None, None
@@ -190,6 +190,8 @@ def _privacy(cfg: RunConfig, algo: Algorithm, n: int) -> tuple[Any, Any, Privacy
     calibration = calibrate(
         inventory, epsilon=p.epsilon, delta=p.delta, neighbouring=p.neighbouring, accountant=p.accountant
     )
+    if ledger_state is not None:  # a resumed run: the ledger as it was checkpointed
+        return inventory, calibration, PrivacyLedger.from_dict(ledger_state)
     ledger = PrivacyLedger(
         delta=p.delta,
         neighbouring=p.neighbouring,
@@ -200,8 +202,11 @@ def _privacy(cfg: RunConfig, algo: Algorithm, n: int) -> tuple[Any, Any, Privacy
     return inventory, calibration, ledger
 
 
-def build_run(cfg: RunConfig, *, dataset: Any = None, model: Any = None) -> Run:
-    """Everything a run needs, validated, from ``cfg`` (and your own ``dataset``/``model``)."""
+def build_run(cfg: RunConfig, *, dataset: Any = None, model: Any = None, ledger_state: Any = None) -> Run:
+    """Everything a run needs, validated, from ``cfg`` (and your own ``dataset``/``model``).
+
+    ``ledger_state`` (a :meth:`PrivacyLedger.to_dict`) restores a checkpointed ledger instead of a
+    new one, so the algorithm is set up with the ledger it will record into."""
     cfg.validate()
     algo = get_algorithm(cfg.algorithm, **cfg.algorithm_params)
     if algo.private and cfg.privacy.epsilon is None:
@@ -217,7 +222,7 @@ def build_run(cfg: RunConfig, *, dataset: Any = None, model: Any = None) -> Run:
     loss_fn = build_loss(cfg.loss)
     _check_model_fits(net, data, loss_fn)
     n = int(data.y_train.shape[0])
-    inventory, calibration, ledger = _privacy(cfg, algo, n)
+    inventory, calibration, ledger = _privacy(cfg, algo, n, ledger_state)
     sources = run_sources(cfg.insecure_seed)
     ctx = RunContext(
         model=net,

@@ -28,7 +28,7 @@ class RunDiverged(PrivoptError, ArithmeticError):
 
 
 class DivergenceGuard(Callback):
-    """Stop with :class:`RunDiverged` as soon as a logged value or a parameter is non-finite.
+    """Stop with :class:`RunDiverged` as soon as a logged loss or a parameter is non-finite.
 
     One reduction per step: a NaN or inf anywhere makes the sum non-finite.
     """
@@ -37,7 +37,8 @@ class DivergenceGuard(Callback):
         self.params = list(model.parameters())
 
     def on_step_end(self, state: LoopState, logs: dict[str, float]) -> None:
-        bad = sorted(k for k, v in logs.items() if isinstance(v, (int, float)) and not math.isfinite(v))
+        # Other logged values may be infinite on purpose (e.g. an unbounded clip when a step is skipped).
+        bad = sorted(k for k, v in logs.items() if "loss" in k and isinstance(v, (int, float)) and not math.isfinite(v))
         if bad:
             raise RunDiverged(f"diverged at step {state.step}: non-finite {', '.join(bad)} (try a smaller lr)")
         with torch.no_grad():

@@ -18,7 +18,6 @@ from torch import nn
 
 from privopt.config import RunConfig
 from privopt.errors import ConfigError, DataError, ModelError
-from privopt.privacy import PrivacyLedger
 from privopt.training.builder import Run
 
 __all__ = ["CHECKPOINT_FORMAT", "data_fingerprint", "model_fingerprint", "provenance", "resume_config", "restore"]
@@ -126,7 +125,7 @@ def verify(ckpt: dict[str, Any], run: Run) -> None:
 
 
 def restore(run: Run, ckpt: dict[str, Any]) -> None:
-    """Load the model, the algorithm's state, the generators and the ledger from a checkpoint."""
+    """Load the model, the algorithm's state and the generators from a checkpoint."""
     try:
         run.model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
@@ -134,7 +133,4 @@ def restore(run: Run, ckpt: dict[str, Any]) -> None:
     run.algo.load_state_dict(ckpt["algorithm"])
     run.sources["noise"].load_state_dict(ckpt["rng"]["noise"])
     run.sources["sampler"].load_state_dict(ckpt["rng"]["sampler"])
-    torch.set_rng_state(ckpt["rng"]["torch"])
-    if run.ledger is not None:
-        run.ledger = PrivacyLedger.from_dict(ckpt["ledger"])
-        run.ctx.ledger = run.ledger
+    torch.set_rng_state(ckpt["rng"]["torch"])  # the ledger was restored by build_run(ledger_state=...)

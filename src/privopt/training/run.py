@@ -281,7 +281,7 @@ def _resume(cfg, out: Path, *, dataset, model, progress: bool, max_steps: int | 
             )
             return ckpt["record"]
         require_objects(ckpt, dataset=dataset, model=model)
-        run = build_run(run_cfg, dataset=dataset, model=model)
+        run = build_run(run_cfg, dataset=dataset, model=model, ledger_state=ckpt["ledger"])
         verify(ckpt, run)
         restore(run, ckpt)
         write_outputs(
