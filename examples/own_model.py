@@ -6,8 +6,9 @@ Two levels of the API are shown:
 
 1. one private training run: ``privopt.training.train`` with a ``RunConfig`` plus your
    ``nn.Module`` and a ``privopt.data.Dataset`` built from your tensors; the record holds the
-   test metrics, the full-training-set DRO gradient norm, the membership-attack AUC beside its DP
-   cap, and the (ε, δ) actually spent;
+   test metrics and the (ε, δ) actually spent; the full-training-set DRO gradient norm and the
+   membership-attack AUC beside its DP cap read the training data, so they go to the run's
+   ``diagnostics.NOT_PRIVATE.json`` (enabled here with ``non_private_diagnostics``);
 2. the Table-3 style comparison of several methods and budgets on the same data and model:
    ``privopt.experiments.dro.run_dro_table3(dataset=your_dataset, model=factory, ...)``.
 """
@@ -25,7 +26,7 @@ from privopt.config import RunConfig
 from privopt.data import Dataset
 from privopt.experiments import dro_metrics  # noqa: F401  (registers the "grad_norm" and "mia" run metrics)
 from privopt.experiments.dro import BUDGETS, run_dro_table3
-from privopt.training import train
+from privopt.training import load_diagnostics, train
 
 
 def my_dataset(seed: int = 0) -> Dataset:
@@ -83,11 +84,12 @@ def main() -> None:
             },
             "privacy": {"epsilon": 2.0, "delta": 1.0 / data.n_train**1.1},
             "metrics": ["grad_norm", "mia"],
+            "non_private_diagnostics": True,
             "seed": 0,
         }
     )
     record = train(cfg, out_dir=out / "single", progress=False, dataset=data, model=my_model())
-    m, p = record["metrics"], record["privacy"]
+    m, p = {**record["metrics"], **load_diagnostics(out / "single")["final"]}, record["privacy"]
     print(
         f"DP Recursive-SPIDER: test accuracy {m['test_accuracy']:.3f}, "
         f"worst-class {m['test_worst_class_accuracy']:.3f}, "

@@ -1,6 +1,11 @@
-"""The command line: account reference values, list, train errors, demo smoke."""
+"""The command line: account reference values, list, train (user errors: one line and an exit code)."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -16,7 +21,7 @@ def run(capsys, *argv):
 
 
 def test_account_reference_values(capsys):
-    """SPEC §8.5: sigma=3, q=0.1, 512 steps, delta=1e-6 calibrates back to eps 3.770 (PLD)."""
+    """Reference value from dp_accounting: q = 0.1, 512 steps, delta = 1e-6, eps = 1 needs z = 9.662 (PLD)."""
     code, out, _ = run(
         capsys,
         "account",
@@ -140,3 +145,124 @@ def test_train_via_cli(capsys, tmp_path):
     assert code == 0
     res = json.loads(out)
     assert res["status"] == "finished" and res["privacy"]["epsilon_spent"] <= 1.0
+
+
+QUICK = ["--set", "model=logreg", "--set", "algorithm_params.epochs=1", "--set", "algorithm_params.batch_size=100"]
+
+
+def one_line_error(err: str) -> bool:
+    return len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_train_non_private_reports_null_epsilon(capsys, tmp_path):
+    code, out, _ = run(
+        capsys, "train", *QUICK, "--set", "algorithm=sgd", "--set", "privacy.epsilon=null",
+        "--out", str(tmp_path / "r"), "--quiet", "--json",
+    )  # fmt: skip
+    assert code == 0 and json.loads(out)["privacy"]["epsilon_spent"] is None
+    code, out, _ = run(capsys, "train", "--resume", str(tmp_path / "r"))
+    assert code == 0 and "non-private" in out
+
+
+def test_train_out_is_a_file(capsys, tmp_path):
+    (tmp_path / "f").write_text("")
+    code, _, err = run(capsys, "train", *QUICK, "--out", str(tmp_path / "f"), "--quiet")
+    assert code == 2 and "is a file" in err and one_line_error(err)
+
+
+def test_train_unwritable_output_folder_is_refused_before_training(capsys, tmp_path, monkeypatch):
+    import privopt.training.run as run_module
+
+    def no_training(*a, **kw):
+        raise AssertionError("training started before the output folder was checked")
+
+    monkeypatch.setattr(run_module, "build_run", no_training)
+    if os.geteuid() == 0:  # root may write anywhere a permission bit forbids; /sys refuses even root
+        out = "/sys/privopt-test-run"
+    else:
+        (tmp_path / "ro").mkdir(mode=0o500)
+        out = str(tmp_path / "ro" / "run")
+    code, _, err = run(capsys, "train", *QUICK, "--out", out, "--quiet")
+    assert code == 2 and "cannot write to output folder" in err and one_line_error(err)
+
+
+def test_train_into_a_directory_in_use_or_holding_a_run(capsys, tmp_path):
+    from privopt.training.rundir import RunDirLock
+
+    out = tmp_path / "r"
+    with RunDirLock(out):  # another run owns the directory
+        code, _, err = run(capsys, "train", *QUICK, "--out", str(out), "--quiet")
+    assert code == 2 and "in use by another privopt run" in err and one_line_error(err)
+    assert run(capsys, "train", *QUICK, "--out", str(out), "--quiet")[0] == 0
+    code, _, err = run(capsys, "train", *QUICK, "--out", str(out), "--quiet")
+    assert code == 2 and "already holds a run (checkpoint.pt, record.json)" in err and f"--resume {out}" in err
+
+
+def test_resume_refuses_options_it_cannot_honour(capsys, tmp_path):
+    assert run(capsys, "train", *QUICK, "--out", str(tmp_path / "r"), "--quiet")[0] == 0
+    code, _, err = run(
+        capsys, "train", "--resume", str(tmp_path / "r"), "--set", "algorithm_params.lr=9",
+        "--config", "c.yaml", "--out", str(tmp_path / "x"), "--insecure-seed", "1",
+    )  # fmt: skip
+    assert code == 2 and one_line_error(err)
+    for part in ("--set algorithm_params.lr=9", "--config c.yaml", f"--out {tmp_path / 'x'}", "--insecure-seed 1"):
+        assert part in err
+
+
+def test_resume_of_a_python_api_run_from_the_cli_is_refused(capsys, tmp_path):
+    from privopt.data import load_dataset
+    from privopt.training import train
+
+    data = load_dataset("digits", seed=0)
+    train(
+        RunConfig.from_dict({"model": "logreg", "algorithm_params": {"epochs": 1, "batch_size": 100}}),
+        out_dir=tmp_path / "r", progress=False, max_steps=2, dataset=data,
+    )  # fmt: skip
+    code, _, err = run(capsys, "train", "--resume", str(tmp_path / "r"))
+    assert code == 2 and "passed through the Python API" in err and one_line_error(err)
+
+
+def test_divergence_exits_with_a_message_and_a_record(capsys, tmp_path):
+    code, _, err = run(
+        capsys, "train", *QUICK, "--set", "algorithm_params.lr=1e38", "--out", str(tmp_path / "r"), "--quiet"
+    )
+    assert code == 4 and "run failed: diverged at step" in err and one_line_error(err)
+    rec = json.loads((tmp_path / "r" / "record.json").read_text())
+    assert rec["status"] == "failed" and rec["privacy"]["epsilon_spent"] > 0
+
+
+def test_ctrl_c_during_start_up(capsys, tmp_path, monkeypatch):
+    import privopt.experiments
+    import privopt.training.builder as builder
+
+    def interrupt(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(builder, "calibrate", interrupt)  # while calibrating the noise
+    code, _, err = run(capsys, "train", *QUICK, "--out", str(tmp_path / "r"))
+    assert code == 130 and err.strip() == "privopt: interrupted"
+    assert not (tmp_path / "r").exists()
+    monkeypatch.setattr(privopt.experiments, "experiment_modules", interrupt)  # while building the parser
+    code, _, err = run(capsys, "train", *QUICK, "--out", str(tmp_path / "r"))
+    assert code == 130 and err.strip() == "privopt: interrupted"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.5, 1.5])
+def test_sigint_to_a_starting_cli_process_gives_no_traceback(tmp_path, delay):
+    """A real Ctrl-C while the process imports, loads data or calibrates (an interrupted import used
+    to end in a RecursionError traceback, or the Ctrl-C was swallowed and the run went on)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "privopt.cli", "train", *QUICK, "--out", str(tmp_path / "r")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err and err.strip().startswith("privopt: ")
+
+
+def test_help_documents_exit_codes(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "exit codes" in capsys.readouterr().out

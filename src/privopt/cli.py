@@ -4,43 +4,60 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import threading
 
 from privopt.errors import PrivacyBudgetExceeded, PrivoptError
 
 __all__ = ["main", "build_parser"]
 
 
+def _resume_conflicts(args) -> list[str]:
+    """Options a resume cannot honour (it continues with the config the run started with)."""
+    out = [f"--set {item}" for item in args.set]
+    if args.config is not None:
+        out.append(f"--config {args.config}")
+    if args.out is not None:
+        out.append(f"--out {args.out}")
+    if args.insecure_seed is not None:
+        out.append(f"--insecure-seed {args.insecure_seed}")
+    return out
+
+
+def _print_train_result(args, record: dict, out: str) -> None:
+    if args.json:
+        print(json.dumps({k: record[k] for k in ("algorithm", "status", "metrics", "privacy")}, default=str))
+    elif not args.quiet:
+        priv = record["privacy"]
+        eps = "non-private" if not priv["private"] else f"eps={priv['epsilon_spent']:.4g}, delta={priv['delta']:.3g}"
+        acc = record["metrics"].get("test_accuracy")
+        acc_text = "n/a" if acc is None else f"{acc:.4f}"
+        print(f"{record['algorithm']}: test accuracy {acc_text} ({eps}); outputs in {out}")
+
+
 def _cmd_train(args) -> int:
     from privopt.config import load_config
-    from privopt.training import RunInterrupted, train
+    from privopt.training import train
 
     if args.resume:
-        from privopt.config import RunConfig
-
-        cfg = RunConfig()  # replaced by the checkpoint's own config
+        conflicts = _resume_conflicts(args)
+        if conflicts:
+            raise PrivoptError(
+                f"--resume continues {args.resume} with the config it was started with; it cannot honour "
+                f"{', '.join(conflicts)} (start a new run with --out to change settings)"
+            )
+        cfg, out = None, args.resume
     else:
         if args.out is None:
             raise PrivoptError("privopt train needs --out DIR (or --resume RUN_DIR)")
         overrides = list(args.set)
         if args.insecure_seed is not None:
             overrides.append(f"insecure_seed={args.insecure_seed}")
-        cfg = load_config(args.config, overrides)
-    out = args.resume or args.out
-    try:
-        record = train(cfg, out_dir=out, resume=bool(args.resume), progress=not args.quiet)
-    except RunInterrupted as e:
-        print(str(e), file=sys.stderr)
-        return 130
-    if args.json:
-        print(json.dumps({k: record[k] for k in ("algorithm", "status", "metrics", "privacy")}, default=str))
-    elif not args.quiet:
-        priv = record["privacy"]
-        eps = "non-private" if not priv["private"] else f"eps={priv['epsilon_spent']:.4g}, delta={priv['delta']:.3g}"
-        m = record["metrics"]
-        print(
-            f"{record['algorithm']}: test accuracy {m.get('test_accuracy', float('nan')):.4f} ({eps}); outputs in {out}"
-        )
+        cfg, out = load_config(args.config, overrides), args.out
+    record = train(cfg, out_dir=out, resume=bool(args.resume), progress=not args.quiet)
+    _print_train_result(args, record, out)
     return 0
 
 
@@ -127,10 +144,7 @@ def _cmd_bench(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="privopt", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
-
+def _add_train_parser(sub) -> None:
     t = sub.add_parser("train", help="one training run from a YAML config")
     t.add_argument("--config", help="YAML config file (defaults are used for missing keys)")
     t.add_argument(
@@ -140,8 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a config value, e.g. --set privacy.epsilon=2 --set algorithm_params.lr=0.5",
     )
-    t.add_argument("--out", help="output directory (must be new)")
-    t.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
+    t.add_argument("--out", help="output directory (new or empty; locked while the run writes to it)")
+    t.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a run from its last checkpoint, with the config it was started with",
+    )
     t.add_argument(
         "--insecure-seed",
         type=int,
@@ -150,9 +168,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="seed the privacy noise and batch sampling (reproducible, but anyone who reads the "
         "seed can replay the noise: NOT private; default: secret OS-entropy randomness)",
     )
-    t.add_argument("--quiet", action="store_true")
+    t.add_argument("--quiet", action="store_true", help="no progress output and no summary line")
     t.add_argument("--json", action="store_true", help="print the result as JSON")
     t.set_defaults(func=_cmd_train)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="privopt", description=__doc__, epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    _add_train_parser(sub)
 
     a = sub.add_parser("account", help="calibrate DP-SGD noise for a target (epsilon, delta)")
     a.add_argument("--dataset-size", type=int, required=True)
@@ -205,16 +232,56 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+EXIT_CODES = """exit codes: 0 done; 2 a user error (one-line message, nothing half-written); 3 privacy budget
+exhausted; 4 the run failed (e.g. diverged; its record holds the epsilon spent); 130 interrupted (resumable)."""
+
+
+def _inside_import(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _on_sigint(signum, frame) -> None:
+    """Ctrl-C: KeyboardInterrupt, but never in the middle of an import. An interrupted import leaves
+    a half-initialised module behind (numpy then fails with a RecursionError traceback) and some
+    libraries swallow the exception on import; so the signal is sent again once the import is done."""
+    if _inside_import(frame):
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+        return
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run the CLI; user errors become one line on stderr and an exit code (see ``EXIT_CODES``)."""
     try:
+        previous = signal.signal(signal.SIGINT, _on_sigint)
+    except ValueError:  # not the main thread
+        previous = None
+    try:
+        return _run(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _run(argv: list[str] | None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except PrivacyBudgetExceeded as e:
         print(f"privopt: privacy budget exhausted: {e}", file=sys.stderr)
         return 3
-    except PrivoptError as e:
-        print(f"privopt: error: {e}", file=sys.stderr)
+    except PrivoptError as e:  # RunInterrupted / RunDiverged carry their own exit code
+        code = int(getattr(e, "exit_code", 2))
+        prefix = {130: "privopt: ", 4: "privopt: run failed: "}.get(code, "privopt: error: ")
+        print(f"{prefix}{e}", file=sys.stderr)
+        return code
+    except OSError as e:  # disk full, permissions, a path that is a file: the user's to fix
+        where = f": {e.filename}" if getattr(e, "filename", None) else ""
+        print(f"privopt: error: {e.strerror or e}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("privopt: interrupted", file=sys.stderr)

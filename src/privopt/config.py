@@ -6,8 +6,12 @@ Example config (``privopt train --config run.yaml --set algorithm_params.lr=0.5`
     algorithm_params: {epochs: 5, batch_size: 64, lr: 0.5, clip: 1.0}
     dataset: digits
     model: mlp
-    privacy: {epsilon: 1.0, delta: 1.0e-5}
-    seed: 0
+    privacy: {epsilon: 1.0, delta: 1.0e-5}      # delta >= 1/n needs privacy.allow_large_delta: true
+    seed: 0                                    # public: model initialisation and data splits
+    insecure_seed: null                        # N: seeded noise and sampling, reproducible but NOT private
+    non_private_diagnostics: false             # true: diagnostics.NOT_PRIVATE.json (training-set values)
+
+What a run publishes and why: ``docs/privacy.md``.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ class PrivacyConfig:
     delta: float = 1e-5
     neighbouring: str = "add_remove"
     accountant: str = "auto"
+    # delta >= 1/n allows mechanisms that publish a random record in full: refused unless set.
+    allow_large_delta: bool = False
 
     def validate(self) -> None:
         if self.epsilon is not None and not (
@@ -64,6 +70,8 @@ class PrivacyConfig:
             raise ConfigError(f"privacy.neighbouring must be 'add_remove' or 'replace_one', got {self.neighbouring!r}")
         if self.accountant not in ("auto", "pld", "rdp"):
             raise ConfigError(f"privacy.accountant must be 'auto', 'pld' or 'rdp', got {self.accountant!r}")
+        if not isinstance(self.allow_large_delta, bool):
+            raise ConfigError(f"privacy.allow_large_delta must be true or false, got {self.allow_large_delta!r}")
 
 
 @dataclass
@@ -86,9 +94,27 @@ class RunConfig:
     metrics: list[str] = field(default_factory=list)  # extra run metrics (privopt.training.register_run_metric)
     eval_every: int = 0  # 0: about 20 evaluations per run
     checkpoint_every: int = 0  # 0: about 10 checkpoints per run
+    # Write diagnostics.NOT_PRIVATE.json: training-set metrics, exact counts, run metrics that read the
+    # training data. NOT private (no noise, not accounted); needed for eval_split "val" and such metrics.
+    non_private_diagnostics: bool = False
+    plots: bool = True  # write curves.png
+
+    def __post_init__(self) -> None:
+        if isinstance(self.privacy, dict):  # RunConfig(privacy={...}) reads like the YAML it mirrors
+            bad = sorted(set(self.privacy) - set(PrivacyConfig.__dataclass_fields__))
+            if bad:
+                raise ConfigError(
+                    f"unknown privacy key(s) {bad}; valid keys: {sorted(PrivacyConfig.__dataclass_fields__)}"
+                )
+            self.privacy = PrivacyConfig(**self.privacy)
 
     def validate(self) -> RunConfig:
+        if not isinstance(self.privacy, PrivacyConfig):
+            raise ConfigError(f"privacy must be a mapping, got {self.privacy!r}")
         self.privacy.validate()
+        for key in ("non_private_diagnostics", "plots"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"{key} must be true or false, got {getattr(self, key)!r}")
         for key in ("eval_every", "checkpoint_every", "seed"):
             v = getattr(self, key)
             if not (isinstance(v, int) and v >= 0):

@@ -25,12 +25,15 @@ def save_figure(fig, path: Path) -> None:
 
 
 def plot_training_curves(path: Path, history: Sequence[Mapping[str, float]], *, title: str = "") -> None:
-    """Test loss / accuracy and spent epsilon against the step."""
+    """Test loss / accuracy / AUC and the spent epsilon against the step (panels for the keys present;
+    ``epsilon_spent`` is ``None`` in non-private runs and gets no panel)."""
     steps = [r["step"] for r in history]
-    panels = [k for k in ("test_loss", "test_accuracy", "test_roc_auc", "epsilon_spent") if k in history[0]]
+    keys = ("test_loss", "test_accuracy", "test_roc_auc", "epsilon_spent")
+    panels = [k for k in keys if any(r.get(k) is not None for r in history)] or ["step"]
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
     for ax, key in zip(axes[0], panels):
-        ax.plot(steps, [r.get(key, float("nan")) for r in history], marker=".")
+        ys = [float("nan") if r.get(key) is None else r[key] for r in history]
+        ax.plot(steps, ys, marker=".")
         ax.set_xlabel("step")
         ax.set_title(key.replace("_", " "))
         ax.grid(alpha=0.3)

@@ -1,6 +1,6 @@
 """Full-training-set gradient norms of the DRO objectives (evaluation only, NOT private).
 
-Paper A reports "gradient norm" curves. For a method-independent comparison SPEC §8.7 recommends
+Paper A reports "gradient norm" curves. For a method-independent comparison we use
 ``‖∇_x Ψ_KL(x)‖`` with ``Ψ_KL(x) = min_{λ ≥ λ0} Ψ(x, λ)`` (eq. 5) for every method: by the
 envelope theorem ``∇_x Ψ_KL(x) = ∇_x Ψ(x, λ*) = Σ_i π_i ∇ℓ_i`` with ``π = softmax(ℓ/λ*)``, so two
 chunked passes suffice — one for the losses (→ λ*, π), one backward pass of ``Σ π_i ℓ_i``.
@@ -161,7 +161,8 @@ def kl_dro_grad_norm(
 ) -> float:
     """``‖∇_x Ψ_KL(x)‖`` on the full training set, ``Ψ_KL(x) = min_{λ≥λ0} λ log mean e^{ℓ/λ} + λρ``.
 
-    The cross-method "gradient norm" metric of SPEC §8.7 (non-private; evaluation only). λ* is
+    The cross-method "gradient norm" metric (non-private; evaluation only, see "Diagnostics" in
+    ``docs/privacy.md``). λ* is
     found by Brent's method on ``∂_λ Ψ`` (see :meth:`KLCompositional.optimal_lam`); memory is
     bounded by ``batch_size`` samples per forward/backward pass.
 

@@ -1,4 +1,4 @@
-"""Classification metrics of Paper A's experiments (SPEC §2.8): accuracy, ROC AUC, F1, per-class
+"""Classification metrics of Paper A's experiments: accuracy, ROC AUC, F1, per-class
 and worst-class accuracy, and worst-group accuracy (Paper D's target quantity).
 
 All functions accept torch tensors or numpy arrays and return plain Python floats (JSON-ready).

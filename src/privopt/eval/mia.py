@@ -1,11 +1,13 @@
-"""Black-box membership-inference attack (MIA) and the DP cap on its AUC (SPEC §1.3, §2.8).
+"""Black-box membership-inference attack (MIA) and the DP cap on its AUC (``docs/privacy.md``,
+"Membership inference and the DP cap").
 
 Attack: score every point by the model's negative loss (or its max softmax confidence) and
 measure how well the score separates training members from non-members (ROC AUC). For an
 (ε, δ)-DP training algorithm every membership test satisfies ``TPR ≤ e^ε FPR + δ`` and
 ``1 − TPR ≥ e^{−ε}(1 − FPR − δ)``, which caps the attack AUC at ``e^ε/(1 + e^ε) + δ``
 (:func:`dp_auc_bound`). :func:`mia_report` checks a trained model against that cap with a
-statistical allowance, the unit test of SPEC §8.9 item 6 (Paper A's Table 2 violates it, E-A.20).
+statistical allowance: a sanity test every DP implementation should pass (the AUCs printed in
+Paper A's Table 2 exceed it).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def attack_scores(
     """Membership scores (higher = "more likely a member"), float64 numpy ``[n]``.
 
     ``score="loss"``: ``−ℓ(x; ξ)``; ``score="confidence"``: the max softmax probability of the
-    outputs (SPEC §2.8's "output confidence"; needs class logits).
+    outputs (Paper A's "output confidence"; needs class logits).
     """
     if score not in ("loss", "confidence"):
         raise ConfigError(f"score must be 'loss' or 'confidence', got {score!r}")
@@ -187,7 +189,7 @@ def mia_report(
         members, non_members: ``(x, y)`` pairs (see :func:`mia_auc`).
         epsilon, delta: the privacy guarantee of the training run.
         num_se: number of standard errors of allowance (default 3).
-        max_per_side: optionally cap each side (seeded subsample) — SPEC §2.8 uses 10,000.
+        max_per_side: optionally cap each side (seeded subsample); Paper A uses 10,000.
 
     Returns:
         ``{"mia_auc", "mia_bound", "within_bound", "slack", "n_members", "n_non_members",

@@ -395,11 +395,14 @@ def _run(
             "privacy": {"epsilon": epsilon if private else None, "delta": delta},
             "eval_every": max(1, total // budget.eval_points),
             "checkpoint_every": 10**9,
+            # gradient norms, MIA and validation scores read the training data: non-private diagnostics
+            "non_private_diagnostics": bool(metrics) or eval_split == "val",
         }
     )
     t0 = time.perf_counter()
     rec = train(cfg, out_dir=out_dir, progress=progress, dataset=data, model=module)
     wall = time.perf_counter() - t0
+    rec = _with_diagnostics(rec, out_dir) if cfg.non_private_diagnostics else rec
     m, p = rec["metrics"], rec["privacy"]
     pre = eval_split
     row = {
@@ -438,6 +441,16 @@ def _run(
         for h in rec["history"]
     ]
     return row
+
+
+def _with_diagnostics(rec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """The record with the run's non-private diagnostics merged in (for the experiment's tables only)."""
+    from privopt.training import load_diagnostics
+
+    diag = load_diagnostics(out_dir)
+    by_step = {h["step"]: h for h in diag["history"]}
+    history = [{**h, **by_step.get(h["step"], {})} for h in rec["history"]]
+    return {**rec, "metrics": {**rec["metrics"], **diag["final"]}, "history": history}
 
 
 def _failed_row(

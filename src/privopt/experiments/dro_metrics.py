@@ -1,10 +1,15 @@
-"""Run metrics of the DRO experiments (SPEC §2.8, §8.7), registered with the training loop.
+"""Run metrics of the DRO experiments, registered with the training loop (``docs/privacy.md``,
+"Diagnostics").
+
+Both read the private training data without noise, so both are registered with
+``reads_private_data=True``: a run computes them only with ``non_private_diagnostics: true`` and
+writes them to ``diagnostics.NOT_PRIVATE.json``, never to its public record.
 
 * ``grad_norm`` (every evaluation): ``‖∇ₓΨ_KL(x)‖`` on the FULL training set, with
   ``Ψ_KL(x) = min_{λ≥λ0} λ·log mean_i exp(ℓ_i/λ) + λρ`` — the same objective for every method, so
   the curves are comparable across methods (evaluation only, non-private).
 * ``mia`` (once, at the end): a black-box loss attack's ROC AUC (members = training points,
-  non-members = held-out test points), next to the DP cap ``e^ε/(1+e^ε) + δ`` (SPEC §1.3) and a
+  non-members = held-out test points), next to the DP cap ``e^ε/(1+e^ε) + δ`` and a
   3-standard-error allowance.
 
 Why the attack sets are *class-matched*: the "-ST" datasets train on an imbalanced split but test
@@ -14,7 +19,8 @@ memorised nothing. The DP cap only speaks about members and non-members drawn fr
 distribution, so both sides are subsampled (seeded) to the training split's label proportions.
 Within a class, test and training images come from the same source distribution.
 
-Select them per run with ``RunConfig.metrics = ["grad_norm", "mia"]``. The KL-DRO constants are
+Select them per run with ``RunConfig.metrics = ["grad_norm", "mia"]`` and
+``non_private_diagnostics: true``. The KL-DRO constants are
 read from the run's algorithm hyper-parameters (``rho``, ``lam0``, ``loss_bound``) and default to
 Paper A's ``ρ = 0.5``, ``λ0 = 1e−3``.
 
@@ -39,7 +45,7 @@ __all__ = ["DEFAULT_LAM0", "DEFAULT_RHO", "class_matched_indices", "grad_norm_me
 DEFAULT_RHO = 0.5
 DEFAULT_LAM0 = 1e-3
 MIA_NUM_SE = 3.0
-MIA_MAX_PER_SIDE = 10_000  # SPEC §2.8: 10,000 members / non-members
+MIA_MAX_PER_SIDE = 10_000  # Paper A's attack uses 10,000 members / non-members
 
 
 def _dro_constants(record: dict[str, Any]) -> tuple[float, float, float | None]:
@@ -111,7 +117,7 @@ def mia_metric(*, model, loss_fn, data, record) -> dict[str, float]:
     """
     from privopt.eval.mia import dp_auc_bound, hanley_mcneil_se, mia_auc
 
-    seed = int(record.get("seeds", {}).get("seed", 0))
+    seed = 0  # one fixed (public) choice of the attack's subsample for every run, as in all results so far
     im, inn = class_matched_indices(
         data.y_train, data.y_test, num_classes=data.num_classes, seed=seed, max_per_side=MIA_MAX_PER_SIDE
     )
@@ -133,5 +139,5 @@ def mia_metric(*, model, loss_fn, data, record) -> dict[str, float]:
     return out
 
 
-register_run_metric("grad_norm", grad_norm_metric, when="eval")
-register_run_metric("mia", mia_metric, when="final")
+register_run_metric("grad_norm", grad_norm_metric, when="eval", reads_private_data=True)
+register_run_metric("mia", mia_metric, when="final", reads_private_data=True)

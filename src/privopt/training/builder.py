@@ -1,0 +1,254 @@
+"""Build everything a run needs from its config, before any output is written.
+
+:func:`build_run` loads (or checks) the data and the model, the loss, the algorithm, calibrates
+the noise for the target (ε, δ), opens the privacy ledger and creates the randomness. Every user
+error (unknown names, a tuple instead of a ``Dataset``, a model that does not fit the inputs,
+δ ≥ 1/n, a metric that would read private data without diagnostics enabled) fails here, with a
+clear message, before a run directory exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from privopt.algorithms.base import Algorithm, RunContext, get_algorithm
+from privopt.config import PrivacyConfig, RunConfig
+from privopt.errors import ConfigError, DataError, ModelError
+from privopt.grads import get_engine, validate_model
+from privopt.privacy import PrivacyLedger, calibrate
+from privopt.rng import RandomSource, make_sources
+from privopt.training.metrics import RunMetric, build_loss, get_run_metrics
+
+__all__ = ["Run", "build_run", "check_delta", "randomness_section", "run_sources"]
+
+
+@dataclass
+class Run:
+    """A run ready to step: its parts, and where they came from (``"config"`` or ``"api"``)."""
+
+    cfg: RunConfig
+    data: Any
+    model: nn.Module
+    loss_fn: Any
+    algo: Algorithm
+    ctx: RunContext
+    sources: dict[str, RandomSource]
+    ledger: PrivacyLedger | None
+    inventory: Any
+    calibration: Any
+    metrics: list[RunMetric]
+    total: int
+    provenance: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return int(self.data.y_train.shape[0])
+
+    @property
+    def eval_every(self) -> int:
+        return _interval(self.cfg.eval_every, self.total, 20)
+
+    @property
+    def checkpoint_every(self) -> int:
+        return _interval(self.cfg.checkpoint_every, self.total, 10)
+
+    def eval_split(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.cfg.eval_split == "val":
+            return self.data.x_val, self.data.y_val
+        return self.data.x_test, self.data.y_test
+
+
+def _interval(value: int, total: int, default_count: int) -> int:
+    return value if value > 0 else max(1, -(-total // default_count))
+
+
+def randomness_section(*, insecure_seed: int | None, public_seed: int | None = None) -> dict[str, Any]:
+    """How a run's privacy noise and batch sampling were drawn, for its record.
+
+    Example:
+        >>> randomness_section(insecure_seed=None)["noise_and_sampling"]
+        'secret'
+        >>> randomness_section(insecure_seed=3)["insecure_seed"]
+        3
+    """
+    out: dict[str, Any]
+    if insecure_seed is None:
+        out = {
+            "noise_and_sampling": "secret",
+            "generator": "AES-256-CTR keyed from OS entropy (privopt.rng.SecureSource); keys only in checkpoint.pt",
+            "insecure_seed": None,
+        }
+    else:
+        out = {
+            "noise_and_sampling": "seeded (INSECURE: anyone who knows insecure_seed can replay the noise; not private)",
+            "generator": "torch generators seeded from insecure_seed (privopt.rng.TorchSource)",
+            "insecure_seed": insecure_seed,
+        }
+    if public_seed is not None:
+        out["public_seed"] = public_seed  # model initialisation and data splits: public choices
+    return out
+
+
+def run_sources(insecure_seed: int | None) -> dict[str, RandomSource]:
+    """The noise and sampler sources of a run: secret unless ``insecure_seed`` is given."""
+    return make_sources(insecure_seed=insecure_seed)
+
+
+def check_delta(privacy: PrivacyConfig, n: int) -> None:
+    """Refuse δ ≥ 1/n unless ``privacy.allow_large_delta`` (such a δ allows publishing a random record).
+
+    Example:
+        >>> check_delta(PrivacyConfig(delta=0.01), 1000)
+        Traceback (most recent call last):
+        ...
+        privopt.errors.ConfigError: privacy.delta = 0.01 is >= 1/n = 1/1000 ...
+    """
+    if privacy.delta >= 1.0 / n and not privacy.allow_large_delta:
+        raise ConfigError(
+            f"privacy.delta = {privacy.delta:g} is >= 1/n = 1/{n} ...: at such a delta, a mechanism that publishes "
+            f"a random training record in full satisfies (epsilon, delta)-DP; use delta < 1/n (a common choice is "
+            f"n^-1.1 = {n**-1.1:.3g}) or set privacy.allow_large_delta: true"
+        )
+
+
+def _dataset(cfg: RunConfig, dataset: Any) -> Any:
+    from privopt.data import Dataset, load_dataset
+
+    if dataset is None:
+        return load_dataset(cfg.dataset, data_dir=cfg.data_dir, seed=cfg.seed, **cfg.dataset_params)
+    if not isinstance(dataset, Dataset):
+        raise DataError(
+            f"dataset must be a privopt.data.Dataset, got {type(dataset).__name__}; wrap your tensors with "
+            "privopt.data.Dataset(name=..., x_train=..., y_train=..., x_val=..., y_val=..., x_test=..., "
+            "y_test=..., num_classes=..., input_shape=...)"
+        )
+    return dataset
+
+
+def _model(cfg: RunConfig, data: Any, model: Any) -> nn.Module:
+    from privopt.models import build_model
+
+    if model is None:
+        return build_model(cfg.model, input_shape=data.input_shape, num_classes=data.num_classes, **cfg.model_params)
+    if not isinstance(model, nn.Module):
+        raise ModelError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    return model
+
+
+def _check_model_fits(model: nn.Module, data: Any, loss_fn: Any) -> None:
+    """One forward pass on two training inputs (nothing is kept): shapes and dtypes must match."""
+    x, y = data.x_train[:2], data.y_train[:2]
+    was_training = model.training
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model.eval()
+            out = model(x)
+            losses = loss_fn(out, y)
+    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(
+            f"the model cannot take dataset {data.name!r}'s inputs (one example: shape {tuple(data.input_shape)}, "
+            f"{x.dtype}): {first}"
+        ) from None
+    finally:
+        model.train(was_training)
+    if out.dim() == 2 and out.shape[1] != data.num_classes:
+        raise ModelError(
+            f"the model outputs {out.shape[1]} values per example but the dataset has {data.num_classes} classes"
+        )
+    if tuple(losses.shape) != (x.shape[0],):
+        raise ModelError(f"the loss must return one value per example, got shape {tuple(losses.shape)}")
+
+
+def _check_metrics(cfg: RunConfig) -> list[RunMetric]:
+    metrics = get_run_metrics(cfg.metrics)
+    if not cfg.non_private_diagnostics:
+        reading = [m.name for m in metrics if m.reads_private_data]
+        if reading:
+            raise ConfigError(
+                f"run metric(s) {reading} read the private training data (their values are not private); "
+                "set non_private_diagnostics: true to write them to diagnostics.NOT_PRIVATE.json"
+            )
+        if cfg.eval_split == "val":
+            raise ConfigError(
+                "eval_split 'val' evaluates on records carved from the private training split (not private); "
+                "set non_private_diagnostics: true to write those metrics to diagnostics.NOT_PRIVATE.json"
+            )
+    return metrics
+
+
+def _privacy(cfg: RunConfig, algo: Algorithm, n: int, ledger_state) -> tuple[Any, Any, PrivacyLedger | None]:
+    inventory = algo.inventory(n=n) if algo.private else None
+    if inventory is None:
+        return None, None, None
+    p = cfg.privacy
+    check_delta(p, n)
+    calibration = calibrate(
+        inventory, epsilon=p.epsilon, delta=p.delta, neighbouring=p.neighbouring, accountant=p.accountant
+    )
+    if ledger_state is not None:  # a resumed run: the ledger as it was checkpointed
+        return inventory, calibration, PrivacyLedger.from_dict(ledger_state)
+    ledger = PrivacyLedger(
+        delta=p.delta,
+        neighbouring=p.neighbouring,
+        accountant=p.accountant,
+        target_epsilon=p.epsilon,
+        planned=inventory.steps_for(dict(calibration.noise)),
+    )
+    return inventory, calibration, ledger
+
+
+def build_run(cfg: RunConfig, *, dataset: Any = None, model: Any = None, ledger_state: Any = None) -> Run:
+    """Everything a run needs, validated, from ``cfg`` (and your own ``dataset``/``model``).
+
+    ``ledger_state`` (a :meth:`PrivacyLedger.to_dict`) restores a checkpointed ledger instead of a
+    new one, so the algorithm is set up with the ledger it will record into."""
+    cfg.validate()
+    algo = get_algorithm(cfg.algorithm, **cfg.algorithm_params)
+    if algo.private and cfg.privacy.epsilon is None:
+        raise ConfigError(f"algorithm {cfg.algorithm!r} is private: set privacy.epsilon")
+    metrics = _check_metrics(cfg)
+    torch.manual_seed(cfg.seed)  # public randomness: model initialisation
+    data = _dataset(cfg, dataset)
+    data.validate()  # user datasets especially: NaN/inf, shapes and labels fail here, before any output
+    if cfg.eval_split == "val" and data.y_val.shape[0] == 0:
+        raise ConfigError("eval_split 'val' needs a validation split: set dataset_params.val_fraction > 0")
+    net = _model(cfg, data, model)
+    validate_model(net)
+    loss_fn = build_loss(cfg.loss)
+    _check_model_fits(net, data, loss_fn)
+    n = int(data.y_train.shape[0])
+    inventory, calibration, ledger = _privacy(cfg, algo, n, ledger_state)
+    sources = run_sources(cfg.insecure_seed)
+    ctx = RunContext(
+        model=net,
+        loss_fn=loss_fn,
+        x_train=data.x_train,
+        y_train=data.y_train,
+        engine=get_engine(cfg.engine),
+        ledger=ledger,
+        noise=dict(calibration.noise) if calibration is not None else {},
+        noise_rng=sources["noise"],
+        sampler_rng=sources["sampler"],
+        extra={"dataset": data},
+    )
+    algo.setup(ctx)
+    return Run(
+        cfg=cfg,
+        data=data,
+        model=net,
+        loss_fn=loss_fn,
+        algo=algo,
+        ctx=ctx,
+        sources=sources,
+        ledger=ledger,
+        inventory=inventory,
+        calibration=calibration,
+        metrics=metrics,
+        total=int(algo.num_steps()),
+        provenance={"dataset": "config" if dataset is None else "api", "model": "config" if model is None else "api"},
+    )

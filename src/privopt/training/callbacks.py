@@ -1,0 +1,135 @@
+"""Loop callbacks of a training run: progress, signals and the divergence check.
+
+Progress shows only public values (step, ε spent, test metrics): a bar on a terminal, plain
+periodic lines otherwise (logs, CI), nothing when disabled.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import torch
+from torch import nn
+
+from privopt.errors import PrivoptError
+from privopt.training.loop import Callback, LoopState
+
+__all__ = ["DivergenceGuard", "ProgressCallback", "RunDiverged", "SignalGuard"]
+
+
+class RunDiverged(PrivoptError, ArithmeticError):
+    """The loss or the parameters became non-finite (NaN/inf): the run stopped, its record says so."""
+
+    exit_code = 4  # the CLI's exit code for a run that failed
+
+
+class DivergenceGuard(Callback):
+    """Stop with :class:`RunDiverged` as soon as a logged loss or a parameter is non-finite.
+
+    One reduction per step: a NaN or inf anywhere makes the sum non-finite.
+    """
+
+    def __init__(self, model: nn.Module):
+        self.params = list(model.parameters())
+
+    def on_step_end(self, state: LoopState, logs: dict[str, float]) -> None:
+        # Other logged values may be infinite on purpose (e.g. an unbounded clip when a step is skipped).
+        bad = sorted(k for k, v in logs.items() if "loss" in k and isinstance(v, (int, float)) and not math.isfinite(v))
+        if bad:
+            raise RunDiverged(f"diverged at step {state.step}: non-finite {', '.join(bad)} (try a smaller lr)")
+        with torch.no_grad():
+            total = torch.stack([p.detach().sum(dtype=torch.float64) for p in self.params]).sum() if self.params else 0
+        if not math.isfinite(float(total)):
+            raise RunDiverged(f"diverged at step {state.step}: non-finite model parameters (try a smaller lr)")
+
+
+class SignalGuard(Callback):
+    """Turn SIGINT/SIGTERM into ``state.stop = "interrupted"``: the current step finishes and the
+    run saves a checkpoint before stopping. Also a context manager, so a signal that arrives while
+    outputs are being written is deferred instead of cutting the write short."""
+
+    def __init__(self) -> None:
+        self.hit = False
+        self._old: dict[int, Any] = {}
+        self._state: LoopState | None = None
+
+    def _handler(self, signum, frame) -> None:
+        self.hit = True
+        if self._state is not None:
+            self._state.stop = "interrupted"
+
+    def __enter__(self) -> SignalGuard:
+        try:
+            self._old = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        except ValueError:  # not the main thread: signals stay with whoever runs the thread
+            self._old = {}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+    def on_loop_start(self, state: LoopState) -> None:
+        self._state = state
+        if self.hit:
+            state.stop = "interrupted"
+
+    def on_loop_end(self, state: LoopState) -> None:
+        self._state = None
+
+
+class ProgressCallback(Callback):
+    """A tqdm bar on a terminal, else one plain line about every 10 % of the run.
+
+    Args:
+        desc: label (the algorithm name).
+        summary: returns the public values to show (e.g. ``{"eps": "0.52", "acc": "0.91"}``).
+        enabled: False prints nothing.
+        stream: where to write (default ``sys.stderr``); a bar only if it is a terminal.
+    """
+
+    def __init__(
+        self, *, desc: str, summary: Callable[[], dict[str, str]], enabled: bool, stream: TextIO | None = None
+    ):
+        self.desc, self.summary, self.enabled = desc, summary, enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self._bar = None
+        self._every = 1
+
+    def _isatty(self) -> bool:
+        try:
+            return bool(self.stream.isatty())
+        except (AttributeError, ValueError):
+            return False
+
+    def on_loop_start(self, state: LoopState) -> None:
+        if not self.enabled:
+            return
+        if self._isatty():
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(
+                total=state.total, initial=state.step, desc=self.desc, unit="step", leave=False, file=self.stream
+            )
+        self._every = max(1, math.ceil(state.total / 10))
+
+    def on_step_end(self, state: LoopState, logs: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.set_postfix(self.summary(), refresh=False)
+        elif state.step % self._every == 0 or state.step == state.total:
+            extra = " ".join(f"{k}={v}" for k, v in self.summary().items())
+            pct = 100 * state.step / max(1, state.total)
+            print(f"{self.desc}: step {state.step}/{state.total} ({pct:.0f}%) {extra}".rstrip(), file=self.stream)
+            self.stream.flush()
+
+    def on_loop_end(self, state: LoopState) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

@@ -1,0 +1,184 @@
+"""What a run writes, and in which order.
+
+Public outputs carry only public facts (n, hyper-parameters, architecture, the calibration, the
+ledger) and released values (ε spent, metrics of the released model on the public test split):
+
+* ``record.json``: the run record; ``metrics.csv`` and ``curves.png``: its evaluation history;
+* ``model.pt``: the released model's ``state_dict`` (finished runs).
+
+Not public:
+
+* ``checkpoint.pt`` (mode 0600): SECRET, holds the generator keys; it is the commit point of the
+  run and embeds the record, which every resume writes out again (:func:`write_outputs`);
+* ``diagnostics.NOT_PRIVATE.json`` (only with ``non_private_diagnostics: true``): training-set
+  metrics, exact split counts and histograms, run metrics that read the training data.
+
+A commit writes the checkpoint first, then the record, then the files derived from it, so no
+public file is ever newer than the record beside it; see ``docs/privacy.md``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import privopt
+from privopt.checkpoint import CHECKPOINT_NAME, atomic_write_bytes, atomic_write_json, atomic_write_text, torch_bytes
+from privopt.errors import DataError
+from privopt.privacy import PrivacyLedger
+from privopt.training.builder import Run, randomness_section
+from privopt.training.rundir import RECORD_NAME
+
+__all__ = [
+    "CURVES_NAME",
+    "DIAGNOSTICS_NAME",
+    "METRICS_NAME",
+    "MODEL_NAME",
+    "RECORD_NAME",
+    "base_record",
+    "diagnostics_header",
+    "load_diagnostics",
+    "privacy_section",
+    "write_outputs",
+]
+
+METRICS_NAME = "metrics.csv"
+CURVES_NAME = "curves.png"
+MODEL_NAME = "model.pt"
+DIAGNOSTICS_NAME = "diagnostics.NOT_PRIVATE.json"
+NOT_PRIVATE_NOTE = (
+    "NOT PRIVATE: computed from the private training data without noise and not charged to the privacy "
+    "ledger. Never publish this file; see docs/privacy.md."
+)
+
+
+def privacy_section(cfg: Any, ledger: PrivacyLedger | None) -> dict[str, Any]:
+    """The record's privacy block: target, the ledger and the ε it gives (``null`` when non-private)."""
+    if ledger is None:
+        return {"private": False, "epsilon_spent": None, "delta": None}
+    spent = ledger.spent()
+    return {
+        "private": True,
+        "epsilon_target": cfg.privacy.epsilon,
+        "epsilon_spent": spent.epsilon,
+        "delta": cfg.privacy.delta,
+        "accountant": spent.accountant,
+        "neighbouring": cfg.privacy.neighbouring,
+        "ledger": ledger.to_dict(),
+    }
+
+
+def _files(cfg: Any) -> dict[str, Any]:
+    return {
+        "record": RECORD_NAME,
+        "metrics": METRICS_NAME,
+        "curves": CURVES_NAME if cfg.plots else None,
+        "model": f"{MODEL_NAME} (the released model, written when the run finishes)",
+        "checkpoint": f"{CHECKPOINT_NAME} (SECRET, mode 0600: holds the noise/sampling generator keys)",
+        "diagnostics": f"{DIAGNOSTICS_NAME} (NOT PRIVATE)" if cfg.non_private_diagnostics else None,
+    }
+
+
+def base_record(run: Run) -> dict[str, Any]:
+    """The parts of a record that do not change during a run: public facts only."""
+    cfg, data = run.cfg, run.data
+    rec: dict[str, Any] = {
+        "privopt_version": privopt.__version__,
+        "config": cfg.to_dict(),
+        "algorithm": cfg.algorithm,
+        "hyperparameters": run.algo.hyperparameters(),
+        # n is public (docs/privacy.md); exact split histograms and statistics are not.
+        "dataset": {
+            "name": data.name,
+            "n_train": run.n,
+            "n_test": int(data.y_test.shape[0]),
+            "num_classes": int(data.num_classes),
+            "input_shape": list(data.input_shape),
+            "source": run.provenance.get("dataset"),
+        },
+        "model": {
+            "name": cfg.model if run.provenance.get("model") == "config" else type(run.model).__name__,
+            "source": run.provenance.get("model"),
+            "parameters": sum(p.numel() for p in run.model.parameters()),
+        },
+        "randomness": randomness_section(insecure_seed=cfg.insecure_seed, public_seed=cfg.seed),
+        "engine": type(run.ctx.engine).name,
+        "total_steps": run.total,
+        "environment": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+        },
+        "files": _files(cfg),
+    }
+    if run.inventory is not None:
+        rec["privacy_inventory"] = run.inventory.to_dict()
+        rec["calibration"] = {
+            "noise_multipliers": dict(run.calibration.noise),
+            "epsilon_planned": run.calibration.epsilon,
+            "accountant": run.calibration.accountant,
+        }
+    return rec
+
+
+def diagnostics_header(run: Run) -> dict[str, Any]:
+    """The static part of ``diagnostics.NOT_PRIVATE.json``: the dataset's exact provenance."""
+    return {"NOT_PRIVATE": NOT_PRIVATE_NOTE, "dataset_meta": _jsonable_meta(run.data.meta)}
+
+
+def _jsonable_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in (meta or {}).items():
+        if isinstance(v, torch.Tensor):
+            continue  # per-example arrays (group ids) stay out even here
+        out[k] = v if isinstance(v, (int, float, str, bool, list, dict, type(None))) else str(v)
+    return out
+
+
+def _metrics_csv(history: list[dict[str, Any]]) -> str:
+    keys: list[str] = []
+    for row in history:
+        keys += [k for k in row if k not in keys]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=keys or ["step"], lineterminator="\n")
+    w.writeheader()
+    for row in history:
+        w.writerow({k: ("" if v is None else v) for k, v in row.items()})
+    return buf.getvalue()
+
+
+def write_outputs(
+    out: Path, *, record: dict[str, Any], diagnostics: dict[str, Any] | None, model_state: Any, plots: bool
+) -> None:
+    """Write the public outputs of one commit (and the diagnostics, when enabled), record first."""
+    out = Path(out)
+    atomic_write_json(out / RECORD_NAME, record)
+    if diagnostics is not None:
+        atomic_write_json(out / DIAGNOSTICS_NAME, diagnostics)
+    atomic_write_text(out / METRICS_NAME, _metrics_csv(record["history"]))
+    if plots and record["status"] != "running" and record["history"]:
+        from privopt.plots import plot_training_curves
+
+        plot_training_curves(
+            out / CURVES_NAME, record["history"], title=f"{record['algorithm']} on {record['dataset']['name']}"
+        )
+    if record["status"] == "finished" and model_state is not None:
+        atomic_write_bytes(out / MODEL_NAME, torch_bytes(model_state))
+
+
+def load_diagnostics(out_dir: str | Path) -> dict[str, Any]:
+    """Read a run's ``diagnostics.NOT_PRIVATE.json`` (``{"final": ..., "history": [...], ...}``).
+
+    Raises:
+        DataError: the run did not enable ``non_private_diagnostics``.
+    """
+    path = Path(out_dir) / DIAGNOSTICS_NAME
+    if not path.is_file():
+        raise DataError(f"{path} does not exist: the run was made without non_private_diagnostics: true")
+    return json.loads(path.read_text())

@@ -1,0 +1,290 @@
+"""``train()``: build a run, step it with callbacks, commit its outputs; and resume.
+
+Commit protocol (crash consistency): ``checkpoint.pt`` is the commit point and embeds the record;
+``record.json`` and the files derived from it are written right after it, and every resume first
+writes them out again from the checkpoint. A fresh run commits once before its first step, so a
+run killed at any point after that resumes; one killed inside that first commit leaves only a lock
+file and hidden ``.tmp`` files, and the same directory can simply be used again.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from privopt.checkpoint import load_checkpoint, save_checkpoint
+from privopt.config import RunConfig
+from privopt.errors import ConfigError, DataError, PrivacyBudgetExceeded, PrivoptError
+from privopt.training.builder import Run, build_run
+from privopt.training.callbacks import DivergenceGuard, ProgressCallback, RunDiverged, SignalGuard
+from privopt.training.loop import Every, LoopState, StepLimit, run_loop
+from privopt.training.metrics import compute_run_metrics, evaluate
+from privopt.training.outputs import base_record, diagnostics_header, privacy_section, write_outputs
+from privopt.training.resume import CHECKPOINT_FORMAT, provenance, require_objects, restore, resume_config, verify
+from privopt.training.rundir import RunDirLock, check_new_run_dir, check_resume_dir
+
+__all__ = ["RunInterrupted", "train"]
+
+
+class RunInterrupted(PrivoptError):
+    """Raised after a run was interrupted (Ctrl-C / SIGTERM) and its checkpoint saved."""
+
+    exit_code = 130  # the CLI's exit code (the shell's convention for SIGINT)
+
+
+class _Session:
+    """One call of :func:`train` on a built run: evaluation rows, commits, the loop."""
+
+    def __init__(self, run: Run, out: Path, *, ckpt: dict[str, Any] | None = None):
+        self.run, self.out = run, out
+        self.state = LoopState(step=ckpt["step"] if ckpt else 0, total=run.total)
+        self.history: list[dict[str, Any]] = list(ckpt["history"]) if ckpt else []
+        self.diag_history: list[dict[str, Any]] = list(ckpt["diag_history"]) if ckpt else []
+        self.elapsed_before = float(ckpt["elapsed_s"]) if ckpt else 0.0
+        self.t0 = time.perf_counter()
+        self.base = base_record(run)
+        self.provenance = provenance(run)
+        self.diag_header = diagnostics_header(run) if run.cfg.non_private_diagnostics else None
+
+    # ------------------------------------------------------------------ measuring
+    def _epsilon(self) -> float | None:
+        return self.run.ledger.epsilon() if self.run.ledger is not None else None
+
+    def _record_view(self) -> dict[str, Any]:
+        return dict(self.base, privacy=privacy_section(self.run.cfg, self.run.ledger))
+
+    def _measure(self, *, final: bool, logs: dict[str, float] | None = None) -> tuple[dict, dict]:
+        """(public row, non-private row) of the model now; the second is filled only with diagnostics on."""
+        run, cfg = self.run, self.run.cfg
+        pub: dict[str, Any] = {"step": self.state.step, "epsilon_spent": self._epsilon()}
+        diag: dict[str, Any] = {"step": self.state.step}
+        # A private algorithm's logs are post-processed releases; a non-private one's read the data.
+        (pub if run.algo.private else diag).update({k: float(v) for k, v in (logs or {}).items()})
+        x, y = run.eval_split()
+        split = evaluate(run.model, run.loss_fn, x, y, num_classes=run.data.num_classes, prefix=cfg.eval_split)
+        if not math.isfinite(split[f"{cfg.eval_split}_loss"]):
+            raise RunDiverged(
+                f"diverged at step {self.state.step}: non-finite {cfg.eval_split} loss (try a smaller lr)"
+            )
+        (pub if cfg.eval_split == "test" else diag).update(split)
+        kw = dict(model=run.model, loss_fn=run.loss_fn, record=self._record_view())
+        pub.update(compute_run_metrics(run.metrics, final=final, private=False, data=run.data, **kw))
+        if cfg.non_private_diagnostics:
+            diag.update(compute_run_metrics(run.metrics, final=final, private=True, data=run.data, **kw))
+            if final:
+                d = run.data
+                diag.update(
+                    evaluate(run.model, run.loss_fn, d.x_train, d.y_train, num_classes=d.num_classes, prefix="train")
+                )
+        return pub, diag
+
+    def _on_eval(self, state: LoopState, logs: dict[str, float]) -> None:
+        pub, diag = self._measure(final=False, logs=logs)
+        self.history.append(pub)
+        if self.run.cfg.non_private_diagnostics:
+            self.diag_history.append(diag)
+
+    def _summary(self) -> dict[str, str]:
+        last = self.history[-1] if self.history else {}
+        out = {}
+        if last.get("epsilon_spent") is not None:
+            out["eps"] = f"{last['epsilon_spent']:.3g}"
+        if "test_accuracy" in last:
+            out["test_acc"] = f"{last['test_accuracy']:.3f}"
+        return out
+
+    # ------------------------------------------------------------------ committing
+    def _record(self, status: str, reason: str | None, final: dict | None) -> dict[str, Any]:
+        rec = dict(self.base)
+        rec.update(
+            status=status,
+            reason=reason,
+            steps_done=self.state.step,
+            wall_time_s=self.elapsed_before + time.perf_counter() - self.t0,
+            privacy=privacy_section(self.run.cfg, self.run.ledger),
+            metrics=final if final is not None else (self.history[-1] if self.history else {}),
+            history=self.history,
+        )
+        return rec
+
+    def _diagnostics(self, status: str, diag_final: dict | None) -> dict[str, Any] | None:
+        if self.diag_header is None:
+            return None
+        last = self.diag_history[-1] if self.diag_history else {}
+        return dict(
+            self.diag_header,
+            status=status,
+            steps_done=self.state.step,
+            final=diag_final if diag_final is not None else last,
+            history=self.diag_history,
+        )
+
+    def _checkpoint(self, status: str, record: dict, diagnostics: dict | None) -> dict[str, Any]:
+        run = self.run
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "status": status,
+            "config": run.cfg.to_dict(),
+            "step": self.state.step,
+            "model": run.model.state_dict(),
+            "algorithm": run.algo.state_dict(),
+            # SECRET: the secure sources' keys (the checkpoint is as sensitive as the data).
+            "rng": {k: run.sources[k].state_dict() for k in ("noise", "sampler")} | {"torch": torch.get_rng_state()},
+            "ledger": run.ledger.to_dict() if run.ledger is not None else None,
+            "history": self.history,
+            "diag_history": self.diag_history,
+            "elapsed_s": record["wall_time_s"],
+            "provenance": self.provenance,
+            "record": record,
+            "diagnostics": diagnostics,
+        }
+
+    def commit(self, status: str, *, reason: str | None = None, final=None, diag_final=None, checkpoint=True) -> dict:
+        """Checkpoint (the commit point), then the record, then the files derived from it."""
+        record = self._record(status, reason, final)
+        diagnostics = self._diagnostics(status, diag_final)
+        if checkpoint:
+            save_checkpoint(self.out, self._checkpoint(status, record, diagnostics))
+        model_state = self.run.model.state_dict() if status == "finished" else None
+        write_outputs(
+            self.out, record=record, diagnostics=diagnostics, model_state=model_state, plots=self.run.cfg.plots
+        )
+        return record
+
+    def _fail(self, err: BaseException) -> None:
+        """Every exit after the first release leaves a record of what was spent (no checkpoint:
+        the last good one stays, so a resume replays the same releases and spends nothing new)."""
+        if isinstance(err, PrivacyBudgetExceeded):
+            reason = f"privacy budget exhausted: {err}"
+        elif isinstance(err, PrivoptError):
+            reason = str(err)
+        else:
+            reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}".rstrip(
+                ": "
+            )
+        try:
+            self.commit("failed", reason=reason, checkpoint=False)
+        except Exception as write_error:  # the original error matters more; say why the record is missing
+            print(f"privopt: could not write the failure record: {write_error}", file=sys.stderr)
+
+    # ------------------------------------------------------------------ running
+    def execute(self, *, fresh: bool, progress: bool, max_steps: int | None) -> dict[str, Any]:
+        run = self.run
+        with SignalGuard() as guard:
+            try:
+                if fresh:
+                    self.commit("running")  # resumable from step 0 on
+                callbacks = [
+                    DivergenceGuard(run.model),
+                    Every(run.eval_every, self._on_eval),
+                    ProgressCallback(desc=run.cfg.algorithm, summary=self._summary, enabled=progress),
+                    Every(run.checkpoint_every, lambda st, logs: self.commit("running"), at_end=False),
+                    StepLimit(max_steps),
+                    guard,
+                ]
+                run_loop(run.algo.step, self.state, callbacks)
+                if self.state.stop == "interrupted":
+                    self.commit("interrupted")
+                    raise RunInterrupted(
+                        f"run interrupted at step {self.state.step}/{run.total}; resume with: "
+                        f"privopt train --resume {self.out}"
+                    )
+                if self.state.stop == "paused":
+                    return self.commit("paused")
+                run.algo.finalize()
+                pub, diag = self._measure(final=True)
+                return self.commit("finished", final=pub, diag_final=diag)
+            except RunInterrupted:
+                raise
+            except Exception as e:
+                self._fail(e)
+                raise
+
+
+def train(
+    cfg: RunConfig | None,
+    *,
+    out_dir: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+    max_steps: int | None = None,
+    dataset: Any = None,
+    model: Any = None,
+) -> dict[str, Any]:
+    """Run one configured training job and write its outputs to ``out_dir``.
+
+    Outputs (what is public and what is not: ``docs/privacy.md``): ``record.json`` (config,
+    hyper-parameters, privacy inventory, calibrated noise, ledger, ε spent, randomness kind,
+    status, test metrics), ``metrics.csv``, ``curves.png``, ``model.pt`` (the released model),
+    ``checkpoint.pt`` (SECRET, 0600) and, only with ``non_private_diagnostics: true``,
+    ``diagnostics.NOT_PRIVATE.json``.
+
+    Args:
+        cfg: the run configuration; ``None`` with ``resume=True`` (the run's own is used; a
+            different one is refused, naming the keys it cannot honour).
+        out_dir: output directory; new, empty, or left by a run killed before its first
+            checkpoint; locked while the run owns it.
+        resume: continue from ``out_dir/checkpoint.pt`` (model, algorithm state, generator
+            states and the ledger are restored, so no budget is re-spent or forgotten).
+        progress: a progress bar on a terminal, periodic lines otherwise.
+        max_steps: stop (checkpoint, status ``"paused"``) after this many steps in this call.
+        dataset: your own :class:`privopt.data.Dataset` instead of loading ``cfg.dataset``
+            (pass it again on resume: it is checked against the checkpoint's fingerprint).
+        model: your own ``nn.Module`` instead of building ``cfg.model`` (likewise on resume).
+
+    Returns:
+        The record (as written to ``record.json``).
+
+    Raises:
+        PrivacyBudgetExceeded: a query would have exceeded the target; RunDiverged: non-finite
+            loss or parameters. Both (and any other error after the run started) first write
+            a record with status ``"failed"``, the reason, the ledger and the ε spent so far.
+        RunInterrupted: on SIGINT/SIGTERM, after saving a checkpoint and the record.
+    """
+    out = Path(out_dir)
+    if resume:
+        return _resume(cfg, out, dataset=dataset, model=model, progress=progress, max_steps=max_steps)
+    if cfg is None:
+        raise ConfigError("train() needs a RunConfig (cfg=None is only for resume=True)")
+    check_new_run_dir(out)  # before any work: a file, an unwritable folder or another run fail now
+    run = build_run(cfg, dataset=dataset, model=model)
+    with RunDirLock(out):
+        check_new_run_dir(out)  # again under the lock: another run may have started meanwhile
+        return _Session(run, out).execute(fresh=True, progress=progress, max_steps=max_steps)
+
+
+def _resume(cfg, out: Path, *, dataset, model, progress: bool, max_steps: int | None) -> dict[str, Any]:
+    check_resume_dir(out)
+    with RunDirLock(out):
+        try:
+            ckpt = load_checkpoint(out)
+        except DataError as e:
+            if "no checkpoint" not in str(e):
+                raise
+            raise DataError(
+                f"{out} holds no checkpoint: the run stopped before its first checkpoint was complete and "
+                f"nothing was published; start it again with the same output directory ({e})"
+            ) from None
+        run_cfg = resume_config(ckpt, cfg)
+        if ckpt["status"] == "finished":  # e.g. killed while writing the outputs: write them again
+            write_outputs(
+                out,
+                record=ckpt["record"],
+                diagnostics=ckpt["diagnostics"],
+                model_state=ckpt["model"],
+                plots=run_cfg.plots,
+            )
+            return ckpt["record"]
+        require_objects(ckpt, dataset=dataset, model=model)
+        run = build_run(run_cfg, dataset=dataset, model=model, ledger_state=ckpt["ledger"])
+        verify(ckpt, run)
+        restore(run, ckpt)
+        write_outputs(
+            out, record=ckpt["record"], diagnostics=ckpt["diagnostics"], model_state=None, plots=run_cfg.plots
+        )
+        return _Session(run, out, ckpt=ckpt).execute(fresh=False, progress=progress, max_steps=max_steps)

@@ -1,0 +1,127 @@
+"""The run directory: checks before any work, and a lock while a run owns it.
+
+A run directory is reusable when it is new, empty, or holds only what a run killed before its
+first checkpoint leaves behind (the lock file and hidden ``.*.tmp`` files); it is refused when it
+holds a run (``record.json`` / ``checkpoint.pt``) or any other file. While a run (or a resume)
+writes into it, it holds an exclusive ``flock`` on ``.privopt.lock``: a second run into the same
+directory fails at once with a clear message; the kernel releases the lock when a process dies,
+even by SIGKILL, so a crashed run never blocks its own resume.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from privopt.checkpoint import CHECKPOINT_NAME
+from privopt.errors import ConfigError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no locking
+    fcntl = None
+
+__all__ = ["LOCK_NAME", "RunDirLock", "check_new_run_dir", "check_resume_dir", "is_leftover"]
+
+LOCK_NAME = ".privopt.lock"
+RECORD_NAME = "record.json"
+
+
+def is_leftover(name: str) -> bool:
+    """Files a run may leave when it is killed: its lock and unfinished atomic writes."""
+    return name == LOCK_NAME or (name.startswith(".") and name.endswith(".tmp"))
+
+
+def _nearest_existing(path: Path) -> Path:
+    p = path.absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _check_writable(out: Path) -> None:
+    target = out if out.is_dir() else _nearest_existing(out)
+    if not target.is_dir():
+        raise ConfigError(f"cannot create output directory {out}: {target} is a file")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".privopt-write-test.", suffix=".tmp", dir=target)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ConfigError(f"cannot write to output folder {target}: {e.strerror or e}") from None
+
+
+def _check_reusable(out: Path) -> None:
+    names = sorted(p.name for p in out.iterdir())
+    runs = [n for n in names if n in (RECORD_NAME, CHECKPOINT_NAME)]
+    if runs:
+        raise ConfigError(
+            f"output directory {out} already holds a run ({', '.join(runs)}); choose another output directory, "
+            f"or continue that run with --resume {out}"
+        )
+    foreign = [n for n in names if not is_leftover(n)]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise ConfigError(f"output directory {out} already holds files ({shown}); choose another or empty it")
+
+
+def check_new_run_dir(out: Path) -> None:
+    """Before building a new run: ``out`` must not be a file, must be writable, must hold no run."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output path {out} is a file, not a directory; choose a new directory")
+    if out.is_dir():
+        _check_reusable(out)
+    _check_writable(out)
+
+
+def check_resume_dir(out: Path) -> None:
+    """Before resuming: ``out`` must be an existing, writable run directory."""
+    out = Path(out)
+    if not out.is_dir():
+        what = "is a file" if out.exists() else "does not exist"
+        raise ConfigError(f"cannot resume: {out} {what} (give the run's output directory)")
+    _check_writable(out)
+
+
+class RunDirLock:
+    """Exclusive ownership of a run directory (created if needed) for the duration of a ``with``.
+
+    On entry it also removes the ``.*.tmp`` leftovers of writers that were killed: only the
+    owner writes in the directory, so no other writer can be in progress.
+    """
+
+    def __init__(self, out: Path):
+        self.out = Path(out)
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunDirLock:
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ConfigError(f"cannot create the run directory {self.out}: {e.strerror or e}") from None
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise ConfigError(
+                    f"run directory {self.out} is in use by another privopt run (pid {owner}); "
+                    "wait for it to end or choose another output directory"
+                ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        for leftover in self.out.glob(".*.tmp"):
+            leftover.unlink(missing_ok=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            if fcntl is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None

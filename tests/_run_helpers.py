@@ -1,0 +1,46 @@
+"""Small configs shared by the training-loop tests (tiny runs on the embedded digits data)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from privopt.config import RunConfig
+
+BASE: dict[str, Any] = {
+    "algorithm": "dp-sgd",
+    "dataset": "digits",
+    "model": "logreg",
+    "algorithm_params": {"epochs": 2, "batch_size": 100, "lr": 0.5, "clip": 1.0},
+    "privacy": {"epsilon": 2.0, "delta": 1e-5},
+    "checkpoint_every": 5,
+    "eval_every": 5,
+}
+
+
+def cfg_dict(**over: Any) -> dict[str, Any]:
+    """BASE with top-level keys replaced, or merged one level deep when both are mappings."""
+    d = copy.deepcopy(BASE)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(d.get(k), dict):
+            d[k].update(v)
+        else:
+            d[k] = v
+    return d
+
+
+def cfg(**over: Any) -> RunConfig:
+    return RunConfig.from_dict(cfg_dict(**over))
+
+
+def read_record(run_dir: Path) -> dict[str, Any]:
+    return json.loads((Path(run_dir) / "record.json").read_text())
+
+
+def ledger_epsilon(record: dict[str, Any]) -> float:
+    """The ε the record's own ledger gives (a record must never state another one)."""
+    from privopt.privacy import PrivacyLedger
+
+    return PrivacyLedger.from_dict(record["privacy"]["ledger"]).epsilon()
