@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from _run_helpers import cfg, read_record
-from privopt.data import Dataset
+from privopt.data import Dataset, load_dataset
 from privopt.training import load_diagnostics, train
 
 PUBLIC_FILES = ("record.json", "metrics.csv", "curves.png", "model.pt")
@@ -31,10 +31,11 @@ def test_record_has_everything(tmp_path):
     assert saved["calibration"]["noise_multipliers"]["grad"] > 0 and saved["privacy_inventory"]
     assert saved["randomness"]["noise_and_sampling"] == "secret" and saved["randomness"]["insecure_seed"] is None
     assert saved["hyperparameters"]["clip"] == 1.0 and saved["wall_time_s"] > 0
+    data = load_dataset("digits", seed=0)
     assert saved["dataset"] == {
         "name": "digits",
-        "n_train": 1438,
-        "n_test": 359,
+        "n_train": int(data.x_train.shape[0]),
+        "n_test": int(data.x_test.shape[0]),
         "num_classes": 10,
         "input_shape": [1, 8, 8],
         "source": "config",
@@ -72,7 +73,7 @@ def test_diagnostics_hold_the_non_private_values(tmp_path):
     diag = load_diagnostics(tmp_path / "r")
     assert diag["NOT_PRIVATE"].startswith("NOT PRIVATE") and diag["status"] == "finished"
     assert {"train_loss", "train_accuracy"} <= set(diag["final"])
-    assert diag["dataset_meta"]["label_histogram"]["train"] and "splits" in diag["dataset_meta"]
+    assert diag["dataset_meta"]["private"]["label_histogram"]["train"] and "splits" in diag["dataset_meta"]["private"]
     assert not any(k.startswith("train_") for k in rec["metrics"]) and "meta" not in rec["dataset"]
     assert rec["files"]["diagnostics"].startswith("diagnostics.NOT_PRIVATE.json")
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from privopt.algorithms.base import Algorithm, RunContext, get_algorithm
 from privopt.config import PrivacyConfig, RunConfig
-from privopt.errors import ConfigError, DataError, ModelError
+from privopt.errors import ConfigError, ModelError
 from privopt.grads import get_engine, validate_model
 from privopt.privacy import PrivacyLedger, calibrate
 from privopt.rng import RandomSource, make_sources
@@ -116,17 +116,12 @@ def check_delta(privacy: PrivacyConfig, n: int) -> None:
 
 
 def _dataset(cfg: RunConfig, dataset: Any) -> Any:
-    from privopt.data import Dataset, load_dataset
+    from privopt.data import load_dataset
+    from privopt.data.user import ensure_dataset
 
     if dataset is None:
         return load_dataset(cfg.dataset, data_dir=cfg.data_dir, seed=cfg.seed, **cfg.dataset_params)
-    if not isinstance(dataset, Dataset):
-        raise DataError(
-            f"dataset must be a privopt.data.Dataset, got {type(dataset).__name__}; wrap your tensors with "
-            "privopt.data.Dataset(name=..., x_train=..., y_train=..., x_val=..., y_val=..., x_test=..., "
-            "y_test=..., num_classes=..., input_shape=...)"
-        )
-    return dataset
+    return ensure_dataset(dataset)
 
 
 def _model(cfg: RunConfig, data: Any, model: Any) -> nn.Module:
