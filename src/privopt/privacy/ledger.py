@@ -16,7 +16,9 @@ from collections.abc import Mapping
 
 from privopt.errors import ConfigError, PrivacyBudgetExceeded
 from privopt.privacy import accountant as _acc
+from privopt.privacy.checks import check_accountant, check_delta, check_epsilon
 from privopt.privacy.events import ADD_REMOVE, Step, check_neighbouring, step_from_dict
+from privopt.privacy.translate import rdp_parts
 
 __all__ = ["PrivacyLedger"]
 
@@ -70,10 +72,10 @@ class PrivacyLedger:
         target_epsilon: float | None = None,
         planned: Mapping[Step, int] | None = None,
     ):
-        self._delta = _acc.check_delta(delta)
+        self._delta = check_delta(delta)
         self._neighbouring = check_neighbouring(neighbouring)
-        self._accountant = _acc._check_accountant(accountant)
-        self._target = None if target_epsilon is None else _acc.check_epsilon(target_epsilon, name="target_epsilon")
+        self._accountant = check_accountant(accountant)
+        self._target = None if target_epsilon is None else check_epsilon(target_epsilon, name="target_epsilon")
         self._planned = None if planned is None else _acc.normalize_counts(planned)
         self._counts: dict[Step, int] = {}
         self._spent_cache: tuple[int, _acc.EpsilonResult] | None = None
@@ -84,7 +86,7 @@ class PrivacyLedger:
         self._lookahead: dict[Step, int] = {}
         if self._planned is not None:
             for step in self._planned:  # fail fast on steps the accountant cannot handle
-                _acc.to_dp_event(step, neighbouring=self._neighbouring)
+                rdp_parts(step, neighbouring=self._neighbouring)
         if self._target is not None and self._planned:
             planned_eps = self._eps(self._planned).epsilon
             if planned_eps > self._target:
@@ -157,7 +159,7 @@ class PrivacyLedger:
         if self._target is not None and new_count > self._cert.get(step, 0):
             self._extend_certificate(step, new_count)
         elif step not in self._counts and step not in self._cert:
-            _acc.to_dp_event(step, neighbouring=self._neighbouring)  # validate unseen steps without a target
+            rdp_parts(step, neighbouring=self._neighbouring)  # validate unseen steps without a target
         self._counts[step] = new_count
         self._version += 1
 
