@@ -49,6 +49,19 @@ class CalibrationProgress:
     best_scale: float | None
     elapsed: float
 
+    def describe(self) -> str:
+        """One line for a progress display.
+
+        Example:
+            >>> CalibrationProgress("pld", 7, 1.2, 1.05, 1.31, 2.5).describe()
+            'calibrating (pld): 7 evaluations, 2.5 s; scale 1.2 gives epsilon 1.05; best so far 1.31'
+        """
+        best = "none yet" if self.best_scale is None else f"{self.best_scale:.6g}"
+        return (
+            f"calibrating ({self.stage}): {self.evaluations} evaluations, {self.elapsed:.1f} s; "
+            f"scale {self.scale:.6g} gives epsilon {self.epsilon:.6g}; best so far {best}"
+        )
+
 
 class SearchTimeout(Exception):
     """The search's time budget ran out (internal; the caller keeps the best scale found)."""
