@@ -39,7 +39,7 @@ from privopt.privacy.checks import (
     check_epsilon,
 )
 from privopt.privacy.events import ADD_REMOVE, Step, check_neighbouring
-from privopt.privacy.translate import ADD, dp_relation_for, pld_event, rdp_parts, to_dp_event
+from privopt.privacy.translate import ADD, dp_relation_for, pld_coin_epsilons, pld_event, rdp_parts, to_dp_event
 
 __all__ = [
     "ACCOUNTANTS",
@@ -204,21 +204,35 @@ def _interval(epsilon: float, tail_epsilon: float) -> float:
     return max(cost, min(precise, _PLD_MAX_INTERVAL), _PLD_MIN_INTERVAL)
 
 
+def _snap(interval: float, coins: frozenset) -> float:
+    """A pure-DP coin's losses +-eps0 land exactly on the grid when it divides eps0; otherwise
+    pessimistic rounding adds up to one interval per composition. With one distinct coin, shrink
+    the interval (by less than half) to divide it."""
+    if len(coins) != 1:
+        return interval
+    (eps0,) = coins
+    return eps0 / math.ceil(eps0 / interval - 1e-9) if eps0 >= interval else interval
+
+
 def _pld_accountant(event: dpa.DpEvent, interval: float):
     acc = dpa.pld.PLDAccountant(neighboring_relation=ADD, value_discretization_interval=interval)
     acc.compose(event)
     return acc
 
 
-def _pld_run(event, interval: float, delta: float, rdp_tail: float):
+def _pld_run(event, interval: float, delta: float, rdp_tail: float, coins: frozenset):
     """PLD accountant for the composed event; refined once on a finer grid if the first pass
     shows that the epsilon is much smaller than the RDP estimate the grid was chosen from."""
-    acc = _pld_accountant(event, interval)
+    acc = _pld_accountant(event, _snap(interval, coins))
     tail = float(acc.get_epsilon(_TAIL_DELTA))
     finer = _interval(float(acc.get_epsilon(delta)), tail if math.isfinite(tail) else rdp_tail)
     if finer * _PLD_REFINE_GAIN <= interval:
-        acc = _pld_accountant(event, finer)
+        acc = _pld_accountant(event, _snap(finer, coins))
     return acc
+
+
+def _coins(items, neighbouring: str) -> frozenset:
+    return frozenset(e for s, _ in items for e in pld_coin_epsilons(s, neighbouring=neighbouring))
 
 
 # ---------------------------------------------------------------- cached core
@@ -238,7 +252,7 @@ def _epsilon_cached(items, delta: float, neighbouring: str, accountant: str) -> 
     # A numerically extreme schedule can make PLD fail: RDP's answer stands then.
     with contextlib.suppress(ArithmeticError, MemoryError):
         if math.isfinite(interval):
-            acc = _pld_run(_pld_event(items, neighbouring), interval, delta, rdp_tail)
+            acc = _pld_run(_pld_event(items, neighbouring), interval, delta, rdp_tail, _coins(items, neighbouring))
             pld = EpsilonResult(float(acc.get_epsilon(delta)), delta, "pld")
     if accountant == "pld" or pld.epsilon <= rdp.epsilon:
         return pld
@@ -327,5 +341,6 @@ def delta_of(counts, *, epsilon: float, neighbouring: str = ADD_REMOVE, accounta
     # A numerically extreme schedule can make PLD fail: RDP's answer stands then.
     with contextlib.suppress(ArithmeticError, MemoryError):
         if math.isfinite(interval):
-            pld = float(_pld_accountant(_pld_event(items, neighbouring), interval).get_delta(epsilon))
+            acc = _pld_accountant(_pld_event(items, neighbouring), _snap(interval, _coins(items, neighbouring)))
+            pld = float(acc.get_delta(epsilon))
     return pld if kind == "pld" else min(pld, rdp)

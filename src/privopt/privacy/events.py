@@ -184,7 +184,8 @@ class TreeAggregation:
     def __post_init__(self):
         if not (self.noise_multiplier > 0 and math.isfinite(self.noise_multiplier)):
             raise ConfigError(f"tree noise multiplier must be finite and > 0, got {self.noise_multiplier}")
-        steps = (self.steps,) if isinstance(self.steps, numbers.Integral) else tuple(self.steps)
+        steps = (self.steps,) if isinstance(self.steps, numbers.Integral) else self.steps
+        steps = tuple(steps) if isinstance(steps, (tuple, list)) else ()
         if not steps or any(not isinstance(t, numbers.Integral) or isinstance(t, bool) or t < 1 for t in steps):
             raise ConfigError(f"tree steps must be integers >= 1 (leaves per tree), got {self.steps!r}")
         object.__setattr__(self, "steps", tuple(int(t) for t in steps))

@@ -37,7 +37,16 @@ from privopt.privacy.events import (
     sensitivity_factor,
 )
 
-__all__ = ["ADD", "REPLACE", "ZERO_OUT", "to_dp_event", "dp_relation_for", "rdp_parts", "pld_event"]
+__all__ = [
+    "ADD",
+    "REPLACE",
+    "ZERO_OUT",
+    "to_dp_event",
+    "dp_relation_for",
+    "rdp_parts",
+    "pld_event",
+    "pld_coin_epsilons",
+]
 
 ADD = dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
 REPLACE = dpa.NeighboringRelation.REPLACE_ONE
@@ -235,6 +244,17 @@ def rdp_parts(step: Step, *, neighbouring: str = ADD_REMOVE) -> tuple[tuple[dpa.
     return tuple(parts)
 
 
+def _coin_epsilons(shape: _Shape) -> list[float]:
+    if shape.full:
+        return [m.epsilon for m in shape.others if isinstance(m, PureDP)]
+    return [] if shape.sampled_laplace() or not shape.others else [shape.pure_epsilon()]
+
+
+def pld_coin_epsilons(step: Step, *, neighbouring: str = ADD_REMOVE) -> tuple[float, ...]:
+    """Privacy losses of the pure-DP coins in :func:`pld_event` (a PLD grid dividing them is exact)."""
+    return tuple(_coin_epsilons(_Shape(step, neighbouring)))
+
+
 def pld_event(step: Step, *, neighbouring: str = ADD_REMOVE) -> dpa.DpEvent | None:
     """The step as one event for ``PLDAccountant`` under add/remove, or ``None`` if PLD cannot
     express it (fixed-size sampling without replacement, tree aggregation)."""
@@ -245,11 +265,8 @@ def pld_event(step: Step, *, neighbouring: str = ADD_REMOVE) -> dpa.DpEvent | No
         return shape.sampled_laplace_event()
     events = [shape.sampled(dpa.GaussianDpEvent(shape.z))] if shape.z is not None else []
     if shape.full:
-        for m in shape.others:
-            if isinstance(m, Laplace):
-                events.append(dpa.LaplaceDpEvent(m.scale_multiplier / shape.factor))
-            else:
-                events.append(_coin_event(m.epsilon))
-    elif shape.others:
-        events.append(_coin_event(shape.pure_epsilon()))
+        events += [
+            dpa.LaplaceDpEvent(m.scale_multiplier / shape.factor) for m in shape.others if isinstance(m, Laplace)
+        ]
+    events += [_coin_event(eps) for eps in _coin_epsilons(shape)]
     return _composed(events)
