@@ -84,7 +84,7 @@ def test_fast_for_long_runs():
     assert math.isfinite(res.epsilon) and res.epsilon > 0
 
 
-# ---------------------------------------------------------------- adjacency (docs/accounting.md: the REPLACE_ONE pitfall)
+# ------------------------------------------------------- adjacency (docs/accounting.md: the REPLACE_ONE pitfall)
 
 
 def test_adjacency_pitfall_full_batch_gaussian():
