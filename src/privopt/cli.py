@@ -146,33 +146,7 @@ def _cmd_bench(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="privopt", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
-
-    t = sub.add_parser("train", help="one training run from a YAML config")
-    t.add_argument("--config", help="YAML config file (defaults are used for missing keys)")
-    t.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. --set privacy.epsilon=2 --set algorithm_params.lr=0.5",
-    )
-    t.add_argument("--out", help="output directory (must be new)")
-    t.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
-    t.add_argument(
-        "--insecure-seed",
-        type=int,
-        metavar="N",
-        default=None,
-        help="seed the privacy noise and batch sampling (reproducible, but anyone who reads the "
-        "seed can replay the noise: NOT private; default: secret OS-entropy randomness)",
-    )
-    t.add_argument("--quiet", action="store_true")
-    t.add_argument("--json", action="store_true", help="print the result as JSON")
-    t.set_defaults(func=_cmd_train)
-
+def _add_account_parser(sub) -> None:
     a = sub.add_parser(
         "account",
         help="calibrate DP-SGD noise for a target (epsilon, delta)",
@@ -215,6 +189,36 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--quiet", action="store_true", help="no progress line while calibrating")
     a.add_argument("--json", action="store_true", help="print the result as one JSON object")
     a.set_defaults(func=_cmd_account)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="privopt", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="one training run from a YAML config")
+    t.add_argument("--config", help="YAML config file (defaults are used for missing keys)")
+    t.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set privacy.epsilon=2 --set algorithm_params.lr=0.5",
+    )
+    t.add_argument("--out", help="output directory (must be new)")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
+    t.add_argument(
+        "--insecure-seed",
+        type=int,
+        metavar="N",
+        default=None,
+        help="seed the privacy noise and batch sampling (reproducible, but anyone who reads the "
+        "seed can replay the noise: NOT private; default: secret OS-entropy randomness)",
+    )
+    t.add_argument("--quiet", action="store_true")
+    t.add_argument("--json", action="store_true", help="print the result as JSON")
+    t.set_defaults(func=_cmd_train)
+
+    _add_account_parser(sub)
 
     li = sub.add_parser("list", help="list algorithms, datasets, models, engines and experiments")
     li.add_argument("--json", action="store_true")

@@ -245,9 +245,10 @@ def gaussian_noise_multiplier(*, epsilon: float, delta: float) -> float:
         >>> round(gaussian_noise_multiplier(epsilon=1.0, delta=1e-5), 3)
         3.731
     """
-    from dp_accounting import get_sigma_gaussian
+    from dp_accounting.pld import accountant, common
 
-    return float(get_sigma_gaussian(check_epsilon(epsilon), check_delta(delta)))
+    guarantee = common.DifferentialPrivacyParameters(check_epsilon(epsilon), check_delta(delta))
+    return float(accountant.get_smallest_gaussian_noise(guarantee))
 
 
 def dp_sgd_noise(
