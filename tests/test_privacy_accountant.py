@@ -1,4 +1,4 @@
-"""Accountant: reference values (SPEC §8.11), adjacency conventions (§8.2), composition rules."""
+"""Accountant: reference values (docs/accounting.md, "Reference values"), adjacency conventions, composition rules."""
 
 import math
 import time
@@ -84,7 +84,7 @@ def test_fast_for_long_runs():
     assert math.isfinite(res.epsilon) and res.epsilon > 0
 
 
-# ---------------------------------------------------------------- adjacency (§8.2 pitfall)
+# ------------------------------------------------------- adjacency (docs/accounting.md: the REPLACE_ONE pitfall)
 
 
 def test_adjacency_pitfall_full_batch_gaussian():

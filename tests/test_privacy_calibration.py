@@ -1,4 +1,4 @@
-"""Calibration: reference noise values (SPEC §8.5, §8.11), inventories, infeasible targets."""
+"""Calibration: reference noise values (docs/accounting.md, "Reference values"), inventories, infeasible targets."""
 
 import json
 import math
@@ -60,12 +60,12 @@ def test_analytic_gaussian_reference_values():
 
 
 def svrg_inventory(n=200_000, inner_steps=75_000, snapshot_sensitivity=2.0):
-    # DP-SVRG (SPEC §3.2, §8.11). Each inner step releases one Gaussian vector whose noise
+    # DP-SVRG (docs/accounting.md, "Reference values"). Each inner step releases one Gaussian vector whose noise
     # std sigma is split equally in variance between two accounted parts: sigma1 = sigma2 = sigma/sqrt(2).
     #  * one-sample difference grad f(x, z_i) - grad f(x~, z_i): a uniformly drawn record
     #    (SingleRecord(n) = Poisson(1/n) under add/remove), per-record bound 2G:
     #    z_diff = sigma1 / (2G) = scale / sqrt(2) with scale = sigma / (2G);
-    #  * the snapshot mean gradient: non-subsampled, sensitivity 2G/n (as in SPEC §8.11):
+    #  * the snapshot mean gradient: non-subsampled, sensitivity 2G/n (as in the reference):
     #    z_snap = sigma2 / (2G/n) = n * scale / sqrt(2)  (ratio n / sqrt(2)).
     # Both are released at every one of the T*m inner steps.
     r = 1 / math.sqrt(2)

@@ -62,7 +62,18 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_account(args) -> int:
-    from privopt.privacy import dp_sgd_noise
+    import time
+
+    from privopt.privacy import check_delta_for_size, dp_sgd_noise
+
+    check_delta_for_size(args.delta, dataset_size=args.dataset_size, allow_large=args.allow_large_delta)
+    tty, last = sys.stderr.isatty(), [0.0]
+
+    def progress(p) -> None:  # a live line on a terminal, a line every 2 s in logs
+        if args.quiet or (not tty and time.monotonic() - last[0] < 2.0):
+            return
+        last[0] = time.monotonic()
+        print(("\r\033[K" if tty else "") + p.describe(), end="" if tty else "\n", file=sys.stderr, flush=True)
 
     cal = dp_sgd_noise(
         dataset_size=args.dataset_size,
@@ -72,8 +83,12 @@ def _cmd_account(args) -> int:
         delta=args.delta,
         accountant=args.accountant,
         sampling=args.sampling,
+        time_limit=args.time_limit,
+        progress=progress,
     )
-    z = cal.noise[next(iter(cal.noise))] if isinstance(cal.noise, dict) else cal.noise
+    if tty and not args.quiet:
+        print("\r\033[K", end="", file=sys.stderr, flush=True)
+    z = cal.noise["gradient"]
     result = {
         "noise_multiplier": z,
         "epsilon": cal.epsilon,
@@ -81,19 +96,23 @@ def _cmd_account(args) -> int:
         "delta": args.delta,
         "accountant": cal.accountant,
         "sampling": args.sampling,
-        "neighbouring": "add_remove" if args.sampling == "poisson" else "replace_one",
+        "neighbouring": cal.neighbouring,
         "sampling_rate": args.batch_size / args.dataset_size,
         "steps": args.steps,
+        "search_complete": not cal.extra,
     }
     if args.json:
         print(json.dumps(result))
-    else:
-        print(f"noise multiplier z = {z:.4f}  (std of noise on the clipped sum = z * C)")
-        print(
-            f"achieves epsilon = {cal.epsilon:.4f} <= {args.epsilon} at delta = {args.delta} "
-            f"({cal.accountant.upper()}, {result['sampling']} sampling, q = {result['sampling_rate']:.4g}, "
-            f"{args.steps} steps, {result['neighbouring']} neighbours)"
-        )
+        return 0
+    print(f"noise multiplier z = {z:.4f}  (std of noise on the clipped sum = z * C)")
+    print(
+        f"achieves epsilon = {cal.epsilon:.4f} <= {args.epsilon} at delta = {args.delta} "
+        f"({cal.accountant.upper()}, {args.sampling} sampling, q = {result['sampling_rate']:.4g}, "
+        f"{args.steps} steps, {cal.neighbouring} neighbours)"
+    )
+    if cal.extra:
+        note = "this noise is valid but may be larger than needed"
+        print(f"note: the search hit --time-limit {args.time_limit:g} s; {note}")
     return 0
 
 
@@ -144,6 +163,51 @@ def _cmd_bench(args) -> int:
     return 0
 
 
+def _add_account_parser(sub) -> None:
+    a = sub.add_parser(
+        "account",
+        help="calibrate DP-SGD noise for a target (epsilon, delta)",
+        description="Smallest DP-SGD noise multiplier z such that T noisy sums of clipped gradients on "
+        "sampled batches are (EPSILON, DELTA)-DP. See docs/accounting.md.",
+    )
+    a.add_argument("--dataset-size", type=int, required=True, metavar="N", help="number of training records n")
+    a.add_argument(
+        "--batch-size", type=int, required=True, metavar="B", help="expected (poisson) or exact (wor) batch size"
+    )
+    a.add_argument("--steps", type=int, required=True, metavar="T", help="number of noisy gradient steps")
+    a.add_argument("--epsilon", type=float, required=True, help="target epsilon (> 0)")
+    a.add_argument("--delta", type=float, required=True, help="target delta, in (0, 1) and below 1/N")
+    a.add_argument(
+        "--accountant",
+        choices=["auto", "pld", "rdp"],
+        default="auto",
+        help="auto (default): the smaller epsilon of PLD and RDP at each noise level; pld: privacy loss "
+        "distributions only (tight, cannot certify delta below ~1e-15); rdp: Renyi DP only (fast, any delta)",
+    )
+    a.add_argument(
+        "--sampling",
+        choices=["poisson", "wor"],
+        default="poisson",
+        help="poisson (default; add/remove-one neighbours) or fixed-size batches without replacement "
+        "(replace-one neighbours, RDP only)",
+    )
+    a.add_argument(
+        "--time-limit",
+        type=float,
+        default=25.0,
+        metavar="SECONDS",
+        help="stop searching after this long and report the best valid noise found (default 25)",
+    )
+    a.add_argument(
+        "--allow-large-delta",
+        action="store_true",
+        help="accept delta >= 1/N (such a delta allows publishing a record outright; refused by default)",
+    )
+    a.add_argument("--quiet", action="store_true", help="no progress line while calibrating")
+    a.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    a.set_defaults(func=_cmd_account)
+
+
 def _add_train_parser(sub) -> None:
     t = sub.add_parser("train", help="one training run from a YAML config")
     t.add_argument("--config", help="YAML config file (defaults are used for missing keys)")
@@ -181,26 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_train_parser(sub)
 
-    a = sub.add_parser("account", help="calibrate DP-SGD noise for a target (epsilon, delta)")
-    a.add_argument("--dataset-size", type=int, required=True)
-    a.add_argument("--batch-size", type=int, required=True)
-    a.add_argument("--steps", type=int, required=True)
-    a.add_argument("--epsilon", type=float, required=True)
-    a.add_argument("--delta", type=float, required=True)
-    a.add_argument(
-        "--accountant",
-        choices=["auto", "pld", "rdp"],
-        default="auto",
-        help="auto: PLD where it can express the events (Poisson), else RDP",
-    )
-    a.add_argument(
-        "--sampling",
-        choices=["poisson", "wor"],
-        default="poisson",
-        help="poisson (add/remove-one neighbours) or fixed-size without replacement (replace-one)",
-    )
-    a.add_argument("--json", action="store_true")
-    a.set_defaults(func=_cmd_account)
+    _add_account_parser(sub)
 
     li = sub.add_parser("list", help="list algorithms, datasets, models, engines and experiments")
     li.add_argument("--json", action="store_true")

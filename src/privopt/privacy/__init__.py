@@ -1,17 +1,26 @@
-"""privopt.privacy: privacy bookkeeping (events, accountants, calibration, ledger) and numpy noise helpers.
+"""privopt.privacy: privacy bookkeeping (events, accountants, calibration, ledger, filter) and numpy noise helpers.
 
-Nothing in this package imports torch; it is pure math on Google's ``dp_accounting``.
+Nothing in this package imports torch; it is a thin layer over Google's ``dp_accounting``.
+See docs/accounting.md.
 """
 
-from privopt.privacy.accountant import EpsilonResult, delta_of, dp_relation_for, epsilon_of, to_dp_event
+from privopt.privacy.accountant import (
+    DEFAULT_ORDERS,
+    EpsilonResult,
+    delta_of,
+    epsilon_of,
+    pld_supported,
+    rdp_curve,
+)
 from privopt.privacy.calibration import (
+    DEFAULT_TIME_LIMIT,
     Calibration,
-    Inventory,
-    PlannedStep,
+    CalibrationProgress,
     calibrate,
     dp_sgd_noise,
     gaussian_noise_multiplier,
 )
+from privopt.privacy.checks import check_delta_for_size
 from privopt.privacy.events import (
     ADD_REMOVE,
     NEIGHBOURING,
@@ -25,11 +34,14 @@ from privopt.privacy.events import (
     Sampling,
     SingleRecord,
     Step,
+    TreeAggregation,
     WithoutReplacement,
     check_neighbouring,
     sensitivity_factor,
     step_from_dict,
 )
+from privopt.privacy.filter import RdpFilter
+from privopt.privacy.inventory import Inventory, PlannedStep, TreeShape, tree_family
 from privopt.privacy.ledger import PrivacyLedger
 from privopt.privacy.mechanisms import (
     gaussian_noise,
@@ -38,6 +50,7 @@ from privopt.privacy.mechanisms import (
     report_noisy_max,
     report_noisy_max_epsilon,
 )
+from privopt.privacy.translate import dp_relation_for, to_dp_event
 
 __all__ = [
     # events
@@ -51,6 +64,7 @@ __all__ = [
     "Gaussian",
     "Laplace",
     "PureDP",
+    "TreeAggregation",
     "Step",
     "Sampling",
     "Mechanism",
@@ -59,19 +73,28 @@ __all__ = [
     "step_from_dict",
     # accounting
     "EpsilonResult",
+    "DEFAULT_ORDERS",
     "to_dp_event",
     "dp_relation_for",
     "epsilon_of",
     "delta_of",
+    "rdp_curve",
+    "pld_supported",
+    "check_delta_for_size",
     # calibration
     "PlannedStep",
     "Inventory",
+    "TreeShape",
+    "tree_family",
     "Calibration",
+    "CalibrationProgress",
+    "DEFAULT_TIME_LIMIT",
     "calibrate",
     "gaussian_noise_multiplier",
     "dp_sgd_noise",
-    # ledger
+    # ledger and adaptive filter
     "PrivacyLedger",
+    "RdpFilter",
     # numpy mechanisms
     "gaussian_noise",
     "laplace_noise",

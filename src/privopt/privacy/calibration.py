@@ -1,181 +1,52 @@
-"""Noise calibration: find the smallest noise whose accounted epsilon meets a target (SPEC §8.1, §8.5).
+"""Noise calibration: the smallest noise whose accounted epsilon meets a target.
 
-An :class:`Inventory` lists the planned steps of a run. Each Gaussian family (named release) gets a
-noise multiplier ``z_name = scale * ratio_name``; :func:`calibrate` binary-searches ``scale`` on a
-log grid (epsilon is monotone decreasing in every ``z``) until ``epsilon(delta) <= target``.
+:func:`calibrate` scales every calibrated family of an :class:`~privopt.privacy.Inventory`
+(``z_name = scale * ratio_name``) and searches the scale in two stages:
 
-Fixed mechanisms (a :class:`~privopt.privacy.events.Laplace` or
-:class:`~privopt.privacy.events.PureDP` whose parameter is not calibrated) may appear in an
-inventory too; they are accounted but not scaled.
+1. with the RDP accountant, which is fast for any schedule and any delta: a valid answer;
+2. with the requested accountant (``auto``: the smaller of PLD and RDP), starting from the RDP
+   answer, until the time budget runs out.
+
+The answer is the smallest scale found whose epsilon is within target, so a search cut short by
+the time budget still returns a safe (if slightly larger) noise. See docs/accounting.md,
+"Calibration".
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import numbers
-from dataclasses import asdict, dataclass, field, replace
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from privopt.errors import ConfigError
-from privopt.privacy import accountant as _acc
-from privopt.privacy.events import (
-    ADD_REMOVE,
-    REPLACE_ONE,
-    FullBatch,
-    Gaussian,
-    Laplace,
-    Poisson,
-    PureDP,
-    SingleRecord,
-    Step,
-    WithoutReplacement,
-    check_neighbouring,
-    step_from_dict,
-)
+from privopt.privacy.accountant import epsilon_of, pld_supported
+from privopt.privacy.checks import check_accountant, check_count, check_delta, check_epsilon, check_ratio
+from privopt.privacy.events import ADD_REMOVE, REPLACE_ONE, Poisson, WithoutReplacement, check_neighbouring
+from privopt.privacy.inventory import Inventory, PlannedStep
+from privopt.privacy.search import EPSILON_TOL, CalibrationProgress, NoFeasibleScale, ScaleSearch, SearchTimeout
 
 __all__ = [
-    "PlannedStep",
-    "Inventory",
+    "DEFAULT_TIME_LIMIT",
     "Calibration",
+    "CalibrationProgress",
     "calibrate",
     "gaussian_noise_multiplier",
     "dp_sgd_noise",
 ]
 
-# Search range and precision of the calibrated scale. 1e-5 relative precision is well below the
-# 3-4 significant digits anybody reports, and costs ~17 bisections after bracketing.
-_SCALE_MIN = 1e-4
-_SCALE_MAX = 1e8
+# Seconds a calibration may search before it returns the best noise found so far.
+DEFAULT_TIME_LIMIT = 60.0
+# Relative precision of the calibrated scale: far below the 3-4 significant digits anybody reports.
 _REL_TOL = 1e-5
-# PLD precision (interval / epsilon) of the first, rough search stage.
-_COARSE_RELATIVE = 1e-2
-
-
-def _check_ratio(name: str, ratio) -> float:
-    if not _acc._is_real(ratio) or not (0.0 < float(ratio) < math.inf):
-        raise ConfigError(f"noise ratio of family {name!r} must be a finite number > 0, got {ratio!r}")
-    return float(ratio)
-
-
-@dataclass(frozen=True)
-class PlannedStep:
-    """A step that will be executed ``count`` times.
-
-    Args:
-        sampling: How its batch is drawn (Poisson, WithoutReplacement, FullBatch, SingleRecord).
-        mechanisms: Releases on that batch: ``("name", ratio)`` pairs for calibrated Gaussian
-            families (``z_name = scale * ratio``), or fixed ``Laplace``/``PureDP``/``Gaussian``
-            mechanism objects that are accounted but not calibrated.
-        count: Planned (maximum) number of executions, an integer >= 0.
-    """
-
-    sampling: object
-    mechanisms: tuple
-    count: int
-
-    def __post_init__(self):
-        mechs = []
-        for m in tuple(self.mechanisms):
-            if isinstance(m, (Gaussian, Laplace, PureDP)):
-                mechs.append(m)
-                continue
-            try:
-                name, ratio = m
-            except (TypeError, ValueError):
-                raise ConfigError(f"planned mechanism must be ('name', ratio) or a Mechanism, got {m!r}") from None
-            if not isinstance(name, str) or not name:
-                raise ConfigError(f"planned mechanism name must be a non-empty string, got {name!r}")
-            mechs.append((name, _check_ratio(name, ratio)))
-        if not mechs:
-            raise ConfigError("a planned step needs at least one mechanism")
-        object.__setattr__(self, "mechanisms", tuple(mechs))
-        if not isinstance(self.count, numbers.Integral) or isinstance(self.count, bool) or self.count < 0:
-            raise ConfigError(f"planned step count must be an integer >= 0, got {self.count!r}")
-        object.__setattr__(self, "count", int(self.count))
-        if not isinstance(self.sampling, (Poisson, WithoutReplacement, FullBatch, SingleRecord)):
-            raise ConfigError(
-                f"unknown sampling {self.sampling!r}; use Poisson, WithoutReplacement, FullBatch or SingleRecord"
-            )
-
-    def to_dict(self) -> dict:
-        mechs = [
-            {"name": m[0], "ratio": m[1]} if isinstance(m, tuple) else {"fixed": asdict(m)} for m in self.mechanisms
-        ]
-        return {"sampling": asdict(self.sampling), "mechanisms": mechs, "count": self.count}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> PlannedStep:
-        fixed = [m["fixed"] for m in d["mechanisms"] if "fixed" in m]
-        # Reuse the Step decoder for the sampling and the fixed mechanisms.
-        probe = step_from_dict({"sampling": d["sampling"], "mechanisms": fixed or [asdict(Gaussian(1.0))]})
-        decoded = iter(probe.mechanisms)
-        mechs = [next(decoded) if "fixed" in m else (m["name"], m["ratio"]) for m in d["mechanisms"]]
-        return cls(sampling=probe.sampling, mechanisms=tuple(mechs), count=d["count"])
-
-
-@dataclass(frozen=True)
-class Inventory:
-    """The planned privacy-relevant steps of one run (SPEC §8.1 "mechanism inventory").
-
-    A family name may appear in several planned steps (e.g. the same query on batches of two
-    sizes); it then gets one noise multiplier, so its ratio must agree everywhere.
-
-    Example:
-        >>> from privopt.privacy import Inventory, PlannedStep, Poisson
-        >>> inv = Inventory((PlannedStep(Poisson(0.1), (("grad", 1.0),), 512),))
-        >>> inv.names
-        ('grad',)
-        >>> list(inv.steps_for({"grad": 3.0}).values())
-        [512]
-    """
-
-    steps: tuple[PlannedStep, ...]
-
-    def __post_init__(self):
-        steps = tuple(self.steps)
-        for s in steps:
-            if not isinstance(s, PlannedStep):
-                raise ConfigError(f"inventory entries must be PlannedStep, got {type(s).__name__}: {s!r}")
-        object.__setattr__(self, "steps", steps)
-        ratios: dict[str, float] = {}
-        for s in steps:
-            for m in s.mechanisms:
-                if isinstance(m, tuple):
-                    name, r = m
-                    if name in ratios and not math.isclose(ratios[name], r, rel_tol=1e-12):
-                        raise ConfigError(f"family {name!r} has inconsistent noise ratios {ratios[name]} and {r}")
-                    ratios.setdefault(name, r)
-        object.__setattr__(self, "_ratios", ratios)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """Calibrated family names, in first-appearance order."""
-        return tuple(self._ratios)
-
-    @property
-    def ratios(self) -> dict[str, float]:
-        """The inventory's noise ratio per family."""
-        return dict(self._ratios)
-
-    def steps_for(self, noise: dict[str, float]) -> dict[Step, int]:
-        """The executed-steps mapping if every family ``name`` uses multiplier ``noise[name]``."""
-        missing = [n for n in self.names if n not in noise]
-        if missing:
-            raise ConfigError(f"no noise multiplier given for families {missing}")
-        out: dict[Step, int] = {}
-        for s in self.steps:
-            mechs = tuple(Gaussian(float(noise[m[0]]), name=m[0]) if isinstance(m, tuple) else m for m in s.mechanisms)
-            step = Step(s.sampling, mechs)
-            if s.count:
-                out[step] = out.get(step, 0) + s.count
-        return out
-
-    def to_dict(self) -> dict:
-        return {"steps": [s.to_dict() for s in self.steps]}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Inventory:
-        return cls(tuple(PlannedStep.from_dict(s) for s in d["steps"]))
+# Schedules of this many executions or more are searched with the PLD accountant until epsilon is
+# within 0.1% of the target (each evaluation costs seconds there, and the PLD's own discretisation
+# error is larger than that); smaller ones until it is within 1e-5.
+_LONG_SCHEDULE = 100_000
+_LONG_SCHEDULE_TOL = 1e-3
+_CACHE: OrderedDict = OrderedDict()
+_CACHE_SIZE = 256
 
 
 @dataclass(frozen=True)
@@ -187,9 +58,11 @@ class Calibration:
         scale: The common scale (``noise[name] = scale * ratio[name]``).
         epsilon: Achieved epsilon at ``delta`` (<= the target).
         delta: The delta.
-        accountant: ``"pld"`` or ``"rdp"``.
+        accountant: ``"pld"`` or ``"rdp"``: the accountant whose bound certifies ``epsilon``.
         target_epsilon: The requested epsilon.
         neighbouring: The neighbouring relation used.
+        extra: ``{"complete": False, ...}`` when the time budget cut the search short (the
+            noise is then valid but may be larger than necessary); empty otherwise.
     """
 
     noise: dict[str, float]
@@ -214,6 +87,17 @@ class Calibration:
         }
 
 
+def _merged_ratios(inventory: Inventory, ratios) -> dict[str, float]:
+    merged = inventory.ratios
+    for name, r in (ratios or {}).items():
+        if name not in merged:
+            raise ConfigError(f"ratios names unknown family {name!r}; inventory families are {inventory.names}")
+        merged[name] = check_ratio(name, r)
+    if not merged:
+        raise ConfigError("the inventory has no calibrated (named) Gaussian family")
+    return merged
+
+
 def calibrate(
     inventory: Inventory,
     *,
@@ -222,6 +106,8 @@ def calibrate(
     neighbouring: str = ADD_REMOVE,
     accountant: str = "auto",
     ratios: dict[str, float] | None = None,
+    time_limit: float | None = None,
+    progress: Callable[[CalibrationProgress], None] | None = None,
 ) -> Calibration:
     """Smallest noise scale such that the planned run is ``(epsilon, delta)``-DP.
 
@@ -230,17 +116,21 @@ def calibrate(
         epsilon: Target epsilon (finite, > 0).
         delta: Target delta in (0, 1).
         neighbouring: ``"add_remove"`` or ``"replace_one"``.
-        accountant: ``"auto"``, ``"pld"`` or ``"rdp"``.
-        ratios: Optional per-family ratios overriding the inventory's (paper-faithful shares,
-            SPEC §8.1 step 3); families not listed keep their inventory ratio.
+        accountant: ``"auto"`` (the smaller of PLD and RDP at each scale), ``"pld"`` or ``"rdp"``.
+        ratios: Optional per-family ratios overriding the inventory's (paper-faithful shares);
+            families not listed keep their inventory ratio.
+        time_limit: Seconds the search may take (default :data:`DEFAULT_TIME_LIMIT`); when it
+            runs out the best noise found so far is returned, marked ``extra["complete"] = False``.
+        progress: Called with a :class:`CalibrationProgress` after every accountant evaluation.
 
     Returns:
-        :class:`Calibration` with ``noise[name] = scale * ratio[name]`` and the achieved epsilon.
-        Results are cached, so calling again with the same arguments is free.
+        :class:`Calibration` with ``noise[name] = scale * ratio[name]`` and the achieved epsilon,
+        which :func:`~privopt.privacy.epsilon_of` reproduces for ``inventory.steps_for(noise)``.
+        Complete results are cached, so calling again with the same arguments is free.
 
     Raises:
-        ConfigError: invalid arguments, no calibrated family, or an infeasible target (e.g. the
-            fixed, uncalibrated mechanisms alone already exceed it).
+        ConfigError: invalid arguments, no calibrated family, an infeasible target (e.g. the
+            fixed, uncalibrated mechanisms alone already exceed it), or no answer in time.
 
     Example:
         >>> from privopt.privacy import Inventory, PlannedStep, Poisson, calibrate
@@ -250,134 +140,115 @@ def calibrate(
     """
     if not isinstance(inventory, Inventory):
         raise ConfigError(f"calibrate() needs an Inventory, got {type(inventory).__name__}")
-    epsilon = _acc.check_epsilon(epsilon)
-    delta = _acc.check_delta(delta)
+    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
     check_neighbouring(neighbouring)
-    _acc._check_accountant(accountant)
-    merged = inventory.ratios
-    for name, r in (ratios or {}).items():
-        if name not in merged:
-            raise ConfigError(f"ratios names unknown family {name!r}; inventory families are {inventory.names}")
-        merged[name] = _check_ratio(name, r)
-    if not merged:
-        raise ConfigError("the inventory has no calibrated (named) Gaussian family")
-    key_ratios = tuple(sorted(merged.items()))
-    cal = _calibrate_cached(inventory, epsilon, delta, neighbouring, accountant, key_ratios)
+    check_accountant(accountant)
+    merged = _merged_ratios(inventory, ratios)
+    limit = DEFAULT_TIME_LIMIT if time_limit is None else check_epsilon(time_limit, name="time_limit")
+    key = (inventory, epsilon, delta, neighbouring, accountant, tuple(sorted(merged.items())))
+    cal = _CACHE.get(key)
+    if cal is None:
+        cal = _Calibrator(inventory, merged, epsilon, delta, neighbouring, limit, progress).run(accountant)
+        if not cal.extra:
+            _CACHE[key] = cal
+            while len(_CACHE) > _CACHE_SIZE:
+                _CACHE.popitem(last=False)
     # Copy the mutable parts so callers cannot corrupt the cached result.
     return replace(cal, noise=dict(cal.noise), extra=dict(cal.extra))
 
 
-@functools.lru_cache(maxsize=256)
-def _calibrate_cached(inventory, epsilon, delta, neighbouring, accountant, key_ratios) -> Calibration:
-    ratios = dict(key_ratios)
-    names = inventory.names
-    kind = _acc._resolve(
-        _acc.normalize_counts(inventory.steps_for(dict.fromkeys(names, 1.0))), neighbouring, accountant
-    )
+class _Calibrator:
+    """One calibration: the two search stages over a shared clock."""
 
-    def evaluator(relative: float):
-        def eps_at(scale: float) -> _acc.EpsilonResult:
-            counts = _acc.normalize_counts(inventory.steps_for({n: scale * r for n, r in ratios.items()}))
-            return _acc._epsilon(counts, delta, neighbouring, kind, relative)
+    def __init__(self, inventory, ratios, epsilon, delta, neighbouring, time_limit, progress):
+        self.inventory, self.ratios = inventory, ratios
+        self.epsilon, self.delta, self.neighbouring = epsilon, delta, neighbouring
+        now = time.monotonic()
+        self.clock = {"started": now, "deadline": now + time_limit, "evaluations": 0, "progress": progress}
 
-        return eps_at
+    def _search(self, accountant: str) -> ScaleSearch:
+        def eps_at(scale: float):
+            counts = self.inventory.steps_for({n: scale * r for n, r in self.ratios.items()})
+            return epsilon_of(counts, delta=self.delta, neighbouring=self.neighbouring, accountant=accountant)
 
-    exact = evaluator(_acc._PLD_RELATIVE_INTERVAL)
-    if kind == "pld":
-        # Stage 1 on a coarse PLD grid (cheap), stage 2 refines with the exact evaluator inside a
-        # +-2% bracket around it: ~12 accurate evaluations instead of ~25.
-        rough, _ = _search(evaluator(_COARSE_RELATIVE), epsilon, delta, accountant, start=1.0, step=2.0, rel_tol=1e-3)
-        scale, res = _search(exact, epsilon, delta, accountant, start=rough, step=1.02, rel_tol=_REL_TOL)
-    else:
-        scale, res = _search(exact, epsilon, delta, accountant, start=1.0, step=2.0, rel_tol=_REL_TOL)
-    return _make(ratios, scale, res, epsilon, neighbouring)
+        long = accountant != "rdp" and sum(s.count for s in self.inventory.steps) >= _LONG_SCHEDULE
+        tol = _LONG_SCHEDULE_TOL if long else EPSILON_TOL
+        return ScaleSearch(eps_at, self.epsilon, stage=accountant, clock=self.clock, epsilon_tol=tol)
 
+    def run(self, accountant: str) -> Calibration:
+        probe = self.inventory.steps_for(dict.fromkeys(self.ratios, 1.0))
+        supported = pld_supported(probe, neighbouring=self.neighbouring)
+        if accountant == "pld" and not supported:
+            epsilon_of(probe, delta=self.delta, neighbouring=self.neighbouring, accountant="pld")  # explains why
+        first, complete = self._stage(self._search("rdp"), 1.0)
+        if accountant == "rdp" or (accountant == "auto" and not supported):
+            return self._result(first, accountant, complete)
+        best, complete = self._stage(self._search(accountant), 1.0 if first is None else first[0])
+        if accountant == "auto" and first is not None and (best is None or first[0] < best[0]):
+            best = first  # auto's epsilon is never above RDP's, so the RDP answer stays valid
+        return self._result(best, accountant, complete)
 
-def _search(eps_at, epsilon, delta, accountant, *, start: float, step: float, rel_tol: float):
-    """Smallest scale (to ``rel_tol``) with ``eps_at(scale) <= epsilon``; returns (scale, result)."""
-    # Bracket [lo, hi] with eps(lo) > target >= eps(hi), moving geometrically from `start`.
-    hi = start
-    res_hi = eps_at(hi)
-    if res_hi.epsilon <= epsilon:
-        lo = hi
-        while True:
-            lo = lo / step
-            if lo < _SCALE_MIN:
-                return hi, res_hi  # any noise works (e.g. nothing is ever released)
-            res_lo = eps_at(lo)
-            if res_lo.epsilon > epsilon:
-                break
-            hi, res_hi = lo, res_lo
-    else:
-        res_lo = res_hi
-        while True:
-            lo, hi = hi, hi * step
-            if hi > _SCALE_MAX:
-                raise ConfigError(
-                    f"target epsilon={epsilon} at delta={delta} is infeasible: even noise scale {_SCALE_MAX:g} gives "
-                    f"epsilon={eps_at(_SCALE_MAX).epsilon:.4g} ({accountant}); the fixed (uncalibrated) mechanisms or "
-                    "the delta may be too strict -- raise epsilon/delta or add noise to the fixed releases"
-                )
-            res_lo, res_hi = res_hi, eps_at(hi)
-            if res_hi.epsilon <= epsilon:
-                break
-    # Shrink the bracket. log(eps) is close to linear in log(scale), so interpolate there and probe
-    # just either side of the guess: usually the bracket collapses to ~rel_tol in 2-4 evaluations.
-    # Fall back to a geometric bisection step whenever a guess does not move both ends.
-    interpolate = True
-    while hi / lo > 1.0 + rel_tol:
-        e_lo, e_hi = res_lo.epsilon, res_hi.epsilon
-        if interpolate and 0 < e_hi < epsilon < e_lo < math.inf:
-            t = math.log(e_lo / epsilon) / math.log(e_lo / e_hi)
-            guess = lo * (hi / lo) ** t
-            pad = 1.0 + rel_tol / 4.0
-            probes = [min(guess * pad, hi / pad), max(guess / pad, lo * pad)]
-        else:
-            probes = [math.sqrt(lo * hi)]
-        moved = set()
-        for p in probes:
-            if not lo < p < hi:
-                continue
-            res = eps_at(p)
-            if res.epsilon <= epsilon:
-                hi, res_hi = p, res
-                moved.add("hi")
-            else:
-                lo, res_lo = p, res
-                moved.add("lo")
-        interpolate = len(probes) == 1 or moved == {"hi", "lo"}
-    return hi, res_hi
+    def _stage(self, search: ScaleSearch, start: float):
+        """Run one search; returns (best or None, whether it completed)."""
+        try:
+            return search.run(start, rel_tol=_REL_TOL), True
+        except NoFeasibleScale:
+            return search.best, True
+        except SearchTimeout:
+            return search.best, False
 
+    def _timed_out(self) -> bool:
+        return time.monotonic() > self.clock["deadline"]
 
-def _make(ratios, scale, res, target, neighbouring) -> Calibration:
-    return Calibration(
-        noise={n: scale * r for n, r in ratios.items()},
-        scale=scale,
-        epsilon=res.epsilon,
-        delta=res.delta,
-        accountant=res.accountant,
-        target_epsilon=target,
-        neighbouring=neighbouring,
-    )
+    def _result(self, best, accountant: str, complete: bool = True) -> Calibration:
+        if best is None:
+            self._fail(accountant)
+        scale, res = best
+        return Calibration(
+            noise={n: scale * r for n, r in self.ratios.items()},
+            scale=scale,
+            epsilon=res.epsilon,
+            delta=res.delta,
+            accountant=res.accountant,
+            target_epsilon=self.epsilon,
+            neighbouring=self.neighbouring,
+            extra={} if complete else {"complete": False, "evaluations": self.clock["evaluations"]},
+        )
+
+    def _fail(self, accountant: str):
+        if self._timed_out():
+            raise ConfigError(
+                f"calibration found no noise meeting epsilon={self.epsilon} at delta={self.delta} within its time "
+                "limit; raise time_limit (CLI --time-limit) or use accountant='rdp'"
+            )
+        probe = self.inventory.steps_for(dict.fromkeys(self.ratios, 1e8))
+        worst = epsilon_of(probe, delta=self.delta, neighbouring=self.neighbouring, accountant=accountant).epsilon
+        hint = ""
+        if worst == math.inf:
+            hint = " (the PLD accountant cannot certify a delta below ~1e-15; use 'auto' or 'rdp')"
+        raise ConfigError(
+            f"target epsilon={self.epsilon} at delta={self.delta} is infeasible: even noise scale 1e+08 gives "
+            f"epsilon={worst:.4g} ({accountant}){hint}; the fixed (uncalibrated) mechanisms or the delta may be "
+            "too strict -- raise epsilon/delta or add noise to the fixed releases"
+        )
 
 
 def gaussian_noise_multiplier(*, epsilon: float, delta: float) -> float:
     """Smallest ``sigma / Delta`` making ONE non-subsampled Gaussian release ``(epsilon, delta)``-DP.
 
-    Exact analytic Gaussian mechanism (Balle & Wang 2018, SPEC §8.5): no ``epsilon < 1``
-    restriction, and well below the classical ``sqrt(2 ln(1.25/delta)) / epsilon``. ``Delta`` is
-    the L2 sensitivity under the neighbouring relation you use.
+    Exact analytic Gaussian mechanism (Balle & Wang 2018; docs/accounting.md, "Calibration"):
+    no ``epsilon < 1`` restriction, and well below the classical ``sqrt(2 ln(1.25/delta)) / epsilon``.
+    ``Delta`` is the L2 sensitivity under the neighbouring relation you use.
 
     Example:
         >>> from privopt.privacy import gaussian_noise_multiplier
         >>> round(gaussian_noise_multiplier(epsilon=1.0, delta=1e-5), 3)
         3.731
     """
-    from dp_accounting import gaussian_mechanism
+    from dp_accounting.pld import accountant, common
 
-    epsilon = _acc.check_epsilon(epsilon)
-    delta = _acc.check_delta(delta)
-    return float(gaussian_mechanism.get_sigma_gaussian(epsilon, delta))
+    guarantee = common.DifferentialPrivacyParameters(check_epsilon(epsilon), check_delta(delta))
+    return float(accountant.get_smallest_gaussian_noise(guarantee))
 
 
 def dp_sgd_noise(
@@ -390,6 +261,8 @@ def dp_sgd_noise(
     accountant: str = "auto",
     sampling: str = "poisson",
     neighbouring: str | None = None,
+    time_limit: float | None = None,
+    progress: Callable[[CalibrationProgress], None] | None = None,
 ) -> Calibration:
     """Noise multiplier of DP-SGD: ``steps`` noisy sums of clipped gradients on sampled batches.
 
@@ -399,10 +272,12 @@ def dp_sgd_noise(
         steps: Number of noisy gradient steps.
         epsilon: Target epsilon.
         delta: Target delta.
-        accountant: ``"auto"`` (PLD for Poisson, RDP for ``"wor"``), ``"pld"`` or ``"rdp"``.
+        accountant: ``"auto"`` (the smaller of PLD and RDP; RDP for ``"wor"``), ``"pld"`` or ``"rdp"``.
         sampling: ``"poisson"`` (rate b/n, add/remove) or ``"wor"`` (fixed-size batches without
             replacement, replace-one; RDP only).
         neighbouring: Defaults to the relation the sampling scheme is analysed under.
+        time_limit: Search time budget in seconds (see :func:`calibrate`).
+        progress: Progress callback (see :func:`calibrate`).
 
     Returns:
         :class:`Calibration` with the single family ``"gradient"``.
@@ -413,18 +288,24 @@ def dp_sgd_noise(
         >>> round(cal.noise["gradient"], 2)
         9.66
     """
-    for name, v in (("dataset_size", dataset_size), ("batch_size", batch_size), ("steps", steps)):
-        if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
-            raise ConfigError(f"{name} must be an integer >= 1, got {v!r}")
-    if batch_size > dataset_size:
-        raise ConfigError(f"batch_size={batch_size} exceeds dataset_size={dataset_size}")
+    n = check_count(dataset_size, name="dataset_size", minimum=1)
+    b = check_count(batch_size, name="batch_size", minimum=1)
+    steps = check_count(steps, name="steps", minimum=1)
+    if b > n:
+        raise ConfigError(f"batch_size={b} exceeds dataset_size={n}")
     if sampling == "poisson":
-        sampler = Poisson(batch_size / dataset_size)
-        neighbouring = ADD_REMOVE if neighbouring is None else neighbouring
+        sampler, default_relation = Poisson(b / n), ADD_REMOVE
     elif sampling == "wor":
-        sampler = WithoutReplacement(int(dataset_size), int(batch_size))
-        neighbouring = REPLACE_ONE if neighbouring is None else neighbouring
+        sampler, default_relation = WithoutReplacement(n, b), REPLACE_ONE
     else:
         raise ConfigError(f"unknown sampling {sampling!r}; use 'poisson' or 'wor'")
-    inv = Inventory((PlannedStep(sampler, (("gradient", 1.0),), int(steps)),))
-    return calibrate(inv, epsilon=epsilon, delta=delta, neighbouring=neighbouring, accountant=accountant)
+    inv = Inventory((PlannedStep(sampler, (("gradient", 1.0),), steps),))
+    return calibrate(
+        inv,
+        epsilon=epsilon,
+        delta=delta,
+        neighbouring=default_relation if neighbouring is None else neighbouring,
+        accountant=accountant,
+        time_limit=time_limit,
+        progress=progress,
+    )

@@ -7,14 +7,15 @@ event (never independent steps). Steps are frozen and hashable so a ledger can c
 Noise is always parametrised by the per-record contribution bound ``C`` of the released sum
 (the clip threshold): ``noise_multiplier = std / C``. The neighbouring relation then fixes the
 L2 sensitivity (``C`` under add/remove-one, ``2C`` under replace-one), and
-:func:`privopt.privacy.accountant.to_dp_event` passes ``std / sensitivity`` to dp_accounting with the
-conventions of SPEC §8.2 (in particular it
-never relies on the PLD accountant's REPLACE_ONE handling of plain Gaussians).
+:func:`privopt.privacy.translate.to_dp_event` passes ``std / sensitivity`` to dp_accounting (it never
+relies on dp_accounting's REPLACE_ONE handling of plain Gaussians); see docs/accounting.md,
+"Events and neighbouring relations".
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass
 from typing import Union
 
@@ -35,6 +36,7 @@ __all__ = [
     "Gaussian",
     "Laplace",
     "PureDP",
+    "TreeAggregation",
     "Step",
     "Sampling",
     "Mechanism",
@@ -158,7 +160,39 @@ class PureDP:
             raise ConfigError(f"pure-DP epsilon must be finite and > 0, got {self.epsilon}")
 
 
-Mechanism = Union[Gaussian, Laplace, PureDP]
+@dataclass(frozen=True)
+class TreeAggregation:
+    """Tree aggregation of a stream (DP-FTRL): every node of a binary tree over the stream's
+    prefix sums gets Gaussian noise of std ``noise_multiplier * C``; each record contributes at
+    most C (L2) to one leaf, so it touches ``ceil(log2(T + 1))`` nodes of a tree of T leaves.
+
+    ``steps`` is the number of leaves of each tree of ONE pass over the data; several entries
+    mean the tree was restarted, and no record may occur in two trees of the pass (it is
+    dp_accounting's ``SingleEpochTreeAggregationDpEvent``). Account one pass as one execution of
+    ``Step(FullBatch(), (TreeAggregation(...),))``; E passes as E executions.
+
+    Example:
+        >>> TreeAggregation(2.0, steps=1000).steps
+        (1000,)
+    """
+
+    noise_multiplier: float
+    steps: tuple[int, ...] = (1,)
+    name: str = ""
+    kind: str = "tree"
+
+    def __post_init__(self):
+        if not (self.noise_multiplier > 0 and math.isfinite(self.noise_multiplier)):
+            raise ConfigError(f"tree noise multiplier must be finite and > 0, got {self.noise_multiplier}")
+        steps = (self.steps,) if isinstance(self.steps, numbers.Integral) else self.steps
+        steps = tuple(steps) if isinstance(steps, (tuple, list)) else ()
+        if not steps or any(not isinstance(t, numbers.Integral) or isinstance(t, bool) or t < 1 for t in steps):
+            raise ConfigError(f"tree steps must be integers >= 1 (leaves per tree), got {self.steps!r}")
+        object.__setattr__(self, "steps", tuple(int(t) for t in steps))
+
+
+Mechanism = Union[Gaussian, Laplace, PureDP, TreeAggregation]
+_MECHANISM_TYPES = (Gaussian, Laplace, PureDP, TreeAggregation)
 
 
 @dataclass(frozen=True)
@@ -180,8 +214,13 @@ class Step:
         if not mechanisms:
             raise ConfigError("a step must release at least one mechanism")
         for m in mechanisms:
-            if not isinstance(m, (Gaussian, Laplace, PureDP)):
-                raise ConfigError(f"unknown mechanism {m!r}; use Gaussian, Laplace or PureDP")
+            if not isinstance(m, _MECHANISM_TYPES):
+                raise ConfigError(f"unknown mechanism {m!r}; use Gaussian, Laplace, PureDP or TreeAggregation")
+        if any(isinstance(m, TreeAggregation) for m in mechanisms) and not isinstance(self.sampling, FullBatch):
+            raise ConfigError(
+                "a TreeAggregation release covers a whole pass over the stream; account it with FullBatch() "
+                f"sampling, got {self.sampling!r}"
+            )
         object.__setattr__(self, "mechanisms", mechanisms)
 
     @property
@@ -194,7 +233,7 @@ class Step:
 
 
 _SAMPLINGS = {"poisson": Poisson, "without_replacement": WithoutReplacement, "full": FullBatch, "single": SingleRecord}
-_MECHANISMS = {"gaussian": Gaussian, "laplace": Laplace, "pure": PureDP}
+_MECHANISMS = {"gaussian": Gaussian, "laplace": Laplace, "pure": PureDP, "tree": TreeAggregation}
 
 
 def step_from_dict(d: dict) -> Step:

@@ -1,7 +1,15 @@
 """The privacy ledger: counts every executed step and refuses any step that would exceed the budget.
 
 Every data-dependent release must go through :meth:`PrivacyLedger.record` BEFORE the noisy value
-is used, so the ledger is the single budget guard of a run (SPEC §8.1 step 6).
+is used, so the ledger is the single budget guard of a run (docs/accounting.md, "The ledger").
+
+Two modes:
+
+* ``"plan"`` (default): epsilon of the executed counts by :func:`~privopt.privacy.epsilon_of`. Valid
+  when the schedule (which steps, how many) is fixed in advance; the order of steps and values
+  such as clip thresholds may depend on released values.
+* ``"filter"``: an :class:`~privopt.privacy.RdpFilter` at a fixed Renyi order, valid under fully
+  adaptive composition: the number and kind of steps may depend on released values.
 
 Cost: epsilon is monotone in the step counts (composing more releases can only add privacy
 loss), so any counts dominated by a schedule already certified within budget are safe without
@@ -16,11 +24,15 @@ from collections.abc import Mapping
 
 from privopt.errors import ConfigError, PrivacyBudgetExceeded
 from privopt.privacy import accountant as _acc
+from privopt.privacy.checks import check_accountant, check_delta, check_epsilon
 from privopt.privacy.events import ADD_REMOVE, Step, check_neighbouring, step_from_dict
+from privopt.privacy.filter import RdpFilter
+from privopt.privacy.translate import rdp_parts
 
-__all__ = ["PrivacyLedger"]
+__all__ = ["MODES", "PrivacyLedger"]
 
 _FORMAT_VERSION = 1
+MODES = ("plan", "filter")
 
 
 def _counts_to_list(counts: Mapping[Step, int]) -> list[dict]:
@@ -49,7 +61,11 @@ class PrivacyLedger:
         target_epsilon: If set, :meth:`record` refuses any step that would push epsilon above it.
         planned: The calibrated schedule (``{Step: max count}``). With a target, it is verified
             once (``ConfigError`` if it already exceeds the target) and then lets every step
-            within the plan be recorded without an accountant call.
+            within the plan be recorded without an accountant call. In filter mode it is the
+            nominal schedule that fixes the filter's Renyi order.
+        mode: ``"plan"`` (default) or ``"filter"`` (fully adaptive; needs ``target_epsilon`` and
+            ``planned`` or ``filter_order``; epsilon() is then the filter's certified epsilon).
+        filter_order: The filter's Renyi order (default: the best order for ``planned``).
 
     Example:
         >>> from privopt.privacy import Gaussian, Poisson, PrivacyLedger, Step
@@ -69,11 +85,15 @@ class PrivacyLedger:
         accountant: str = "auto",
         target_epsilon: float | None = None,
         planned: Mapping[Step, int] | None = None,
+        mode: str = "plan",
+        filter_order: float | None = None,
     ):
-        self._delta = _acc.check_delta(delta)
+        if mode not in MODES:
+            raise ConfigError(f"unknown ledger mode {mode!r}; use one of {MODES}")
+        self._delta = check_delta(delta)
         self._neighbouring = check_neighbouring(neighbouring)
-        self._accountant = _acc._check_accountant(accountant)
-        self._target = None if target_epsilon is None else _acc.check_epsilon(target_epsilon, name="target_epsilon")
+        self._accountant = check_accountant(accountant)
+        self._target = None if target_epsilon is None else check_epsilon(target_epsilon, name="target_epsilon")
         self._planned = None if planned is None else _acc.normalize_counts(planned)
         self._counts: dict[Step, int] = {}
         self._spent_cache: tuple[int, _acc.EpsilonResult] | None = None
@@ -84,8 +104,9 @@ class PrivacyLedger:
         self._lookahead: dict[Step, int] = {}
         if self._planned is not None:
             for step in self._planned:  # fail fast on steps the accountant cannot handle
-                _acc.to_dp_event(step, neighbouring=self._neighbouring)
-        if self._target is not None and self._planned:
+                rdp_parts(step, neighbouring=self._neighbouring)
+        self._filter = None if mode == "plan" else self._make_filter(filter_order)
+        if self._target is not None and self._planned and self._filter is None:
             planned_eps = self._eps(self._planned).epsilon
             if planned_eps > self._target:
                 raise ConfigError(
@@ -95,7 +116,27 @@ class PrivacyLedger:
                 )
             self._cert = dict(self._planned)
 
+    def _make_filter(self, order: float | None) -> RdpFilter:
+        if self._target is None:
+            raise ConfigError("a ledger in filter mode needs target_epsilon (the epsilon the filter certifies)")
+        if order is not None:
+            return RdpFilter(epsilon=self._target, delta=self._delta, order=order, neighbouring=self._neighbouring)
+        if not self._planned:
+            raise ConfigError("a ledger in filter mode needs planned (a nominal schedule) or filter_order")
+        return RdpFilter.for_plan(
+            self._planned, epsilon=self._target, delta=self._delta, neighbouring=self._neighbouring
+        )
+
     # ---------------------------------------------------------------- properties
+
+    @property
+    def mode(self) -> str:
+        return "plan" if self._filter is None else "filter"
+
+    @property
+    def filter(self) -> RdpFilter | None:
+        """The RDP filter in filter mode (``None`` otherwise)."""
+        return self._filter
 
     @property
     def delta(self) -> float:
@@ -133,7 +174,9 @@ class PrivacyLedger:
         return _acc.epsilon_of(counts, delta=self._delta, neighbouring=self._neighbouring, accountant=self._accountant)
 
     def spent(self) -> _acc.EpsilonResult:
-        """The guarantee of everything recorded so far."""
+        """The guarantee of everything recorded so far (in filter mode: of the whole run)."""
+        if self._filter is not None:
+            return self._filter.certified()
         if self._spent_cache is None or self._spent_cache[0] != self._version:
             self._spent_cache = (self._version, self._eps(self._counts))
         return self._spent_cache[1]
@@ -154,10 +197,12 @@ class PrivacyLedger:
         if not isinstance(step, Step):
             raise ConfigError(f"record() needs a privopt.privacy.Step, got {type(step).__name__}: {step!r}")
         new_count = self._counts.get(step, 0) + 1
-        if self._target is not None and new_count > self._cert.get(step, 0):
+        if self._filter is not None:
+            self._filter.record(step)
+        elif self._target is not None and new_count > self._cert.get(step, 0):
             self._extend_certificate(step, new_count)
         elif step not in self._counts and step not in self._cert:
-            _acc.to_dp_event(step, neighbouring=self._neighbouring)  # validate unseen steps without a target
+            rdp_parts(step, neighbouring=self._neighbouring)  # validate unseen steps without a target
         self._counts[step] = new_count
         self._version += 1
 
@@ -210,6 +255,7 @@ class PrivacyLedger:
             "target_epsilon": self._target,
             "num_steps": self.num_steps,
             "releases": releases,
+            **({"mode": "filter", "filter": self._filter.to_dict()} if self._filter is not None else {}),
         }
 
     def to_dict(self) -> dict:
@@ -222,6 +268,7 @@ class PrivacyLedger:
             "target_epsilon": self._target,
             "planned": None if self._planned is None else _counts_to_list(self._planned),
             "counts": _counts_to_list(self._counts),
+            **({"mode": "filter", "filter_order": self._filter.order} if self._filter is not None else {}),
         }
 
     @classmethod
@@ -243,13 +290,17 @@ class PrivacyLedger:
                 accountant=d.get("accountant", "auto"),
                 target_epsilon=d.get("target_epsilon"),
                 planned=planned,
+                mode=d.get("mode", "plan"),
+                filter_order=d.get("filter_order"),
             )
             counts = _counts_from_list(d["counts"])
         except KeyError as e:
             raise ConfigError(f"ledger record is missing {e}") from None
         ledger._counts = counts
         ledger._version += 1
-        if ledger._target is not None and any(c > ledger._cert.get(s, 0) for s, c in counts.items()):
+        if ledger._filter is not None:
+            ledger._filter.restore(counts)
+        elif ledger._target is not None and any(c > ledger._cert.get(s, 0) for s, c in counts.items()):
             # The run went beyond its plan: re-certify the restored state (keeping the plan if the
             # union still fits, otherwise just the executed counts).
             union = dict(ledger._cert)
@@ -268,6 +319,7 @@ class PrivacyLedger:
 
     def __repr__(self) -> str:
         target = "" if self._target is None else f", target_epsilon={self._target}"
+        target += "" if self._filter is None else f", mode='filter', filter_order={self._filter.order:g}"
         return (
             f"PrivacyLedger(num_steps={self.num_steps}, distinct_steps={len(self._counts)}, "
             f"delta={self._delta}, neighbouring={self._neighbouring!r}, accountant={self._accountant!r}{target})"
