@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from privopt.algorithms import get_algorithm
+from privopt.algorithms import available_algorithms, get_algorithm
 from privopt.algorithms.base import RunContext
 from privopt.algorithms.dro_baselines import project_mean_one
 from privopt.errors import ConfigError
@@ -155,16 +155,16 @@ def test_double_spider_minibatch_recursion_is_exact_spider():
     for t in (1, 2):
         prev_model = fresh_model()
         prev_model.load_state_dict(model.state_dict())
-        v_prev, eta_prev = algo.estimates["v"].clone(), algo._state["eta_prev"]
+        v_prev, eta_prev = algo.estimates["v"].clone(), algo._eta_prev
         eta_t = algo.eta
         # x_{t-1} is stored by the algorithm; rebuild a module holding it.
         old = fresh_model()
         with torch.no_grad():
-            flat = algo._state["x_prev"]
+            flat = algo._x_prev
             old.weight.copy_(flat[: 2 * D].view(2, D))
             old.bias.copy_(flat[2 * D :])
         algo.step(t)
-        idx = algo.last_batches["x"]
+        idx = algo.last_batches["x-diff"]
         xb, yb = ctx.x_train[idx], ctx.y_train[idx]
         now = per_sample_dual_xgrad(prev_model, xb, yb, algo.eta, lam)  # at (x_t, η_{t+1})
         before = per_sample_dual_xgrad(old, xb, yb, eta_t, lam)  # at (x_{t−1}, η_t)
@@ -244,9 +244,9 @@ def test_zero_move_skips_the_correction():
     algo.setup(make_ctx(model, ledger=ledger, noise=noise))
     algo.step(0)
     # Undo the move: x_t = x_{t−1} and η_t = η_{t−1} → the η-difference has distance 0.
-    algo._set_x(algo._state["x_prev"])
-    algo._state["eta"] = algo._state["eta_prev"]
-    algo._state["g"] = 0.0  # then η_{t+1} = η_t, so the x-difference is skipped too
+    algo._set_x(algo._x_prev)
+    algo._eta = algo._eta_prev
+    algo.g.value = 0.0  # then η_{t+1} = η_t, so the x-difference is skipped too
     before = ledger.num_steps
     algo.step(1)
     assert ledger.num_steps == before
@@ -324,9 +324,9 @@ def test_each_algorithm_decreases_its_dro_objective_without_noise(name):
     x, y = ctx.x_train, ctx.y_train
     value = (lambda: kl_value(model, x, y)) if kind == "kl" else (lambda: dual_value(model, x, y, 1.0))
     start = value()
+    if "output" in available_algorithms()[name].Config.field_names():
+        kw = {**kw, "output": "last"}
     algo = get_algorithm(name, **kw)
-    if hasattr(algo, "output"):
-        algo.output = "last"
     algo.setup(ctx)
     for t in range(algo.num_steps()):
         algo.step(t)
@@ -588,7 +588,7 @@ def test_recursive_spider_exp_cap_keeps_queries_finite(exp_cap):
         model.weight.mul_(50.0)  # confident, often wrong predictions: losses up to the bound
     algo = get_algorithm("dp-recursive-spider", steps=4, q=2, b1=N, b2=N, b3=N, b4=N, exp_cap=exp_cap)
     algo.setup(make_ctx(model))
-    algo._state["c"] = 0.0
+    algo._shift = 0.0
     idx = torch.arange(N)
     x_prev = algo._x() * 0.9
     stats = [
@@ -597,6 +597,7 @@ def test_recursive_spider_exp_cap_keeps_queries_finite(exp_cap):
         algo.u_diff_sum(idx, x=None, lam=0.05, x_prev=x_prev, lam_prev=0.1, clip=1.0),
         algo.s_storm_sum(idx, x=None, lam=0.05, x_prev=x_prev, lam_prev=0.1, beta=0.5, clip=1.0),
     ]
+    stats = [s.value for s in stats]
     finite = all(bool(torch.isfinite(s).all()) for s in stats)
     assert finite == (exp_cap is not None)
     if exp_cap is not None:  # per-record clipping still bounds each sum by n·C
@@ -617,7 +618,9 @@ def test_joint_grad_sum_equals_materialised_joint_clipping(engine):
     idx = torch.arange(30)
     eta = 0.4
     got = algo.joint_grad_sum(idx, eta=eta, clip=0.3)
-    obj = DualObjective(divergence="kl", lam=0.5, a_max=algo.exp_cap, loss_bound=algo.loss_bound)
+    assert got.bound == 0.3
+    got = got.value
+    obj = DualObjective(divergence="kl", lam=0.5, a_max=algo.config.exp_cap, loss_bound=algo.config.loss_bound)
     losses, g = get_engine("vmap").per_sample_grads(model, loss_fn, ctx.x_train[idx], ctx.y_train[idx])
     a, b = obj.x_weights(losses, eta).double(), obj.eta_grads(losses, eta).double()
     joint = torch.cat([g.double() * a[:, None], b[:, None]], dim=1)
