@@ -47,14 +47,18 @@ def two_phase_plan(share=True):
     return ReleasePlan(
         share=share,
         phases=(
-            Phase("refresh", 2, (
-                Query("a", Fixed(1.0), batch=BatchPlan(50, N)),
-                Query("b", Fixed(2.0), batch=BatchPlan(50, N)),
-                Query("rider", Fixed(0.5), on="b"),
-            )),
+            Phase(
+                "refresh",
+                2,
+                (
+                    Query("a", Fixed(1.0), batch=BatchPlan(50, N)),
+                    Query("b", Fixed(2.0), batch=BatchPlan(50, N)),
+                    Query("rider", Fixed(0.5), on="b"),
+                ),
+            ),
             Phase("diff", 3, (Query("a-diff", StepProportional(4.0, 1.0), batch=BatchPlan(10, N)),)),
         ),
-    )  # fmt: skip
+    )
 
 
 def ones(idx, clip, k=2):
@@ -78,8 +82,12 @@ def test_sharing_groups_equal_batches_and_riders_follow_their_host():
 
 
 def test_full_batches_and_zero_counts():
-    plan = ReleasePlan(phases=(Phase("p", 4, (Query("g", Fixed(1.0), batch=BatchPlan(10**6, N)),)), Phase("q", 0, (
-        Query("never", Fixed(1.0), batch=BatchPlan(5, N)),))))  # fmt: skip
+    plan = ReleasePlan(
+        phases=(
+            Phase("p", 4, (Query("g", Fixed(1.0), batch=BatchPlan(10**6, N)),)),
+            Phase("q", 0, (Query("never", Fixed(1.0), batch=BatchPlan(5, N)),)),
+        )
+    )
     steps = plan.inventory().steps
     assert len(steps) == 1 and steps[0].sampling == FullBatch() and plan.inventory().names == ("g",)
 

@@ -125,16 +125,24 @@ class DPDoubleSPIDER(DROAlgorithm):
         return ReleasePlan(
             share=c.share_batches,
             phases=(
-                Phase("refresh", refreshes, (
-                    Query("eta-refresh", Fixed(c.clip_eta), batch=BatchPlan(c.N1, n)),
-                    Query("x-refresh", Fixed(c.clip_x), batch=BatchPlan(c.N3, n)),
-                )),
-                Phase("diff", T - refreshes, (
-                    Query("eta-diff", StepProportional(c.gamma_eta, c.clip_eta_diff), batch=BatchPlan(c.N2, n)),
-                    Query("x-diff", StepProportional(c.gamma_x, c.clip_x_diff), batch=BatchPlan(c.N4, n)),
-                )),
+                Phase(
+                    "refresh",
+                    refreshes,
+                    (
+                        Query("eta-refresh", Fixed(c.clip_eta), batch=BatchPlan(c.N1, n)),
+                        Query("x-refresh", Fixed(c.clip_x), batch=BatchPlan(c.N3, n)),
+                    ),
+                ),
+                Phase(
+                    "diff",
+                    T - refreshes,
+                    (
+                        Query("eta-diff", StepProportional(c.gamma_eta, c.clip_eta_diff), batch=BatchPlan(c.N2, n)),
+                        Query("x-diff", StepProportional(c.gamma_x, c.clip_x_diff), batch=BatchPlan(c.N4, n)),
+                    ),
+                ),
             ),
-        )  # fmt: skip
+        )
 
     # ------------------------------------------------------------------ setup & state
     def setup(self, ctx) -> None:
@@ -146,8 +154,13 @@ class DPDoubleSPIDER(DROAlgorithm):
         self._eta, self._eta_prev, self._x_prev = self._project_eta(eta0), None, None
 
     def _state(self) -> dict[str, Any]:
-        return {"eta": self._eta, "eta_prev": self._eta_prev, "x_prev": self._x_prev, "g": self.g.state_dict(),
-                "v": self.v.state_dict()}  # fmt: skip
+        return {
+            "eta": self._eta,
+            "eta_prev": self._eta_prev,
+            "x_prev": self._x_prev,
+            "g": self.g.state_dict(),
+            "v": self.v.state_dict(),
+        }
 
     def _load_state(self, state: dict[str, Any]) -> None:
         self._eta, self._eta_prev, self._x_prev = state["eta"], state["eta_prev"], state["x_prev"]
@@ -219,8 +232,9 @@ class DPDoubleSPIDER(DROAlgorithm):
         # η first, at (x_t, η_t) against (x_{t−1}, η_{t−1}); then x at the fresh η_{t+1}.
         d_eta = 0.0 if refresh else max(abs(eta_t - eta_prev), dx)
         eta_sums = (self.eta_grad_sum, self.eta_diff_sum)
-        g = self.g.update_at(phase, t=t, distance=d_eta, sums=eta_sums, at={"x": None, "eta": eta_t},
-                             prev={"x": x_prev, "eta": eta_prev})  # fmt: skip
+        g = self.g.update_at(
+            phase, t=t, distance=d_eta, sums=eta_sums, at={"x": None, "eta": eta_t}, prev={"x": x_prev, "eta": eta_prev}
+        )
         eta_next = self._eta_step(eta_t, g)
         d_x = 0.0 if refresh else max(abs(eta_next - eta_t), dx)
         at, before = {"x": None, "eta": eta_next}, {"x": x_prev, "eta": eta_t}

@@ -186,13 +186,17 @@ class DPRecursiveSPIDER(DROAlgorithm):
             phases=(
                 Phase("first-refresh", 1, (v_refresh, u_refresh, Query("s", sens["s-init"], on="v-refresh"))),
                 Phase("refresh", refreshes - 1, (v_refresh, u_refresh)),
-                Phase("diff", T - refreshes, (
-                    Query("v-diff", sens["v-diff"], batch=BatchPlan(c.b2, n)),
-                    Query("u-diff", sens["u-diff"], batch=BatchPlan(c.b4, n)),
-                )),
+                Phase(
+                    "diff",
+                    T - refreshes,
+                    (
+                        Query("v-diff", sens["v-diff"], batch=BatchPlan(c.b2, n)),
+                        Query("u-diff", sens["u-diff"], batch=BatchPlan(c.b4, n)),
+                    ),
+                ),
                 Phase("s", T, (Query("s", sens["s"], batch=BatchPlan(self.s_batch, n)),)),
             ),
-        )  # fmt: skip
+        )
 
     # ------------------------------------------------------------------ setup & state
     def setup(self, ctx) -> None:
