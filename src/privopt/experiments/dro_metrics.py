@@ -1,10 +1,10 @@
-"""Run metrics of the DRO experiments (SPEC §2.8, §8.7), registered with the training loop.
+"""Run metrics of the DRO experiments (``docs/algorithms/dro.md``), registered with the training loop.
 
 * ``grad_norm`` (every evaluation): ``‖∇ₓΨ_KL(x)‖`` on the FULL training set, with
   ``Ψ_KL(x) = min_{λ≥λ0} λ·log mean_i exp(ℓ_i/λ) + λρ`` — the same objective for every method, so
   the curves are comparable across methods (evaluation only, non-private).
 * ``mia`` (once, at the end): a black-box loss attack's ROC AUC (members = training points,
-  non-members = held-out test points), next to the DP cap ``e^ε/(1+e^ε) + δ`` (SPEC §1.3) and a
+  non-members = held-out test points), next to the DP cap ``e^ε/(1+e^ε) + δ`` and a
   3-standard-error allowance.
 
 Why the attack sets are *class-matched*: the "-ST" datasets train on an imbalanced split but test
@@ -39,7 +39,7 @@ __all__ = ["DEFAULT_LAM0", "DEFAULT_RHO", "class_matched_indices", "grad_norm_me
 DEFAULT_RHO = 0.5
 DEFAULT_LAM0 = 1e-3
 MIA_NUM_SE = 3.0
-MIA_MAX_PER_SIDE = 10_000  # SPEC §2.8: 10,000 members / non-members
+MIA_MAX_PER_SIDE = 10_000  # Paper A: 10,000 members / non-members
 
 
 def _dro_constants(record: dict[str, Any]) -> tuple[float, float, float | None]:
