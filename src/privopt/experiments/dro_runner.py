@@ -237,18 +237,8 @@ def _tuning_data(dataset: Any, data_dir, budget: Budget):
 def _trial(method: str, spec: RunSpec, *, data, eps, hp: dict, run_dir: Path, log: Log) -> tuple[float, float]:
     """(balanced validation accuracy, wall seconds) of one grid point; a diverging trial loses."""
     try:
-        row = run_one(
-            method,
-            spec,
-            data=data,
-            hp=hp,
-            epochs=spec.budget.tune_epochs,
-            epsilon=eps,
-            seed=0,
-            out_dir=run_dir,
-            eval_split="val",
-            metrics=[],
-        )
+        point = dict(hp=hp, epochs=spec.budget.tune_epochs, epsilon=eps, seed=0)
+        row = run_one(method, spec, data=data, **point, out_dir=run_dir, eval_split="val", metrics=[])
         return (row["val_score"] if _finite(row["val_score"]) else -math.inf), row["wall_s"]
     except (PrivoptError, ArithmeticError, RuntimeError, ValueError) as e:
         log(f"    trial failed: {e}")
@@ -356,18 +346,8 @@ def _final_runs(kind, spec: RunSpec, *, dataset, data_dir, methods, eps_list, se
                 hp = best_hyperparameters(best, method, final_tuning_key(b, eps, private=private), b)
                 run_dir = out / "runs" / "final" / method / f"eps{eps}" / f"seed{seed}"
                 try:
-                    row = run_one(
-                        method,
-                        spec,
-                        data=data,
-                        hp=hp,
-                        epochs=b.epochs,
-                        epsilon=eps,
-                        seed=seed,
-                        out_dir=run_dir,
-                        eval_split="test",
-                        metrics=metrics,
-                    )
+                    point = dict(hp=hp, epochs=b.epochs, epsilon=eps, seed=seed)
+                    row = run_one(method, spec, data=data, **point, out_dir=run_dir, eval_split="test", metrics=metrics)
                 except (ArithmeticError, ValueError) as e:
                     # A diverging optimiser is a result (reported as failed), not a crash of the table.
                     err = f"{type(e).__name__}: {e}"
