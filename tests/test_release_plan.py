@@ -156,7 +156,7 @@ def test_an_undeclared_release_fails():
     assert ledger.num_steps == 1
 
 
-def test_a_family_beyond_its_planned_count_is_refused_before_recording():
+def test_a_phase_beyond_its_planned_count_is_refused_before_recording():
     run, ledger = run_for(two_phase_plan(False))
     for _ in range(2):
         run.phase("refresh").release("a", ones)
@@ -164,6 +164,20 @@ def test_a_family_beyond_its_planned_count_is_refused_before_recording():
         run.phase("refresh").release("a", ones)
     assert isinstance(err.value, PrivacyBudgetExceeded)  # loops treat it as an exhausted budget
     assert ledger.num_steps == 2
+    for _ in range(3):  # a phase runs at most its planned count, even when it releases nothing
+        run.phase("diff").skip("a-diff")
+    with pytest.raises(ReleasePlanExceeded, match="phase 'diff' would run 4 times"):
+        run.phase("diff")
+
+
+def test_a_family_beyond_its_planned_count_is_refused():
+    # The family count is the second line of defence (e.g. for vectorised loops that record
+    # phases in bulk): the plan allows 2 releases of "a".
+    run, ledger = run_for(two_phase_plan(False))
+    run.record_phase("refresh", 2)
+    with pytest.raises(ReleasePlanExceeded):
+        run.count(["a"])
+    assert ledger.num_steps == 4  # two batches per refresh without sharing
 
 
 def test_a_statistic_with_a_larger_bound_than_declared_is_refused():

@@ -350,6 +350,7 @@ class PlanRun:
         self._private = private
         self._planned = plan.family_counts()
         self._released: dict[str, int] = {}
+        self._executed: dict[str, int] = {}
         self._samplers: dict[tuple, Any] = {}
         self.last_indices: dict[str, torch.Tensor] = {}  # diagnostics for tests; never released
 
@@ -359,8 +360,16 @@ class PlanRun:
         return self._ctx.ledger if self._private else None
 
     def phase(self, name: str) -> PhaseRun:
-        """Start one execution of phase ``name``."""
-        return PhaseRun(self, self.plan.phase(name))
+        """Start one execution of phase ``name`` (refused beyond the phase's planned count)."""
+        phase = self.plan.phase(name)
+        k = self._executed.get(name, 0) + 1
+        if k > phase.count:
+            raise ReleasePlanExceeded(
+                f"phase {name!r} would run {k} times, but the release plan declares at most {phase.count}: "
+                "the inventory the noise was calibrated for does not cover it; nothing was recorded or released"
+            )
+        self._executed[name] = k
+        return PhaseRun(self, phase)
 
     def noise_for(self, names) -> dict[str, float]:
         if self._ledger is None:
@@ -385,6 +394,7 @@ class PlanRun:
         loops that draw their own noise afterwards); returns the phase's steps."""
         steps = self.plan.steps(phase, self.noise_for(self._planned))
         for _ in range(times):
+            self.phase(phase)
             for st in steps:
                 self.count(st.names)
                 if self._ledger is not None:
@@ -401,11 +411,12 @@ class PlanRun:
         batch = PrivateBatch(self._ledger, lead.sampling, self.noise_for(names), rng=self._ctx.noise_rng)
         return idx, batch
 
-    def state_dict(self) -> dict[str, int]:
-        return dict(self._released)
+    def state_dict(self) -> dict[str, dict[str, int]]:
+        return {"releases": dict(self._released), "phases": dict(self._executed)}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self._released = dict(state)
+    def load_state_dict(self, state: dict[str, dict[str, int]]) -> None:
+        self._released = dict(state.get("releases", {}))
+        self._executed = dict(state.get("phases", {}))
 
 
 class PhaseRun:
