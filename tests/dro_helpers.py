@@ -59,3 +59,21 @@ def exact_inner(model, x, y, lam, c):
     du = torch.autograd.grad(h2, lam_t)[0]
     v = flat_grad_of(model, lambda m: torch.exp((loss_fn(m(x), y).to(torch.float64) - c) / lam).mean().float())
     return v, float(du), float(h2.detach())
+
+
+def started(name, *, ledger=None, noise=None, **params):
+    """(algorithm set up on the standard problem, its model, the context)."""
+    from privopt.algorithms import get_algorithm
+
+    model = fresh_model()
+    ctx = make_ctx(model, ledger=ledger, noise=noise)
+    algo = get_algorithm(name, **params)
+    algo.setup(ctx)
+    return algo, model, ctx
+
+
+# Full batches and thresholds that never bind: the estimators then equal exact full-data quantities.
+FULL_DS = dict(N1=N, N2=N, N3=N, N4=N)
+NO_CLIP_DS = dict(clip_eta=BIG, clip_x=BIG, gamma_eta=BIG, gamma_x=BIG)
+FULL_RS = dict(b1=N, b2=N, b3=N, b4=N, s_batch=N)
+NO_CLIP_RS = dict(clip_v=BIG, clip_u=BIG, clip_s=BIG, gamma_v=BIG, gamma_u=BIG)

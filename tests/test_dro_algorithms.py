@@ -5,23 +5,26 @@ import math
 import pytest
 import torch
 
-from dro_helpers import BIG, D, N, exact_inner, flat_grad_of, fresh_model, loss_fn, make_ctx
+from dro_helpers import (
+    BIG,
+    FULL_DS,
+    NO_CLIP_DS,
+    NO_CLIP_RS,
+    D,
+    N,
+    exact_inner,
+    flat_grad_of,
+    fresh_model,
+    loss_fn,
+    make_ctx,
+    started,
+)
 from privopt.algorithms import available_algorithms, get_algorithm
 from privopt.algorithms.dro_baselines import project_mean_one
 from privopt.errors import ConfigError
 from privopt.objectives.compositional import KLCompositional
 from privopt.objectives.dual import DualObjective
 from privopt.privacy import PrivacyLedger
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny models: intra-op threads only add contention (x100 slower on a loaded 2-core box).
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
 
 # ---------------------------------------------------------------------------- DP Double-SPIDER
 
@@ -36,26 +39,17 @@ def exact_dual_grads(model, x, y, eta, lam):
 
 
 def test_double_spider_full_batch_equals_exact_gradients():
-    model = fresh_model()
-    ctx = make_ctx(model)
-    algo = get_algorithm(
+    algo, model, ctx = started(
         "dp-double-spider",
         lam=0.5,
         steps=10,
         q=4,
-        N1=N,
-        N2=N,
-        N3=N,
-        N4=N,
+        **FULL_DS,
         lr=0.3,
         eta_lr=0.3,
         eta_init=0.5,
-        clip_eta=BIG,
-        clip_x=BIG,
-        gamma_eta=BIG,
-        gamma_x=BIG,
+        **NO_CLIP_DS,
     )
-    algo.setup(ctx)
     for t in range(10):
         x_t = [p.detach().clone() for p in model.parameters()]
         eta_t = algo.eta
@@ -99,10 +93,7 @@ def test_double_spider_minibatch_recursion_is_exact_spider():
         lr=0.3,
         eta_lr=0.3,
         eta_init=0.5,
-        clip_eta=BIG,
-        clip_x=BIG,
-        gamma_eta=BIG,
-        gamma_x=BIG,
+        **NO_CLIP_DS,
     )
     algo.setup(ctx)
     algo.step(0)
@@ -222,10 +213,7 @@ DESCENT = {
             lr=0.5,
             eta_lr=0.5,
             eta_init=0.7,
-            clip_eta=BIG,
-            clip_x=BIG,
-            gamma_eta=BIG,
-            gamma_x=BIG,
+            **NO_CLIP_DS,
         ),
         "dual",
     ),
@@ -241,11 +229,7 @@ DESCENT = {
             lr=0.05,
             shift=3.0,
             loss_bound=10.0,
-            clip_v=BIG,
-            clip_u=BIG,
-            clip_s=BIG,
-            gamma_v=BIG,
-            gamma_u=BIG,
+            **NO_CLIP_RS,
         ),
         "kl",
     ),

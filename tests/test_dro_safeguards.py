@@ -6,21 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from dro_helpers import BIG, D, N, exact_inner, fresh_model, loss_fn, make_ctx
+from dro_helpers import FULL_RS, NO_CLIP_RS, D, N, exact_inner, fresh_model, loss_fn, make_ctx, started
 from privopt.algorithms import get_algorithm
 from privopt.grads import get_engine
 from privopt.objectives.dual import DualObjective
 from privopt.privacy import PrivacyLedger
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny models: intra-op threads only add contention (x100 slower on a loaded 2-core box).
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
 
 # ---------------------------------------------------------------------------- robustness safeguards
 
@@ -66,27 +56,16 @@ def test_double_spider_caps_eta_and_x_moves():
 def test_recursive_spider_adaptive_shift_keeps_the_estimators_exact():
     # Full batches, no clipping: after every re-centring of c, v/u/s equal the exact inner means
     # at the shift in use (the rescaling of s is exact post-processing).
-    model = fresh_model()
-    ctx = make_ctx(model)
-    algo = get_algorithm(
+    algo, model, ctx = started(
         "dp-recursive-spider",
         steps=9,
         q=3,
-        b1=N,
-        b2=N,
-        b3=N,
-        b4=N,
-        s_batch=N,
+        **FULL_RS,
         lr=0.05,
         beta=0.5,
         loss_bound=10.0,
-        clip_v=BIG,
-        clip_u=BIG,
-        clip_s=BIG,
-        gamma_v=BIG,
-        gamma_u=BIG,
+        **NO_CLIP_RS,
     )
-    algo.setup(ctx)
     assert algo.current_shift == pytest.approx(math.log(2))
     shifts = set()
     for t in range(9):

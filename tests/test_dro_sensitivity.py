@@ -8,25 +8,11 @@ noise is calibrated with (the add/remove-one sensitivity), and that the bound is
 
 import pytest
 import torch
-from torch import nn
 
+from dro_helpers import fresh_model, loss_fn, make_ctx
 from privopt.algorithms import get_algorithm
-from privopt.algorithms.base import RunContext
-from privopt.grads import get_engine
 
 N, D = 60, 4
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-def loss_fn(out, y):
-    return nn.functional.cross_entropy(out, y, reduction="none")
 
 
 def setup_algo(name, **kw):
@@ -36,21 +22,9 @@ def setup_algo(name, **kw):
     # The adversarial record (index N): far out, mislabelled.
     x = torch.cat([x, 50.0 * torch.ones(1, D)])
     y = torch.cat([y, torch.tensor([0])])
-    torch.manual_seed(0)
-    model = nn.Linear(D, 2)
-    ctx = RunContext(
-        model=model,
-        loss_fn=loss_fn,
-        x_train=x,
-        y_train=y,
-        engine=get_engine("vmap"),
-        ledger=None,
-        noise={},
-        noise_rng=torch.Generator().manual_seed(1),
-        sampler_rng=torch.Generator().manual_seed(2),
-    )
+    model = fresh_model()  # nn.Linear(D, 2) under torch.manual_seed(0)
     algo = get_algorithm(name, **kw)
-    algo.setup(ctx)
+    algo.setup(make_ctx(model, data=(x, y)))  # noise / sampler generators seeded 1 / 2
     return algo, model
 
 
