@@ -147,12 +147,17 @@ def test_cli_dro_mia_and_errors(tmp_path, capsys):
             "--methods",
             "dp-sgda",
             "--no-tune",
+            "--insecure-seed",
+            "5",
             "--out",
             str(out),
             "--quiet",
         ]
     )
     assert rc == 0
+    (record,) = out.glob("runs/final/*/*/seed0/record.json")
+    assert json.loads(record.read_text())["config"]["insecure_seed"] == 5  # recorded as such
+    assert "INSECURE" in (out / "table2.md").read_text()
     rows = [json.loads(s) for s in (out / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["mia_auc"] is not None and rows[0]["mia_within_bound"] is True
     assert "DP cap" in (out / "table2.md").read_text()
@@ -160,3 +165,17 @@ def test_cli_dro_mia_and_errors(tmp_path, capsys):
     assert cli_main(["reproduce", "dro-mia", "--dataset", "digits-st", "--out", str(out), "--quiet"]) == 2
     assert cli_main(["reproduce", "dro-table3", "--out", str(tmp_path / "x"), "--quiet"]) == 2
     assert "--dataset" in capsys.readouterr().err
+
+
+def test_an_insecure_seed_makes_a_reproduction_repeatable_and_secret_is_the_default(tmp_path):
+    tiny = Budget(**{**TINY.__dict__, "epochs": 0.5})
+    hp = {"dp-sgd": {"lr": 0.5, "clip": 1.0}}
+    kw = dict(dataset="digits-st", epsilons=[1.0], seeds=2, budget=tiny, methods=["dp-sgd"], nonprivate=False)
+    kw.update(tune=False, hyperparameters=hp, log=lambda s: None)
+    runs = [run_dro_table3(out_dir=tmp_path / f"r{i}", insecure_seed=7, **kw)["rows"] for i in range(2)]
+    accs = [[r["test_accuracy"] for r in rows] for rows in runs]
+    assert accs[0] == accs[1]
+    secret = run_dro_table3(out_dir=tmp_path / "secret", **kw)
+    assert secret["summary"]["insecure_seed"] is None and "secret" in secret["summary"]["randomness"]
+    (record,) = (tmp_path / "secret").glob("runs/final/*/*/seed1/record.json")
+    assert json.loads(record.read_text())["config"]["insecure_seed"] is None

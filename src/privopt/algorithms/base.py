@@ -1,14 +1,16 @@
-"""The algorithm contract: a short composition of an estimator, an update and a privacy inventory.
+"""The algorithm contract: a short composition of estimators, an update and a release plan.
 
 The shared training loop (:mod:`privopt.training`) owns everything else: data sampling seeds,
 evaluation, logging, checkpoints, the privacy ledger and the budget guard. An algorithm
 
-1. declares its *planned* noisy steps (:meth:`Algorithm.inventory`) so noise can be calibrated
-   exactly from a target (epsilon, delta) before any data is touched;
+1. declares its *planned* noisy steps (:meth:`Algorithm.inventory`, derived from its
+   :class:`~privopt.algorithms.releases.ReleasePlan`) so noise can be calibrated exactly from a
+   target (epsilon, delta) before any data is touched;
 2. receives a :class:`RunContext` in :meth:`Algorithm.setup` (model, loss, data, engine, ledger,
    calibrated noise multipliers, seeded generators);
 3. performs one iteration per :meth:`Algorithm.step`, recording every release in ``ctx.ledger``
-   through :class:`privopt.grads.release.PrivateBatch` BEFORE drawing its noise;
+   through :class:`privopt.grads.release.PrivateBatch` BEFORE drawing its noise (the plan's
+   runtime opens those batches and refuses releases the plan does not declare);
 4. exposes its resumable state (:meth:`state_dict` / :meth:`load_state_dict`).
 """
 
@@ -22,6 +24,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from privopt.algorithms.config import AlgorithmConfig
+from privopt.algorithms.releases import PlanRun, ReleasePlan
 from privopt.errors import ConfigError
 from privopt.rng import RandomSource, as_source
 
@@ -68,17 +72,45 @@ class RunContext:
 
 
 class Algorithm(abc.ABC):
-    """Base class of every optimiser. Subclasses set ``name`` and register with
-    :func:`register_algorithm`; their hyper-parameters are keyword-only constructor arguments."""
+    """Base class of every optimiser.
+
+    Subclasses set ``name`` and ``Config`` (an :class:`~privopt.algorithms.config.AlgorithmConfig`)
+    and register with :func:`register_algorithm`. They are built from keyword hyper-parameters
+    (``DPSGD(lr=0.5)``) or from a config object (``DPSGD(config=cfg)``); either way ``self.config``
+    holds the frozen, validated hyper-parameters, which is what the run record stores.
+    """
 
     name: ClassVar[str] = "abstract"
     private: ClassVar[bool] = True
     summary: ClassVar[str] = ""
+    Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
 
-    @abc.abstractmethod
+    def __init__(self, *, config: AlgorithmConfig | None = None, **params: Any):
+        if config is None:
+            config = self.Config.from_params(params)
+        elif params:
+            raise ConfigError(f"pass either config= or keyword hyper-parameters to {self.name!r}, not both")
+        elif not isinstance(config, self.Config):
+            raise ConfigError(f"{self.name!r} needs a {self.Config.__name__}, got {type(config).__name__}")
+        self.config = config
+        # A DP algorithm run with ``private=False`` makes the same clipped updates without noise.
+        self.private = type(self).private and bool(getattr(config, "private", True))
+
+    def release_plan(self, n: int) -> ReleasePlan | None:
+        """Every noisy release of a run on ``n`` records, declared once
+        (:class:`~privopt.algorithms.releases.ReleasePlan`); ``None`` when nothing is released."""
+        return None
+
     def inventory(self, *, n: int) -> Any:
-        """Planned noisy steps for a dataset of ``n`` records (a :class:`privopt.privacy.Inventory`);
-        ``None`` for non-private algorithms."""
+        """Planned noisy steps for a dataset of ``n`` records (a :class:`privopt.privacy.Inventory`,
+        derived from :meth:`release_plan`); ``None`` for non-private algorithms."""
+        plan = self.release_plan(n) if self.private else None
+        return None if plan is None else plan.inventory()
+
+    def _bind_releases(self, ctx: RunContext) -> None:
+        """Bind the release plan to the run: ``self.releases`` opens batches and counts releases."""
+        plan = self.release_plan(ctx.n)
+        self.releases = None if plan is None else PlanRun(plan, ctx, private=self.private)
 
     @abc.abstractmethod
     def setup(self, ctx: RunContext) -> None:
@@ -109,12 +141,8 @@ class Algorithm(abc.ABC):
         """Called once after the last step (e.g. load a randomly selected iterate into the model)."""
 
     def hyperparameters(self) -> dict[str, Any]:
-        """All hyper-parameters, for the run record."""
-        return {k: v for k, v in vars(self).items() if not k.startswith("_") and _jsonable(v)}
-
-
-def _jsonable(v: Any) -> bool:
-    return isinstance(v, (int, float, str, bool, type(None), list, tuple, dict))
+        """All hyper-parameters, for the run record (the config as a dict)."""
+        return self.config.to_dict()
 
 
 _ALGORITHMS: dict[str, type[Algorithm]] = {}
@@ -139,8 +167,4 @@ def get_algorithm(name: str, **hparams: Any) -> Algorithm:
     algos = available_algorithms()
     if name not in algos:
         raise ConfigError(f"unknown algorithm {name!r}; available: {', '.join(algos)}")
-    cls = algos[name]
-    try:
-        return cls(**hparams)
-    except TypeError as e:
-        raise ConfigError(f"bad hyper-parameters for algorithm {name!r}: {e}") from None
+    return algos[name](**hparams)

@@ -3,49 +3,79 @@
 All three share one step: a (clipped, noisy) gradient estimate written into ``.grad`` and a
 torch SGD update. DP-SGD releases ``(sum_i clip_C(grad l_i) + N(0, (zC)^2 I)) / b`` on a Poisson
 batch of expected size ``b`` (one ``PoissonSampled(Gaussian(z))`` event per step); DP-GD the same
-on the full dataset (``FullBatch``, normaliser n, one ``Gaussian(z)`` event per step).
+on the full dataset (``FullBatch``, normaliser n, one ``Gaussian(z)`` event per step). See
+``docs/algorithms/dpsgd.md``.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from privopt.algorithms.base import Algorithm, RunContext, register_algorithm
-from privopt.errors import ConfigError
+from privopt.algorithms.config import AlgorithmConfig, momentum_value, non_negative, param, positive, positive_int
+from privopt.algorithms.releases import BatchPlan, Fixed, Phase, PoissonBatch, Query, ReleasePlan
 from privopt.grads.flat import num_trainable, set_flat_grad
-from privopt.grads.release import PrivateBatch
-from privopt.grads.sums import chunked_clipped_sum
-from privopt.privacy import FullBatch, Inventory, PlannedStep, Poisson
-from privopt.sampling import PoissonSampler
-from privopt.validation import positive
+from privopt.grads.sums import BoundedSum, chunked_clipped_sum
 
-__all__ = ["SGD", "DPSGD", "DPGD"]
+__all__ = ["SGD", "DPSGD", "DPGD", "SGDConfig", "DPSGDConfig", "DPGDConfig"]
+
+
+@dataclass(frozen=True)
+class StepConfig(AlgorithmConfig):
+    """The torch SGD step: learning rate, momentum and weight decay."""
+
+    lr: float = param(0.1, positive, role="lr")
+    momentum: float = param(0.0, momentum_value)
+    weight_decay: float = param(0.0, non_negative)
+
+
+@dataclass(frozen=True)
+class SGDConfig(StepConfig):
+    """Minibatch SGD: ``epochs`` passes of Poisson batches of expected size ``batch_size``."""
+
+    epochs: float = param(10, positive, role="epochs")
+    batch_size: int = param(64, positive_int, role="batch")
+
+
+@dataclass(frozen=True)
+class DPSGDConfig(SGDConfig):
+    """DP-SGD: SGD plus the per-sample clip threshold ``clip``."""
+
+    clip: float = param(1.0, positive, role="clip")
+
+
+@dataclass(frozen=True)
+class DPGDConfig(StepConfig):
+    """DP-GD: ``epochs`` full-batch steps; per-sample gradients in chunks of ``chunk_size``."""
+
+    lr: float = param(0.5, positive, role="lr")
+    epochs: float = param(50, positive, role="epochs")
+    clip: float = param(1.0, positive, role="clip")
+    chunk_size: int = param(1024, positive_int)
 
 
 class _GradientStepAlgorithm(Algorithm):
     """Shared machinery: an SGD optimizer over the model, fed a flat gradient estimate per step."""
 
-    def __init__(self, *, epochs: float, lr: float, momentum: float, weight_decay: float):
-        self.epochs = positive("epochs", epochs)
-        self.lr = positive("lr", lr)
-        if not 0 <= momentum < 1:
-            raise ConfigError(f"momentum must be in [0, 1), got {momentum}")
-        self.momentum = momentum
-        self.weight_decay = weight_decay
+    def __init__(self, **kw: Any):
+        super().__init__(**kw)
         self._ctx: RunContext | None = None
         self._opt: torch.optim.Optimizer | None = None
 
     def setup(self, ctx: RunContext) -> None:
+        c = self.config
         self._ctx = ctx
         self._opt = torch.optim.SGD(
             [p for p in ctx.model.parameters() if p.requires_grad],
-            lr=self.lr,
-            momentum=self.momentum,
-            weight_decay=self.weight_decay,
+            lr=c.lr,
+            momentum=c.momentum,
+            weight_decay=c.weight_decay,
         )
+        self._bind_releases(ctx)
 
     def _apply(self, flat_grad: torch.Tensor) -> None:
         self._opt.zero_grad(set_to_none=True)
@@ -53,36 +83,32 @@ class _GradientStepAlgorithm(Algorithm):
         self._opt.step()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self._opt.state_dict()}
+        releases = self.releases.state_dict() if self.releases is not None else {}
+        return {"optimizer": self._opt.state_dict(), "releases": releases}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._opt.load_state_dict(state["optimizer"])
+        if self.releases is not None:
+            self.releases.load_state_dict(state.get("releases", {}))
 
 
 class _BatchAlgorithm(_GradientStepAlgorithm):
-    def __init__(self, *, epochs: float, batch_size: int, lr: float, momentum: float, weight_decay: float):
-        super().__init__(epochs=epochs, lr=lr, momentum=momentum, weight_decay=weight_decay)
-        if not (isinstance(batch_size, int) and batch_size >= 1):
-            raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        self.batch_size = batch_size
-        self._n: int | None = None
-        self._sampler: PoissonSampler | None = None
-
-    def _rate(self, n: int) -> float:
-        if self.batch_size > n:
-            raise ConfigError(f"batch_size {self.batch_size} exceeds the training set size {n}")
-        return self.batch_size / n
+    """Poisson minibatches of expected size ``batch_size``, ``ceil(epochs·n/batch_size)`` steps."""
 
     def steps_for(self, *, n: int) -> int:
-        return max(1, math.ceil(self.epochs * n / self.batch_size))
+        return max(1, math.ceil(self.config.epochs * n / self.config.batch_size))
 
     def setup(self, ctx: RunContext) -> None:
         super().setup(ctx)
         self._n = ctx.n
-        self._sampler = PoissonSampler(n=ctx.n, rate=self._rate(ctx.n), rng=ctx.sampler_rng)
 
     def num_steps(self) -> int:
         return self.steps_for(n=self._n)
+
+    def _grad_plan(self, n: int, clip: float) -> ReleasePlan:
+        """One ``grad`` release per step on a Poisson batch (DP-SGD's whole privacy schedule)."""
+        batch = PoissonBatch(self.config.batch_size, n)
+        return ReleasePlan(phases=(Phase("step", self.steps_for(n=n), (Query("grad", Fixed(clip), batch=batch),)),))
 
 
 @register_algorithm
@@ -92,20 +118,11 @@ class SGD(_BatchAlgorithm):
     name = "sgd"
     private = False
     summary = "non-private minibatch SGD (reference)"
+    Config = SGDConfig
 
-    def __init__(
-        self,
-        *,
-        epochs: float = 10,
-        batch_size: int = 64,
-        lr: float = 0.1,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
-    ):
-        super().__init__(epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay)
-
-    def inventory(self, *, n: int) -> None:
-        return None
+    def setup(self, ctx: RunContext) -> None:
+        super().setup(ctx)
+        self._sampler = PoissonBatch(self.config.batch_size, ctx.n).sampler(ctx.sampler_rng)
 
     def step(self, t: int) -> dict[str, float]:
         ctx = self._ctx
@@ -138,34 +155,20 @@ class DPSGD(_BatchAlgorithm):
 
     name = "dp-sgd"
     summary = "DP-SGD: Poisson batches, per-sample clipping, Gaussian noise"
+    Config = DPSGDConfig
 
-    def __init__(
-        self,
-        *,
-        epochs: float = 10,
-        batch_size: int = 64,
-        lr: float = 0.1,
-        clip: float = 1.0,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
-    ):
-        super().__init__(epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay)
-        self.clip = positive("clip", clip)
-
-    def inventory(self, *, n: int) -> Inventory:
-        return Inventory([PlannedStep(Poisson(self._rate(n)), (("grad", 1.0),), self.steps_for(n=n))])
+    def release_plan(self, n: int) -> ReleasePlan:
+        return self._grad_plan(n, self.config.clip)
 
     def step(self, t: int) -> dict[str, float]:
         ctx = self._ctx
-        idx = self._sampler.sample()
-        batch = PrivateBatch(ctx.ledger, self._sampler.sampling, {"grad": ctx.noise["grad"]}, rng=ctx.noise_rng)
-        if idx.numel() == 0:  # an empty Poisson batch still releases noise
-            total = torch.zeros(num_trainable(ctx.model))
-        else:
-            total = ctx.engine.clipped_sum(
-                ctx.model, ctx.loss_fn, ctx.x_train[idx], ctx.y_train[idx], clip=self.clip
-            ).total
-        self._apply(batch.gaussian("grad", total, clip=self.clip, normalizer=self.batch_size))
+
+        def grad_sum(idx: torch.Tensor, clip: float):
+            if idx.numel() == 0:  # an empty Poisson batch still releases noise
+                return BoundedSum(torch.zeros(num_trainable(ctx.model)), bound=clip)
+            return ctx.engine.clipped_sum(ctx.model, ctx.loss_fn, ctx.x_train[idx], ctx.y_train[idx], clip=clip)
+
+        self._apply(self.releases.phase("step").release("grad", grad_sum))
         return {}
 
 
@@ -178,35 +181,25 @@ class DPGD(_GradientStepAlgorithm):
 
     name = "dp-gd"
     summary = "DP-GD: full-batch clipped gradients with Gaussian noise"
+    Config = DPGDConfig
 
-    def __init__(
-        self,
-        *,
-        epochs: float = 50,
-        lr: float = 0.5,
-        clip: float = 1.0,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
-        chunk_size: int = 1024,
-    ):
-        super().__init__(epochs=epochs, lr=lr, momentum=momentum, weight_decay=weight_decay)
-        self.clip = positive("clip", clip)
-        self.chunk_size = int(chunk_size)
-
-    def inventory(self, *, n: int) -> Inventory:
-        return Inventory([PlannedStep(FullBatch(), (("grad", 1.0),), self.num_steps())])
+    def release_plan(self, n: int) -> ReleasePlan:
+        query = Query("grad", Fixed(self.config.clip), batch=BatchPlan(n, n))
+        return ReleasePlan(phases=(Phase("step", self.num_steps(), (query,)),))
 
     def num_steps(self) -> int:
         return self.steps_for(n=0)
 
     def steps_for(self, *, n: int) -> int:
-        return max(1, int(round(self.epochs)))
+        return max(1, int(round(self.config.epochs)))
 
     def step(self, t: int) -> dict[str, float]:
-        ctx = self._ctx
-        batch = PrivateBatch(ctx.ledger, FullBatch(), {"grad": ctx.noise["grad"]}, rng=ctx.noise_rng)
-        total = chunked_clipped_sum(
-            ctx.engine, ctx.model, ctx.loss_fn, ctx.x_train, ctx.y_train, clip=self.clip, chunk=self.chunk_size
-        )
-        self._apply(batch.gaussian("grad", total, clip=self.clip, normalizer=ctx.n))
+        ctx, chunk = self._ctx, self.config.chunk_size
+
+        def grad_sum(idx: torch.Tensor, clip: float) -> BoundedSum:
+            return chunked_clipped_sum(
+                ctx.engine, ctx.model, ctx.loss_fn, ctx.x_train, ctx.y_train, clip=clip, chunk=chunk
+            )
+
+        self._apply(self.releases.phase("step").release("grad", grad_sum))
         return {}

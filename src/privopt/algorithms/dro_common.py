@@ -1,97 +1,66 @@
-"""Shared plumbing of the DRO algorithms of Paper A (SPEC §2.4–2.7).
+"""Shared plumbing of the DRO algorithms of Paper A (see ``docs/algorithms/dro.md``).
 
 Everything here is data-independent bookkeeping or a per-record transformation applied *before*
 clipping, so none of it affects the privacy analysis:
 
-* batch plans (a nominal batch size capped at n becomes a full batch, else Poisson sampling with
-  the expected size as the normaliser, SPEC §8.2);
-* clipped sums of per-sample scalars (``sum_i sign(a_i)·min(|a_i|, C)``, float64) and chunked
-  clipped sums of per-sample (weighted, differenced) parameter gradients;
-* the step-proportional clip rule of SPEC §8.4 (``C_t = min(cap, γ·Δ_t)``);
-* the number of iterations implied by an epochs budget for a SPIDER schedule;
-* :class:`DROAlgorithm`, the base class holding the model-as-flat-vector helpers, the noise
-  lookup (non-private runs use placeholders: their ``PrivateBatch`` adds no noise) and the
-  uniformly random output iterate drawn up front (data-independent).
+* the common hyper-parameters (:class:`DROConfig`) and the number of iterations implied by an
+  epochs budget for a SPIDER schedule (:func:`spider_steps`);
+* :class:`DROAlgorithm`, the base class: it binds the algorithm's release plan to the run
+  (:class:`~privopt.algorithms.releases.PlanRun`), keeps the model as a flat vector, computes
+  clipped sums of per-sample (weighted, differenced) parameter gradients, and draws the uniformly
+  random output iterate up front (data-independent).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union
 
 import torch
 
 from privopt.algorithms.base import Algorithm, RunContext
+from privopt.algorithms.config import AlgorithmConfig, one_of, param, positive, positive_int
+from privopt.algorithms.releases import PlanRun
 from privopt.errors import ConfigError
 from privopt.grads.flat import flat_params, params_from_flat, trainable_parameters
-from privopt.grads.release import PrivateBatch
-from privopt.grads.sums import batch_losses, chunked_clipped_sum, clipped_scalar_sum
-from privopt.privacy import FullBatch, Poisson
-from privopt.sampling import PoissonSampler
-from privopt.validation import positive, positive_int
+from privopt.grads.sums import BoundedSum, batch_losses, chunked_clipped_sum
+from privopt.objectives.divergences import get_divergence
+from privopt.objectives.dual import DualObjective
 
 __all__ = [
-    "BatchPlan",
     "DROAlgorithm",
-    "FullSampler",
-    "batch_losses",
-    "chunked_clipped_sum",
-    "clipped_scalar_sum",
+    "DROConfig",
+    "check_difference_thresholds",
+    "dual_objective",
     "initial_loss_scale",
-    "step_clip",
     "spider_steps",
 ]
 
 Weights = Union[None, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
 
 
-# ----------------------------------------------------------------------------- validation
-
-
-# ----------------------------------------------------------------------------- batches
-
-
-class FullSampler:
-    """Every record, every time (the refresh batch of a SPIDER capped at n)."""
-
-    def __init__(self, *, n: int):
-        self.n = n
-        self.sampling = FullBatch()
-        self.expected_batch_size = float(n)
-
-    def sample(self) -> torch.Tensor:
-        return torch.arange(self.n)
+def _optional_int(name: str, value: Any) -> int | None:
+    return None if value is None else positive_int(name, value)
 
 
 @dataclass(frozen=True)
-class BatchPlan:
-    """A nominal batch size resolved against the dataset size.
+class DROConfig(AlgorithmConfig):
+    """Hyper-parameters every DRO algorithm has.
 
-    ``size >= n`` means the full dataset (``FullBatch``, no amplification, normaliser n);
-    otherwise Poisson sampling with rate ``size/n`` and normaliser ``size`` (the expected size).
+    Attributes:
+        epochs: budget in epoch-equivalents (see :func:`spider_steps`); ignored when ``steps``.
+        steps: explicit number of iterations T.
+        output: ``"random"`` (the paper: a uniformly random iterate among x_1..x_T, index drawn
+            up front from the sampler generator — data-independent) or ``"last"``.
+        chunk_size: per-sample gradients are computed in chunks of this many records.
     """
 
-    size: int
-    n: int
-
-    @property
-    def full(self) -> bool:
-        return self.size >= self.n
-
-    @property
-    def sampling(self):
-        return FullBatch() if self.full else Poisson(self.size / self.n)
-
-    @property
-    def normalizer(self) -> float:
-        return float(min(self.size, self.n))
-
-    def sampler(self, rng):
-        if self.full:
-            return FullSampler(n=self.n)
-        return PoissonSampler(n=self.n, rate=self.size / self.n, rng=rng)
+    epochs: float = param(20, positive, role="epochs")
+    steps: int | None = param(None, _optional_int)
+    output: str = param("random", one_of("random", "last"), role="output")
+    chunk_size: int = param(256, positive_int)
 
 
 def spider_steps(*, epochs: float, n: int, q: int, refresh: int, correction: int) -> int:
@@ -107,28 +76,30 @@ def spider_steps(*, epochs: float, n: int, q: int, refresh: int, correction: int
     return max(1, int(round(epochs * n * q / per_phase)))
 
 
-# ----------------------------------------------------------------------------- per-sample queries
+def check_difference_thresholds(config, blocks) -> None:
+    """Each block's difference query needs a step-proportional factor ``gamma_<b>`` or a fixed
+    threshold ``clip_<b>_diff``."""
+    for b in blocks:
+        if getattr(config, f"gamma_{b}") is None and getattr(config, f"clip_{b}_diff") is None:
+            raise ConfigError(f"gamma_{b} is None (fixed threshold) but clip_{b}_diff is not set")
 
 
-def step_clip(distance: float, *, gamma: float | None, cap: float | None) -> float:
-    """Clip threshold of a difference query (SPEC §8.4, E-A.10).
-
-    ``gamma`` set: ``C_t = γ·distance`` (capped at ``cap`` when given) — step-proportional, a
-    function of released iterates only. ``gamma`` None: the fixed threshold ``cap``.
-    """
-    if gamma is None:
-        return float(cap)
-    c = gamma * float(distance)
-    return min(c, cap) if cap is not None else c
+def dual_objective(config) -> DualObjective:
+    """The ψ-dual objective of a config with ``divergence(_params)``, ``lam``, ``g_eta``,
+    ``exp_cap`` and ``loss_bound``."""
+    div = get_divergence(config.divergence, **config.divergence_params)
+    return DualObjective(
+        divergence=div, lam=config.lam, g_eta=config.g_eta, a_max=config.exp_cap, loss_bound=config.loss_bound
+    )
 
 
 @torch.no_grad()
 def initial_loss_scale(ctx: RunContext) -> float:
     """``log K`` for a model with K outputs: the cross-entropy of a uniform prediction.
 
-    A data-independent stand-in for "the loss scale at initialisation" (SPEC §8.7, used for η_0 and
-    for the shift of the KL inner function): K is read from the output shape of one all-zeros
-    input, so no record is touched. Falls back to 1.0 for a single-output model.
+    A data-independent stand-in for "the loss scale at initialisation" (used for η_0 and for the
+    shift of the KL inner function): K is read from the output shape of one all-zeros input, so
+    no record is touched. Falls back to 1.0 for a single-output model.
     """
     probe = torch.zeros_like(ctx.x_train[:1])
     out = ctx.model(probe)
@@ -136,61 +107,41 @@ def initial_loss_scale(ctx: RunContext) -> float:
     return math.log(k) if k > 1 else 1.0
 
 
-# ----------------------------------------------------------------------------- base class
-
-
 class DROAlgorithm(Algorithm):
-    """Base of the DRO algorithms: flat-vector model access, noise lookup, output iterate.
+    """Base of the DRO algorithms: release plan, flat-vector model access, output iterate.
 
-    Args (common keyword hyper-parameters of subclasses):
-        epochs: budget in epoch-equivalents (see :func:`spider_steps`); ignored when ``steps``.
-        steps: explicit number of iterations T.
-        output: ``"random"`` (the paper: a uniformly random iterate among x_1..x_T, index drawn
-            up front from the sampler generator — data-independent) or ``"last"``.
-        chunk_size: per-sample gradients are computed in chunks of this many records.
+    Subclasses define :meth:`release_plan` (their privacy schedule, declared once) and
+    :meth:`_planned_T`; the inventory and the runtime releases both derive from the plan.
     """
 
-    share_batches: bool = False  # releases whose batches have equal sizes may share one sampled batch
-
-    def __init__(self, *, epochs: float, steps: int | None, output: str, chunk_size: int):
-        self.epochs = positive("epochs", epochs)
-        self.steps = None if steps is None else positive_int("steps", steps)
-        if output not in ("random", "last"):
-            raise ConfigError(f"output must be 'random' or 'last', got {output!r}")
-        self.output = output
-        self.chunk_size = positive_int("chunk_size", chunk_size)
+    def __init__(self, **kw: Any):
+        super().__init__(**kw)
         self._ctx: RunContext | None = None
         self._T: int | None = None
         self._tau: int | None = None
         self._saved: dict[str, Any] | None = None
+        self.releases: PlanRun | None = None
 
-    # -- schedule --------------------------------------------------------------------------
-    def _planned_T(self, n: int) -> int:
+    # -- schedule and plan -------------------------------------------------------------------
+    def _phase_sizes(self) -> tuple[int, int]:
+        """(refresh, correction) batch sizes of a SPIDER phase (they convert epochs to iterations)."""
         raise NotImplementedError
 
-    def hyperparameters(self) -> dict[str, Any]:
-        hp = super().hyperparameters()
-        hp.pop("objective", None)  # a derived object, rebuilt from the divergence settings
-        return hp
+    def _planned_T(self, n: int) -> int:
+        refresh, correction = self._phase_sizes()
+        return spider_steps(epochs=self.config.epochs, n=n, q=self.config.q, refresh=refresh, correction=correction)
 
-    def _shared(self, a: str, b: str, plans: dict[str, BatchPlan]) -> bool:
-        """Whether releases ``a`` and ``b`` are made from one sampled batch (one accounting step)."""
-        return self.share_batches and plans[a].normalizer == plans[b].normalizer
-
-    def _make_samplers(self, plans: dict[str, BatchPlan], *, pairs) -> None:
-        """One sampler per release family; the second of each pair reuses the first's batches when
-        :meth:`_shared` (the inventory then declares the two releases as one step)."""
-        self._plans_ = plans
-        self._samplers = {k: p.sampler(self._ctx.sampler_rng) for k, p in plans.items()}
-        for a, b in pairs:
-            if self._shared(a, b, plans):
-                self._samplers[b] = self._samplers[a]
+    def _schedule(self, n: int) -> tuple[int, int]:
+        """(iterations T, refreshes ceil(T/q)) of a SPIDER schedule on ``n`` records."""
+        T = self._T_for(n)
+        return T, math.ceil(T / self.config.q)
 
     def steps_for(self, *, n: int) -> int:
         return self._T_for(n)
 
     def _T_for(self, n: int) -> int:
-        return self.steps if self.steps is not None else self._planned_T(n)
+        steps = self.config.steps
+        return steps if steps is not None else self._planned_T(n)
 
     def num_steps(self) -> int:
         return self._T
@@ -199,18 +150,15 @@ class DROAlgorithm(Algorithm):
         self._ctx = ctx
         self._T = self._T_for(ctx.n)
         # Output index τ ~ U{1..T}, drawn before any data access (data-independent).
-        self._tau = 1 + int(ctx.sampler_rng.randint(self._T, (1,))) if self.output == "random" else self._T
+        random = self.config.output == "random"
+        self._tau = 1 + int(ctx.sampler_rng.randint(self._T, (1,))) if random else self._T
         self._saved = None
+        self._bind_releases(ctx)
 
-    # -- noise ------------------------------------------------------------------------------
-    def _batch(self, sampler, names: Sequence[str]) -> tuple[torch.Tensor, PrivateBatch]:
-        """Draw one batch and open its :class:`PrivateBatch` for ``names`` (recorded before noise)."""
-        ctx = self._ctx
-        idx = sampler.sample()
-        # Non-private algorithms (and runs without a ledger) release without noise or records.
-        ledger = ctx.ledger if self.private else None
-        noise = {nm: (ctx.noise[nm] if ledger is not None else 1.0) for nm in names}
-        return idx, PrivateBatch(ledger, sampler.sampling, noise, rng=ctx.noise_rng)
+    @property
+    def last_batches(self) -> dict[str, torch.Tensor]:
+        """Indices of the latest batch of each release (diagnostics; never released)."""
+        return self.releases.last_indices if self.releases is not None else {}
 
     # -- model as a flat vector --------------------------------------------------------------
     def _x(self) -> torch.Tensor:
@@ -232,7 +180,8 @@ class DROAlgorithm(Algorithm):
 
     def _losses(self, idx: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
         xb, yb = self._data(idx)
-        return batch_losses(self._ctx.model, self._ctx.loss_fn, xb, yb, params=self._params(x), chunk=self.chunk_size)
+        chunk = self.config.chunk_size
+        return batch_losses(self._ctx.model, self._ctx.loss_fn, xb, yb, params=self._params(x), chunk=chunk)
 
     def _grad_sum(
         self,
@@ -243,7 +192,8 @@ class DROAlgorithm(Algorithm):
         weights: Weights = None,
         x_prev: torch.Tensor | None = None,
         weights_prev: Weights = None,
-    ) -> torch.Tensor:
+    ) -> BoundedSum:
+        """``Σ_{i∈idx} Clip(w_i ∇ℓ_i(x) [− w'_i ∇ℓ_i(x_prev)], C)`` with bound C."""
         xb, yb = self._data(idx)
         ctx = self._ctx
         return chunked_clipped_sum(
@@ -253,7 +203,7 @@ class DROAlgorithm(Algorithm):
             xb,
             yb,
             clip=clip,
-            chunk=self.chunk_size,
+            chunk=self.config.chunk_size,
             params=self._params(x),
             weights=weights,
             params_prev=self._params(x_prev),
@@ -278,9 +228,18 @@ class DROAlgorithm(Algorithm):
         """The saved output iterate (``{"x": flat, ...scalars}``) once reached, else ``None``."""
         return self._saved
 
-    def _base_state(self) -> dict[str, Any]:
-        return {"tau": self._tau, "saved": self._saved}
+    # -- state ------------------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        """The subclass's estimator state (everything but the model, τ and the output)."""
+        raise NotImplementedError
 
-    def _load_base_state(self, state: dict[str, Any]) -> None:
-        self._tau = state["tau"]
-        self._saved = state["saved"]
+    def _load_state(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"state": self._state(), "tau": self._tau, "saved": self._saved, "releases": self.releases.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._load_state(state["state"])
+        self._tau, self._saved = state["tau"], state["saved"]
+        self.releases.load_state_dict(state["releases"])

@@ -1,4 +1,5 @@
-"""Shared plumbing of the linear-logistic ERM algorithms (DP-SVRG, DP-SVRG++, DP-GD-ERM).
+"""Shared plumbing of the linear-logistic ERM algorithms (DP-SVRG, DP-SVRG++, DP-GD-ERM;
+``docs/algorithms/erm.md``).
 
 These algorithms work on a closed-form problem (:class:`privopt.objectives.erm.LogisticERM`)
 rather than through the generic per-sample-gradient engine: the model must be a linear map with
@@ -10,17 +11,18 @@ and records keep working.
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from privopt.algorithms.base import Algorithm, RunContext
-from privopt.errors import ConfigError, ModelError
+from privopt.algorithms.config import AlgorithmConfig, non_negative, param, positive
+from privopt.errors import ModelError
 from privopt.objectives.erm import LogisticERM
-from privopt.validation import positive
 
-__all__ = ["LinearERMAlgorithm", "single_thread_blas"]
+__all__ = ["LinearERMAlgorithm", "LinearERMConfig", "single_thread_blas"]
 
 _CONTROLLER = None
 
@@ -40,6 +42,15 @@ def single_thread_blas():
     return _CONTROLLER.limit(limits=1, user_api="blas")
 
 
+@dataclass(frozen=True)
+class LinearERMConfig(AlgorithmConfig):
+    """The L2 weight ``l2`` (exact proximal step, data-independent) and the per-sample gradient
+    bound ``clip`` (gradients are clipped to it)."""
+
+    l2: float = param(0.0, non_negative)
+    clip: float = param(1.0, positive, role="clip")
+
+
 class LinearERMAlgorithm(Algorithm):
     """Base: binds a run to a :class:`LogisticERM` and keeps the model's weight in sync.
 
@@ -48,11 +59,8 @@ class LinearERMAlgorithm(Algorithm):
         grad_evals: per-sample gradient evaluations performed so far (for "passes over the data").
     """
 
-    def __init__(self, *, l2: float, clip: float):
-        if not (isinstance(l2, (int, float)) and math.isfinite(l2) and l2 >= 0):
-            raise ConfigError(f"l2 must be a finite number >= 0, got {l2!r}")
-        self.l2 = float(l2)
-        self.clip = positive("clip", clip)
+    def __init__(self, **kw: Any):
+        super().__init__(**kw)
         self._ctx: RunContext | None = None
         self._param: torch.nn.Parameter | None = None
         self.problem: LogisticERM | None = None
@@ -72,9 +80,10 @@ class LinearERMAlgorithm(Algorithm):
         self.problem = LogisticERM(
             features=ctx.x_train.reshape(ctx.n, -1).detach().cpu().double().numpy(),
             labels=ctx.y_train.detach().cpu().double().numpy(),
-            l2=self.l2,
+            l2=self.config.l2,
         )
         self._grad_evals = 0
+        self._bind_releases(ctx)
         self._start(self._param.detach().cpu().double().reshape(-1).numpy().copy())
 
     def _start(self, w0: np.ndarray) -> None:

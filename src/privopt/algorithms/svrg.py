@@ -1,25 +1,25 @@
-"""DP-SVRG (strongly convex) and DP-SVRG++ (convex) for linear logistic ERM (Paper B, SPEC §3.2–3.3).
+"""DP-SVRG (strongly convex) and DP-SVRG++ (convex) for linear logistic ERM (Paper B).
 
 Every inner step releases the variance-reduced gradient
 
     v = [clip(g_i(x)) - clip(g_i(x~))] + N(0, s1^2 I)  +  mean_j clip(g_j(x~)) + N(0, s2^2 I)
 
-as two accounted releases (SPEC §8.3): the one-record difference (``SingleRecord(n)`` sampling —
+as two accounted releases: the one-record difference (``SingleRecord(n)`` sampling —
 realised as Poisson(1/n) under add/remove neighbours, one uniform record under replace-one,
 per-record bound ``2C``, noise ``"diff"``) and the snapshot mean gradient (``FullBatch``, bound
 ``C``, normaliser ``n``, noise ``"snapshot"``). The paper re-releases the snapshot gradient with
-fresh noise at every inner step and splits the noise equally (``s1 = s2``, §8.11); the knob
+fresh noise at every inner step and splits the noise equally (``s1 = s2``); the knob
 ``snapshot_noise_ratio = s2/s1`` keeps that default. The L2 regulariser is data-independent and
 handled exactly by the proximal step ``prox(v) = v / (1 + eta * l2)``.
 
-Step sizes are constant: the paper's SVRG-BB rule uses un-noised full gradients and leaks
-(E-B.9), so it is not offered.
+Step sizes are constant: the paper's SVRG-BB rule uses un-noised full gradients and leaks, so it
+is not offered. See ``docs/algorithms/erm.md``.
 
 Speed: inner steps touch one record each, so they run as a vectorised numpy loop per block of
-steps. The block's steps are recorded in the ledger (one ``Step`` per release, exactly what
-:class:`~privopt.grads.release.PrivateBatch` would record) BEFORE its noise is drawn, so the
-budget guard can still refuse them before anything is released; the noise is drawn from
-``ctx.noise_rng`` with the same std ``z * bound / normaliser``. Per-sample gradients at the
+steps. The block's steps (derived from the release plan, exactly what
+:class:`~privopt.grads.release.PrivateBatch` would record) are recorded in the ledger BEFORE its
+noise is drawn, so the budget guard can still refuse them before anything is released; the noise
+is drawn from ``ctx.noise_rng`` with the same std ``z * bound / normaliser``. Per-sample gradients at the
 snapshot are cached for the epoch, so an epoch costs ``n + m`` gradient evaluations.
 
 Example:
@@ -32,18 +32,20 @@ Example:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from privopt.algorithms.base import register_algorithm
-from privopt.algorithms.erm_common import LinearERMAlgorithm, single_thread_blas
-from privopt.privacy import FullBatch, Gaussian, Inventory, PlannedStep, SingleRecord, Step
+from privopt.algorithms.config import non_negative, param, positive, positive_int
+from privopt.algorithms.erm_common import LinearERMAlgorithm, LinearERMConfig, single_thread_blas
+from privopt.algorithms.releases import BatchPlan, Fixed, Phase, Query, ReleasePlan, SingleRecordBatch
+from privopt.grads.release import draw_gaussian_noise
 from privopt.sampling import single_record_draws
-from privopt.validation import positive, positive_int
 
-__all__ = ["DPSVRG", "DPSVRGPlusPlus", "svrg_inner_loop"]
+__all__ = ["DPSVRG", "DPSVRGConfig", "DPSVRGPlusPlus", "DPSVRGPlusPlusConfig", "svrg_inner_loop"]
 
 _BLOCK = 8192  # inner steps per vectorised block (bounds the noise buffer to ~3.5 MB at p = 54)
 
@@ -95,38 +97,59 @@ def svrg_inner_loop(
     return x, acc
 
 
+@dataclass(frozen=True)
+class DPSVRGConfig(LinearERMConfig):
+    """DP-SVRG's hyper-parameters.
+
+    Attributes:
+        epochs: number of epochs T (snapshots).
+        inner: inner steps m per epoch.
+        step_size: constant step eta (theory: eta < 1/(12 L)).
+        l2: L2 weight (proximal step); > 0 for the strongly convex setting.
+        clip: per-sample gradient bound G (gradients are clipped to it).
+        snapshot_noise_ratio: std of the snapshot-gradient noise over the one-record noise (1 = paper).
+    """
+
+    l2: float = param(1e-2, non_negative)
+    epochs: int = param(15, positive_int, role="epochs")
+    inner: int = param(5000, positive_int)
+    step_size: float = param(0.1, positive, role="lr")
+    snapshot_noise_ratio: float = param(1.0, positive)
+
+
+@dataclass(frozen=True)
+class DPSVRGPlusPlusConfig(DPSVRGConfig):
+    """DP-SVRG++: epoch s has ``inner * 2^s`` steps (fields as :class:`DPSVRGConfig`)."""
+
+    l2: float = param(0.0, non_negative)
+    inner: int = param(10, positive_int)
+    step_size: float = param(0.01, positive, role="lr")
+
+
 class _SVRGBase(LinearERMAlgorithm):
     doubling: bool = False
 
-    def __init__(
-        self, *, epochs: int, inner: int, step_size: float, l2: float, clip: float, snapshot_noise_ratio: float
-    ):
-        super().__init__(l2=l2, clip=clip)
-        self.epochs = positive_int("epochs", epochs)
-        self.inner = positive_int("inner", inner)
-        self.step_size = positive("step_size", step_size)
-        self.snapshot_noise_ratio = positive("snapshot_noise_ratio", snapshot_noise_ratio)
+    def __init__(self, **kw: Any):
+        super().__init__(**kw)
         self._x_start: np.ndarray | None = None
         self._snapshot: np.ndarray | None = None
 
-    # ------------------------------------------------------------------ privacy inventory
+    # ------------------------------------------------------------------ privacy schedule
     def epoch_length(self, s: int) -> int:
         """Inner steps of epoch ``s`` (1-based)."""
-        return self.inner * (2**s if self.doubling else 1)
+        return self.config.inner * (2**s if self.doubling else 1)
 
     def total_inner_steps(self) -> int:
-        return sum(self.epoch_length(s) for s in range(1, self.epochs + 1))
+        return sum(self.epoch_length(s) for s in range(1, self.config.epochs + 1))
 
-    def inventory(self, *, n: int) -> Inventory:
-        # Equal noise stds s1 = s2 (times the ratio): s1 = z_diff * 2C, s2 = z_snap * C / n,
-        # hence z_snap / z_diff = 2 n * ratio.
-        k = self.total_inner_steps()
-        return Inventory(
-            [
-                PlannedStep(SingleRecord(n), (("diff", 1.0),), k),
-                PlannedStep(FullBatch(), (("snapshot", 2.0 * n * self.snapshot_noise_ratio),), k),
-            ]
-        )
+    def release_plan(self, n: int) -> ReleasePlan:
+        """Every inner step: the one-record difference (bound 2C) and the snapshot mean (bound C,
+        full batch). Equal noise stds s1 = s2 (times the ratio): s1 = z_diff·2C, s2 = z_snap·C/n,
+        hence z_snap / z_diff = 2n·ratio."""
+        c = self.config
+        diff = Query("diff", Fixed(c.clip, factor=2.0), batch=SingleRecordBatch(n))
+        snapshot = Query("snapshot", Fixed(c.clip), batch=BatchPlan(n, n), ratio=2.0 * n * c.snapshot_noise_ratio)
+        return ReleasePlan(phases=(Phase("inner", self.total_inner_steps(), (diff, snapshot)),))
 
     # ------------------------------------------------------------------ state
     def _start(self, w0: np.ndarray) -> None:
@@ -137,15 +160,21 @@ class _SVRGBase(LinearERMAlgorithm):
         return self._snapshot
 
     def num_steps(self) -> int:
-        return self.epochs
+        return self.config.epochs
 
     def state_dict(self) -> dict[str, Any]:
-        return {"x_start": self._x_start.tolist(), "snapshot": self._snapshot.tolist(), "grad_evals": self._grad_evals}
+        return {
+            "x_start": self._x_start.tolist(),
+            "snapshot": self._snapshot.tolist(),
+            "grad_evals": self._grad_evals,
+            "releases": self.releases.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._x_start = np.asarray(state["x_start"], dtype=np.float64)
         self._snapshot = np.asarray(state["snapshot"], dtype=np.float64)
         self._grad_evals = int(state["grad_evals"])
+        self.releases.load_state_dict(state.get("releases", {}))
 
     # ------------------------------------------------------------------ one epoch
     def step(self, t: int) -> dict[str, float]:
@@ -153,34 +182,33 @@ class _SVRGBase(LinearERMAlgorithm):
         with single_thread_blas():
             return self._epoch(t)
 
+    def _noise_stds(self) -> tuple[float, float] | None:
+        """(std of the one-record difference noise, std of the snapshot-mean noise), or None."""
+        ctx, c = self._ctx, self.config
+        if not (self.private and ctx.ledger is not None):
+            return None
+        z = self.releases.noise_for(("diff", "snapshot"))
+        return z["diff"] * (c.clip * 2.0), z["snapshot"] * c.clip / self.problem.n
+
     def _epoch(self, t: int) -> dict[str, float]:
         ctx, prob = self._ctx, self.problem
-        n, c = prob.n, self.clip
+        n, c = prob.n, self.config.clip
         m = self.epoch_length(t + 1)
         snap_coef = prob.grad_coefficients(self._snapshot, clip=c)
         mu = snap_coef @ prob.x  # clipped SUM (bound C per record), released with normaliser n
         self._grad_evals += n
-        private = ctx.ledger is not None
-        if private:
-            z_diff, z_snap = float(ctx.noise["diff"]), float(ctx.noise["snapshot"])
-            std_diff, std_snap = z_diff * 2.0 * c, z_snap * c / n
-            steps = (
-                Step(SingleRecord(n), (Gaussian(noise_multiplier=z_diff, name="diff"),)),
-                Step(FullBatch(), (Gaussian(noise_multiplier=z_snap, name="snapshot"),)),
-            )
+        stds = self._noise_stds()
         x, acc = self._x_start, np.zeros(prob.dim)
         for start in range(0, m, _BLOCK):
             k = min(_BLOCK, m - start)
-            neighbouring = ctx.ledger.neighbouring if private else "replace_one"
+            neighbouring = ctx.ledger.neighbouring if stds is not None else "replace_one"
             idx, counts = single_record_draws(n=n, steps=k, neighbouring=neighbouring, rng=ctx.sampler_rng)
             idx, counts = idx.numpy(), counts.numpy()
             drift = np.broadcast_to(mu / n, (k, prob.dim))
-            if private:
-                for _ in range(k):  # record before any noise is drawn (budget guard)
-                    for st in steps:
-                        ctx.ledger.record(st)
-                noise = ctx.noise_rng.normal((2, k, prob.dim), dtype=torch.float64).numpy()
-                drift = drift + std_diff * noise[0] + std_snap * noise[1]
+            self.releases.record_phase("inner", k)  # recorded before any noise is drawn (budget guard)
+            if stds is not None:
+                noise = draw_gaussian_noise((2, k, prob.dim), std=1.0, rng=ctx.noise_rng, dtype=torch.float64).numpy()
+                drift = drift + stds[0] * noise[0] + stds[1] * noise[1]
             x, block_sum = svrg_inner_loop(
                 prob,
                 x_start=x,
@@ -188,7 +216,7 @@ class _SVRGBase(LinearERMAlgorithm):
                 indices=idx,
                 counts=counts,
                 drift=drift,
-                step_size=self.step_size,
+                step_size=self.config.step_size,
                 clip=c,
             )
             acc += block_sum
@@ -202,54 +230,19 @@ class _SVRGBase(LinearERMAlgorithm):
 
 @register_algorithm
 class DPSVRG(_SVRGBase):
-    """DP-SVRG (Paper B Thm 4.1–4.2) for L2-regularised logistic regression.
-
-    Args:
-        epochs: number of epochs T (snapshots).
-        inner: inner steps m per epoch.
-        step_size: constant step eta (theory: eta < 1/(12 L)).
-        l2: L2 weight (proximal step); > 0 for the strongly convex setting.
-        clip: per-sample gradient bound G (gradients are clipped to it).
-        snapshot_noise_ratio: std of the snapshot-gradient noise over the one-record noise (1 = paper).
-    """
+    """DP-SVRG for L2-regularised logistic regression (hyper-parameters: :class:`DPSVRGConfig`)."""
 
     name = "dp-svrg"
     summary = "DP-SVRG: noisy proximal SVRG for strongly convex linear logistic ERM (Paper B)"
-
-    def __init__(
-        self,
-        *,
-        epochs: int = 15,
-        inner: int = 5000,
-        step_size: float = 0.1,
-        l2: float = 1e-2,
-        clip: float = 1.0,
-        snapshot_noise_ratio: float = 1.0,
-    ):
-        super().__init__(
-            epochs=epochs, inner=inner, step_size=step_size, l2=l2, clip=clip, snapshot_noise_ratio=snapshot_noise_ratio
-        )
+    Config = DPSVRGConfig
 
 
 @register_algorithm
 class DPSVRGPlusPlus(_SVRGBase):
-    """DP-SVRG++ (Paper B Thm 4.3–4.4): epoch s has ``inner * 2^s`` steps and starts from the
-    previous epoch's last iterate; the output is the last epoch's average. Arguments as DP-SVRG."""
+    """DP-SVRG++: epoch s has ``inner * 2^s`` steps and starts from the previous epoch's last
+    iterate; the output is the last epoch's average (hyper-parameters: :class:`DPSVRGPlusPlusConfig`)."""
 
     name = "dp-svrg-pp"
     summary = "DP-SVRG++: noisy SVRG++ with doubling epochs for convex linear logistic ERM (Paper B)"
     doubling = True
-
-    def __init__(
-        self,
-        *,
-        epochs: int = 15,
-        inner: int = 10,
-        step_size: float = 0.01,
-        l2: float = 0.0,
-        clip: float = 1.0,
-        snapshot_noise_ratio: float = 1.0,
-    ):
-        super().__init__(
-            epochs=epochs, inner=inner, step_size=step_size, l2=l2, clip=clip, snapshot_noise_ratio=snapshot_noise_ratio
-        )
+    Config = DPSVRGPlusPlusConfig

@@ -38,7 +38,9 @@ def _mnist_subset(data_dir: str, n_train: int, n_test: int, seed: int):
     return data
 
 
-def _run_privopt(data, *, epsilon, delta, epochs, batch_size, lr, clip, seed, out_dir: Path) -> dict[str, Any]:
+def _run_privopt(
+    data, *, epsilon, delta, epochs, batch_size, lr, clip, seed, out_dir: Path, insecure_seed: int | None
+) -> dict[str, Any]:
     from privopt.training import train
 
     cfg = RunConfig.from_dict(
@@ -46,6 +48,7 @@ def _run_privopt(data, *, epsilon, delta, epochs, batch_size, lr, clip, seed, ou
             "algorithm": "dp-sgd",
             "model": "mlp",
             "seed": seed,
+            "insecure_seed": insecure_seed,
             "dataset": "mnist",
             "algorithm_params": {"epochs": epochs, "batch_size": batch_size, "lr": lr, "clip": clip},
             "privacy": {"epsilon": epsilon, "delta": delta},
@@ -104,6 +107,36 @@ def _run_opacus(data, *, epsilon, delta, epochs, batch_size, lr, clip, seed) -> 
     }
 
 
+def _summary(rows: list[dict[str, Any]], epsilons) -> list[dict[str, Any]]:
+    """Mean ± std accuracy, noise multiplier and wall time per (library, ε)."""
+    out = []
+    for eps in epsilons:
+        for lib in ("privopt", "opacus"):
+            rs = [r for r in rows if r["epsilon"] == eps and r["library"] == lib]
+            accs = [r["test_accuracy"] for r in rs]
+            out.append(
+                {
+                    "library": lib,
+                    "epsilon": eps,
+                    "mean_accuracy": statistics.mean(accs),
+                    "std_accuracy": statistics.pstdev(accs),
+                    "noise_multiplier": rs[0]["noise_multiplier"],
+                    "mean_wall_s": statistics.mean(r["wall_s"] for r in rs),
+                }
+            )
+    return out
+
+
+def _table(summary: list[dict[str, Any]]) -> str:
+    lines = ["| library | ε | test accuracy (mean ± std) | noise multiplier | wall s/run |", "|---|---|---|---|---|"]
+    lines += [
+        f"| {s['library']} | {s['epsilon']:g} | {s['mean_accuracy']:.4f} ± {s['std_accuracy']:.4f} | "
+        f"{s['noise_multiplier']:.3f} | {s['mean_wall_s']:.1f} |"
+        for s in summary
+    ]
+    return "\n".join(lines)
+
+
 def run_comparison(
     *,
     data_dir: str,
@@ -118,59 +151,31 @@ def run_comparison(
     n_train=8000,
     n_test=2000,
     progress=True,
+    insecure_seed: int | None = None,
 ) -> list[dict[str, Any]]:
-    out = Path(out_dir)
-    rows = []
+    """Run both libraries on every (ε, seed) and write ``results.jsonl``, ``summary.json`` and
+    ``table.md``. privopt's noise is secret unless ``insecure_seed`` (run s: ``insecure_seed + s``)."""
     from tqdm.auto import tqdm
 
+    out, rows = Path(out_dir), []
     jobs = [(eps, s, lib) for eps in epsilons for s in range(seeds) for lib in ("privopt", "opacus")]
-    bar = tqdm(jobs, disable=not progress, desc="dpsgd-vs-opacus")
-    for eps, seed, lib in bar:
+    for eps, seed, lib in tqdm(jobs, disable=not progress, desc="dpsgd-vs-opacus"):
         data = _mnist_subset(data_dir, n_train, n_test, seed)
         kw = dict(epsilon=eps, delta=delta, epochs=epochs, batch_size=batch_size, lr=lr, clip=clip, seed=seed)
-        res = (
-            _run_privopt(data, out_dir=out / f"privopt-eps{eps:g}-seed{seed}", **kw)
-            if lib == "privopt"
-            else _run_opacus(data, **kw)
-        )
+        if lib == "privopt":
+            noise_seed = None if insecure_seed is None else insecure_seed + seed
+            res = _run_privopt(data, out_dir=out / f"privopt-eps{eps:g}-seed{seed}", insecure_seed=noise_seed, **kw)
+        else:
+            res = _run_opacus(data, **kw)
         rows.append({"library": lib, "epsilon": eps, "seed": seed, **res})
-    summary = []
-    for eps in epsilons:
-        for lib in ("privopt", "opacus"):
-            accs = [r["test_accuracy"] for r in rows if r["epsilon"] == eps and r["library"] == lib]
-            secs = [r["wall_s"] for r in rows if r["epsilon"] == eps and r["library"] == lib]
-            zs = [r["noise_multiplier"] for r in rows if r["epsilon"] == eps and r["library"] == lib]
-            summary.append(
-                {
-                    "library": lib,
-                    "epsilon": eps,
-                    "mean_accuracy": statistics.mean(accs),
-                    "std_accuracy": statistics.pstdev(accs),
-                    "noise_multiplier": zs[0],
-                    "mean_wall_s": statistics.mean(secs),
-                }
-            )
-    table = ["| library | ε | test accuracy (mean ± std) | noise multiplier | wall s/run |", "|---|---|---|---|---|"]
-    table += [
-        f"| {s['library']} | {s['epsilon']:g} | {s['mean_accuracy']:.4f} ± {s['std_accuracy']:.4f} | "
-        f"{s['noise_multiplier']:.3f} | {s['mean_wall_s']:.1f} |"
-        for s in summary
-    ]
-    settings = {
-        "n_train": n_train,
-        "n_test": n_test,
-        "epochs": epochs,
-        "batch_size": batch_size,
-        "lr": lr,
-        "clip": clip,
-        "delta": delta,
-        "seeds": seeds,
-        "model": "mlp (784-128-10)",
-    }
+    summary = _summary(rows, epsilons)
+    settings = dict(n_train=n_train, n_test=n_test, epochs=epochs, batch_size=batch_size, lr=lr, clip=clip)
+    settings.update(delta=delta, seeds=seeds, model="mlp (784-128-10)", insecure_seed=insecure_seed)
+    table = _table(summary)
     atomic_write_text(out / "results.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     atomic_write_json(out / "summary.json", {"settings": settings, "summary": summary})
-    atomic_write_text(out / "table.md", "\n".join(table) + "\n")
-    print("\n".join(table))
+    atomic_write_text(out / "table.md", table + "\n")
+    print(table)
     return rows
 
 
@@ -182,6 +187,13 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--lr", type=float, default=0.5)
     p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument(
+        "--insecure-seed",
+        type=int,
+        metavar="N",
+        default=None,
+        help="seed privopt's noise and sampling (run s uses N + s): reproducible, NOT private",
+    )
     p.add_argument("--out", required=True)
     p.add_argument("--json", action="store_true")
 
@@ -197,6 +209,7 @@ def main(args) -> int:
         lr=args.lr,
         clip=args.clip,
         progress=not args.json,
+        insecure_seed=args.insecure_seed,
     )
     if args.json:
         print(json.dumps(rows))

@@ -13,18 +13,25 @@ from privopt.grads.engine import (
     resolve_weights,
 )
 from privopt.grads.ghost import GhostEngine
+from privopt.grads.release import PrivateBatch, ReleaseEvent, observe_releases
+from privopt.grads.sums import BoundedSum, as_bounded
 from privopt.grads.validate import validate_model
 
 __all__ = [
+    "BoundedSum",
     "ClippedSum",
     "GhostEngine",
     "GradEngine",
+    "PrivateBatch",
+    "ReleaseEvent",
     "VmapEngine",
+    "as_bounded",
     "available_engines",
     "clip_factors",
     "current_params",
     "flat_param_names",
     "get_engine",
+    "observe_releases",
     "register_engine",
     "resolve_weights",
     "validate_model",

@@ -1,37 +1,141 @@
-"""Noisy releases of clipped sums, each tied to its accounting event.
+"""Noisy releases of bounded sums, each tied to its accounting event.
 
 :class:`PrivateBatch` is the only way algorithms add privacy noise. It is opened for ONE sampled
 batch with the mechanisms that batch will release; opening it records the step in the ledger
 (the budget guard may refuse it, before any noise is drawn or anything released), and each
-declared mechanism can then be used exactly once.
+declared mechanism can then be used exactly once. The noise is scaled by the per-record bound
+the released sum carries (:class:`~privopt.grads.sums.BoundedSum`, or an engine ``ClippedSum``):
+the caller never restates the sensitivity.
+
+Hooks for empirical privacy audits:
+
+* :func:`observe_releases` registers a callback that receives every release
+  (:class:`ReleaseEvent`: name, released noisy tensor, noise std, per-record bound, sampling)
+  while the context is open — for white-box audits that score the released gradients.
+* :func:`insecure_scale_noise_for_testing` multiplies every drawn privacy noise by a factor
+  (e.g. 0.1) to simulate a broken mechanism that an audit must catch. It exists for tests of the
+  audit only: no config key or CLI option reaches it, it warns, and a run made under it is not
+  private.
 
 Example:
     >>> import torch
-    >>> from privopt.privacy import PrivacyLedger, Poisson, Gaussian
-    >>> ledger = PrivacyLedger(delta=1e-5)
+    >>> from privopt.grads.sums import BoundedSum
+    >>> from privopt.privacy import PrivacyLedger, Poisson
     >>> from privopt.rng import TorchSource
+    >>> ledger = PrivacyLedger(delta=1e-5)
     >>> batch = PrivateBatch(ledger, Poisson(0.01), {"grad": 1.1}, rng=TorchSource(seed=0))
-    >>> noisy_mean = batch.gaussian("grad", torch.ones(3), clip=1.0, normalizer=100.0)
-    >>> ledger.num_steps
-    1
+    >>> seen = []
+    >>> with observe_releases(seen.append):
+    ...     noisy_mean = batch.gaussian("grad", BoundedSum(torch.ones(3), bound=1.0), normalizer=100.0)
+    >>> ledger.num_steps, seen[0].name, seen[0].noise_std
+    (1, 'grad', 1.1)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import contextvars
+import math
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
 import torch
 
 from privopt.errors import ConfigError
+from privopt.grads.sums import as_bounded
 from privopt.privacy.events import Gaussian, Sampling, Step
 from privopt.rng import RandomSource, as_source
 
-__all__ = ["PrivateBatch", "gaussian_noise_like"]
+__all__ = [
+    "PrivateBatch",
+    "ReleaseEvent",
+    "gaussian_noise_like",
+    "draw_gaussian_noise",
+    "observe_releases",
+    "notify_release",
+    "insecure_scale_noise_for_testing",
+]
+
+
+@dataclass(frozen=True)
+class ReleaseEvent:
+    """One noisy release, as seen by a release observer.
+
+    Attributes:
+        name: the release family (e.g. ``"grad"``, ``"x-diff"``).
+        value: the released tensor (noisy sum divided by ``normalizer``; a copy).
+        noise_std: std of the Gaussian noise added to the SUM (0 for a non-private batch).
+        bound: per-record L2 bound of the sum (its add/remove-one sensitivity).
+        sampling: how the batch was drawn (``Poisson(rate)``, ``FullBatch()``, ...).
+        normalizer: what the noisy sum was divided by.
+    """
+
+    name: str
+    value: torch.Tensor
+    noise_std: float
+    bound: float
+    sampling: Sampling
+    normalizer: float
+
+
+_OBSERVERS: contextvars.ContextVar[tuple[Callable[[ReleaseEvent], None], ...]] = contextvars.ContextVar(
+    "privopt_release_observers", default=()
+)
+_NOISE_SCALE: contextvars.ContextVar[float] = contextvars.ContextVar("privopt_insecure_noise_scale", default=1.0)
+
+
+@contextlib.contextmanager
+def observe_releases(callback: Callable[[ReleaseEvent], None]) -> Iterator[None]:
+    """Call ``callback(event)`` for every release made while the context is open (nestable)."""
+    if not callable(callback):
+        raise ConfigError(f"release observer must be callable, got {callback!r}")
+    token = _OBSERVERS.set(_OBSERVERS.get() + (callback,))
+    try:
+        yield
+    finally:
+        _OBSERVERS.reset(token)
+
+
+def notify_release(event: ReleaseEvent) -> None:
+    """Hand ``event`` to the registered observers (used by releases made outside PrivateBatch)."""
+    for cb in _OBSERVERS.get():
+        cb(event)
+
+
+@contextlib.contextmanager
+def insecure_scale_noise_for_testing(factor: float) -> Iterator[None]:
+    """TEST-ONLY: multiply every privacy noise drawn inside the context by ``factor``.
+
+    Simulates a broken mechanism (e.g. ``factor=0.1``) so an empirical privacy audit can be shown
+    to catch it. Nothing in configs or the command line reaches this function; the ledger still
+    reports the epsilon of the intended noise, which is exactly the lie an audit must detect.
+    """
+    if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor >= 0):
+        raise ConfigError(f"noise scale must be a finite number >= 0, got {factor!r}")
+    warnings.warn(
+        f"privacy noise scaled by {factor:g} for testing: releases made now are NOT private", RuntimeWarning, 2
+    )
+    token = _NOISE_SCALE.set(float(factor))
+    try:
+        yield
+    finally:
+        _NOISE_SCALE.reset(token)
+
+
+def draw_gaussian_noise(
+    shape, *, std: float, rng: RandomSource, dtype: torch.dtype = torch.float32, device=None
+) -> torch.Tensor:
+    """N(0, std²) noise of ``shape`` from the dedicated privacy-noise source (every privacy noise
+    in privopt is drawn here)."""
+    noise = rng.normal(shape, dtype=dtype, device=device) * std
+    scale = _NOISE_SCALE.get()
+    return noise if scale == 1.0 else noise * scale
 
 
 def gaussian_noise_like(t: torch.Tensor, *, std: float, rng: RandomSource) -> torch.Tensor:
     """Fresh N(0, std^2) noise with ``t``'s shape, drawn from the dedicated privacy-noise source."""
-    return rng.normal(t.shape, dtype=t.dtype, device=t.device) * std
+    return draw_gaussian_noise(t.shape, std=std, rng=rng, dtype=t.dtype, device=t.device)
 
 
 class PrivateBatch:
@@ -60,27 +164,32 @@ class PrivateBatch:
         self._used: set[str] = set()
         self._rng = as_source(rng) if rng is not None else None
         self._private = ledger is not None
+        self.sampling = sampling
         if self._private:
             mechanisms = tuple(Gaussian(noise_multiplier=float(z), name=n) for n, z in self._noise.items())
             ledger.record(Step(sampling=sampling, mechanisms=mechanisms))
 
-    def gaussian(self, name: str, clipped_sum: torch.Tensor, *, clip: float, normalizer: float) -> torch.Tensor:
-        """Release ``(clipped_sum + N(0, (z*clip)^2 I)) / normalizer``.
+    def gaussian(self, name: str, stat, *, normalizer: float) -> torch.Tensor:
+        """Release ``(value + N(0, (z·bound)^2 I)) / normalizer`` of a bounded sum.
 
-        ``clipped_sum`` must be a sum of per-record terms each of L2 norm at most ``clip`` (its
-        add/remove-one sensitivity is ``clip``); ``normalizer`` must be data-independent (the
-        EXPECTED batch size under Poisson sampling, never the realised one).
+        ``stat`` is a :class:`~privopt.grads.sums.BoundedSum` (or an engine ``ClippedSum``): its
+        per-record bound is the add/remove-one sensitivity the noise is scaled with.
+        ``normalizer`` must be data-independent (the EXPECTED batch size under Poisson sampling,
+        never the realised one).
         """
         if name not in self._noise:
             raise ConfigError(f"release {name!r} was not declared for this batch (declared: {sorted(self._noise)})")
         if name in self._used:
             raise ConfigError(f"release {name!r} already made from this batch; declare a new batch")
-        if not clip > 0:
-            raise ConfigError(f"clip threshold must be > 0, got {clip}")
         if not normalizer > 0:
             raise ConfigError(f"normalizer must be > 0, got {normalizer}")
+        stat = as_bounded(stat)
         self._used.add(name)
-        out = clipped_sum
+        out, std = stat.value, 0.0
         if self._private:
-            out = out + gaussian_noise_like(out, std=self._noise[name] * clip, rng=self._rng)
-        return out / normalizer
+            std = self._noise[name] * stat.bound
+            out = out + gaussian_noise_like(out, std=std, rng=self._rng)
+        out = out / normalizer
+        if _OBSERVERS.get():
+            notify_release(ReleaseEvent(name, out.detach().clone(), std, stat.bound, self.sampling, float(normalizer)))
+        return out

@@ -1,4 +1,4 @@
-"""KL-constrained DRO in compositional form (Paper A eq. 5, SPEC §2.5).
+"""KL-constrained DRO in compositional form (Paper A eq. 5; ``docs/algorithms/dro.md``).
 
     Ψ(x, λ) = λ·log( (1/n) Σ_i exp(ℓ_i/λ) ) + λ·ρ,      λ ≥ λ0,
     Ψ_KL(x) = min_{λ ≥ λ0} Ψ(x, λ).
@@ -6,7 +6,7 @@
 DP Recursive-SPIDER privatises three batch means of per-sample inner quantities and applies the
 data-independent outer function ``f(g) = g1 log g2 + g1 ρ`` to the noisy estimates. With losses of
 order 1 and λ near λ0 = 1e−3, ``exp(ℓ/λ)`` overflows, so everything is expressed through the
-*shifted* inner function (SPEC §2.5, E-A.17), with a public constant ``c`` (default: the loss
+*shifted* inner function (see "Numerics" in ``docs/algorithms/dro.md``), with a public constant ``c`` (default: the loss
 bound B):
 
     h(w; ξ)      = exp((ℓ − c)/λ)                 ∈ (0, 1] when ℓ ≤ c
@@ -20,7 +20,7 @@ Exact values (``value``, ``x_weights``, ``lam_grad``, ``optimal_lam``) are compu
 log-sum-exp and do not depend on c. Loss clamping to ``[0, B]`` is a straight-through surrogate as
 in :mod:`privopt.objectives.dual`.
 
-Optional exponent cap ``a_max`` (the private estimators use it, SPEC §8.7): the exponent
+Optional exponent cap ``a_max`` (the private estimators use it): the exponent
 ``a = (ℓ − c)/λ`` of ``h`` is capped at ``a_max`` (``h = exp(min(a, a_max))``, used consistently
 in ``h``, ``h_x_weights`` and ``h_lam_grads``). Why: with λ small and a stale shift, ``a`` can reach
 ~80 and the weight ``h/λ ≈ 1e34`` times a float32 per-sample gradient overflows; the engine then
@@ -125,7 +125,7 @@ class KLCompositional:
         return lam_t
 
     def project_lam(self, lam: float) -> float:
-        """Projection onto the feasible set ``λ ≥ λ0`` (post-processing; SPEC E-A.16)."""
+        """Projection onto the feasible set ``λ ≥ λ0`` (post-processing; the printed algorithm omits it)."""
         return max(float(lam), self.lam0)
 
     # ----------------------------------------------------------------- per-sample inner quantities

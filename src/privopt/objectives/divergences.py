@@ -1,9 +1,10 @@
 """ψ-divergences of penalised DRO: the generator ψ, its convex conjugate ψ* and (ψ*)'.
 
 Paper A penalises the worst-case distribution by ``D_ψ(p, 1/n) = (1/n) Σ_i ψ(n p_i)`` and works
-with the dual (SPEC §2.3), which needs only the conjugate ``ψ*(s) = sup_{t≥0} s·t − ψ(t)`` and its
-derivative. Paper A's Table 1 prints several wrong conjugates (SPEC E-A.4); this module implements
-the *corrected* table of SPEC §2.2 and every entry is unit-tested against a numerical supremum.
+with the dual (``docs/algorithms/dro.md``), which needs only the conjugate ``ψ*(s) = sup_{t≥0} s·t − ψ(t)`` and its
+derivative. Paper A's Table 1 prints several wrong conjugates (listed in ``docs/algorithms/dro.md``,
+"ψ-divergences"); this module implements the corrected table and every entry is unit-tested
+against a numerical supremum.
 
 All functions take tensors (or numbers) and compute in float64: the scalar per-sample DRO
 quantities are exponentials or powers of loss ratios, where float32 loses the information quickly.
@@ -18,11 +19,11 @@ name                    ψ(t), t ≥ 0                                    (ψ*)'
 ``chi2_half``
 ``kl``                  ``t log t − t + 1``                            ``e^s``
 ``kl_cvar`` (α)         ``t log t − t + 1`` on ``[0, 1/α]``            ``min(e^s, 1/α)``
-``cvar`` (α)            ``0`` on ``[0, 1/α]``  (NOT in the SPEC)       ``1{s>0}/α``
+``cvar`` (α)            ``0`` on ``[0, 1/α]``  (not in Paper A)        ``1{s>0}/α``
 ``cressie_read`` (k)    ``(t^k − kt + k − 1)/(k(k−1))``, 1 < k ≤ 2     ``((k−1)s+1)_+^{1/(k−1)}``
 ======================  =============================================  ===========================
 
-``cvar`` is an addition beyond SPEC §2.2 (the SPEC only has the KL-*regularised* CVaR): it is the
+``cvar`` is an addition beyond Paper A (which only has the KL-*regularised* CVaR): it is the
 classical Rockafellar–Uryasev CVaR, whose conjugate is not smooth (Assumption A2 fails), so the
 SPIDER algorithms' theory does not cover it; it is provided for baselines and tests.
 """
@@ -129,7 +130,7 @@ def _kl_psi(t: torch.Tensor) -> torch.Tensor:
 
 
 class ChiSquare(Divergence):
-    """χ² divergence, both variants of SPEC §2.2.
+    """χ² divergence, both variants (Paper A's χ² row is inconsistent; see the module table).
 
     Args:
         variant: ``1`` (default) — ``ψ(t) = (t−1)²``, matching the ψ* printed in Paper A
@@ -181,7 +182,7 @@ class KL(Divergence):
     """Kullback–Leibler: ``ψ(t) = t log t − t + 1``, ``ψ*(s) = e^s − 1``, ``(ψ*)' = e^s``.
 
     The divergence used in all of Paper A's experiments. ψ* is only smooth on bounded domains
-    (``M = e^{S0}``, SPEC §2.2).
+    (``M = e^{S0}``).
 
     Example:
         >>> float(KL().conj(0.0))
@@ -217,7 +218,7 @@ def _check_alpha(alpha: float, name: str) -> float:
 
 
 class KLRegularizedCVaR(Divergence):
-    """KL-regularised CVaR at level α (corrected Table 1 row, SPEC §2.2 / E-A.4(ii)).
+    """KL-regularised CVaR at level α (Paper A's Table 1 row, corrected).
 
     ``ψ(t) = t log t − t + 1`` on ``0 ≤ t ≤ 1/α`` (+∞ beyond); the conjugate is ``e^s − 1`` up to
     ``s = log(1/α)`` and continues linearly with slope ``1/α`` (the printed ``min(·)`` form always
@@ -265,7 +266,7 @@ class KLRegularizedCVaR(Divergence):
 
 
 class CVaR(Divergence):
-    """Plain CVaR at level α — an addition beyond SPEC §2.2, documented here.
+    """Plain CVaR at level α — an addition beyond Paper A, documented here.
 
     ``ψ(t) = 0`` on ``[0, 1/α]`` (+∞ beyond), so ``D_ψ(p, 1/n)`` is the indicator of
     ``p_i ≤ 1/(αn)`` and the penalised DRO value is the CVaR (mean of the top α-fraction of losses)
@@ -310,7 +311,7 @@ class CVaR(Divergence):
 
 
 class CressieRead(Divergence):
-    """Cressie–Read family with ``1 < k ≤ 2`` (SPEC §2.2; E-A.4(iii): the printed "k ∈ R" is wrong).
+    """Cressie–Read family with ``1 < k ≤ 2`` (Paper A prints "k ∈ R", which is wrong: ψ* needs k > 1).
 
     ``ψ(t) = (t^k − k t + k − 1)/(k(k−1))``, ``ψ*(s) = (1/k)(((k−1)s + 1)_+^{k/(k−1)} − 1)``,
     ``(ψ*)'(s) = ((k−1)s + 1)_+^{1/(k−1)}``. k = 2 is χ² variant 2.

@@ -1,4 +1,4 @@
-"""The dual objective ``L(x, η)`` of ψ-penalised DRO (Paper A eq. 3, SPEC §2.3).
+"""The dual objective ``L(x, η)`` of ψ-penalised DRO (Paper A eq. 3; ``docs/algorithms/dro.md``).
 
 For per-sample losses ``ℓ_i = ℓ(x; ξ_i)`` and the scalar dual variable η,
 
@@ -13,7 +13,7 @@ and ``min_η mean_i L(x, η; ξ_i)`` equals the primal penalised DRO value
 forms and clips ``a_i ∇ℓ_i`` per sample.
 
 Numerical safeguards (deviations from the paper, both per-sample data-independent transformations
-applied *before* clipping, so DP is unaffected — SPEC §8.6–8.7):
+applied *before* clipping, so DP is unaffected):
 
 * ``loss_bound=B``: losses are clamped to ``[0, B]`` before entering ψ*. The weights use the
   clamped loss but are not multiplied by the clamp's zero derivative (a straight-through
@@ -48,8 +48,8 @@ class DualObjective:
 
     Args:
         divergence: a :class:`Divergence` or a registered name (e.g. ``"kl"``, ``"chi2"``).
-        lam: the penalty λ > 0 of the DRO problem (``λ_DS`` in SPEC E-A.5).
-        g_eta: the rescaling ``g_η > 0`` of the dual variable (SPEC E-A.5; default 1 = no rescaling).
+        lam: the penalty λ > 0 of the DRO problem (an explicit hyper-parameter; see the docs).
+        g_eta: the rescaling ``g_η > 0`` of the dual variable (default 1 = no rescaling).
         a_max: cap on the argument of ψ* (see module docstring); ``None`` disables it.
         loss_bound: public upper clamp B on the losses (``None``: no clamping).
 

@@ -1,7 +1,7 @@
-"""Logistic-regression ERM with closed-form per-sample gradients (Paper B, SPEC §3.1).
+"""Logistic-regression ERM with closed-form per-sample gradients (Paper B; ``docs/algorithms/erm.md``).
 
 The objective is ``F^r(w) = (1/n) sum_i log(1 + exp(-y_i w^T x_i)) + (lam/2) ||w||^2`` with labels
-``y_i in {-1, +1}`` (the supplement's ``exp(1 + y w^T x)`` is a misprint, E-B.1). The L2 term is
+``y_i in {-1, +1}`` (the supplement's ``exp(1 + y w^T x)`` is a misprint). The L2 term is
 data-independent, so private algorithms handle it with a proximal step; only the logistic part is
 queried through noisy releases.
 

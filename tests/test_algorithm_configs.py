@@ -1,0 +1,60 @@
+"""Algorithm hyper-parameters: frozen, validated configs that round-trip through the run record."""
+
+import dataclasses
+import json
+
+import pytest
+
+from privopt.algorithms import available_algorithms, get_algorithm
+from privopt.algorithms.config import ROLES
+from privopt.errors import ConfigError
+
+ALGOS = sorted(available_algorithms())
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_the_record_holds_the_whole_config_and_rebuilds_it(name):
+    algo = get_algorithm(name)
+    record = json.loads(json.dumps(algo.hyperparameters()))  # what record.json stores
+    assert set(record) == set(type(algo).Config.field_names())
+    rebuilt = get_algorithm(name, **record)
+    assert rebuilt.config == algo.config
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        algo.config.epochs = 3  # type: ignore[misc]  (frozen: any assignment fails)
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_unknown_and_invalid_parameters_fail_by_name(name):
+    with pytest.raises(ConfigError, match="unknown hyper-parameter.*no_such_knob"):
+        get_algorithm(name, no_such_knob=1)
+    config = available_algorithms()[name].Config
+    first_positive = next(f for f in dataclasses.fields(config) if f.metadata.get("role") in ("lr", "clip", "epochs"))
+    with pytest.raises(ConfigError, match=first_positive.name):
+        get_algorithm(name, **{first_positive.name: -1})
+
+
+def test_roles_tell_experiments_what_fields_mean():
+    from privopt.algorithms.dro_double_spider import DPDoubleSPIDERConfig
+    from privopt.algorithms.dro_recursive_spider import DPRecursiveSPIDERConfig, SCDROConfig
+
+    assert DPDoubleSPIDERConfig.fields_with_role("clip") == ("clip_eta", "clip_x")
+    assert DPDoubleSPIDERConfig.fields_with_role("refresh_batch") == ("N1", "N3")
+    assert DPRecursiveSPIDERConfig.fields_with_role("batch") == ("b2", "b4", "s_batch")
+    assert SCDROConfig.fields_with_role("clip") == ()  # no clipping in the non-private reference
+    for name in ALGOS:
+        for f in dataclasses.fields(available_algorithms()[name].Config):
+            assert f.metadata.get("role") in (None, *ROLES)
+    with pytest.raises(ConfigError, match="unknown role"):
+        DPDoubleSPIDERConfig.fields_with_role("nope")
+
+
+def test_a_config_object_or_keywords_but_not_both():
+    from privopt.algorithms.dpsgd import DPSGD, DPSGDConfig
+
+    cfg = DPSGDConfig(lr=0.5)
+    assert DPSGD(config=cfg).config is cfg
+    with pytest.raises(ConfigError, match="not both"):
+        DPSGD(config=cfg, lr=0.1)
+    with pytest.raises(ConfigError, match="needs a DPSGDConfig"):
+        DPSGD(config=object())
+    assert cfg.replace(lr=0.25).lr == 0.25 and cfg.lr == 0.5
