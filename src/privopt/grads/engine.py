@@ -16,6 +16,10 @@ Conventions shared by all engines:
 * ``weights`` scale each sample's gradient *before* clipping (the DRO chain rule
   ``a_i * grad l_i``): a tensor ``[B]`` or a callable from the per-sample losses ``[B]`` (evaluated
   at the same point, without gradient) to weights ``[B]``.
+* A sample whose norm is not finite contributes nothing (its clip factor is 0 and its values are
+  zeroed before summing), so the clipped sum stays finite.
+
+How the engines compute norms and why clipping holds in floating point: ``docs/engines.md``.
 """
 
 from __future__ import annotations
