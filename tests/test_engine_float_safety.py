@@ -15,7 +15,8 @@ from torch import nn
 from privopt.grads import get_engine
 from privopt.grads.ghost import TUNING, OuterProductGrads
 from privopt.grads.ghost.engine import clip_terms
-from privopt.grads.ghost.terms import Float64GramTerm
+from privopt.grads.ghost.keep import Keep
+from privopt.grads.ghost.terms import Float64DotsTerm, Float64GramTerm, build_term
 
 ENGINES = ["vmap", "ghost"]
 # Float32 sums of clipped terms round relative to the terms (the vmap engine's own slack).
@@ -151,7 +152,7 @@ def test_ghost_matches_vmap_on_near_equal_points_float32(route):
     assert float((a.norms - b.norms).norm() / b.norms.norm()) < 1e-5
 
 
-# ------------------------------------------------------------ the float64 Gram route's bound
+# ------------------------------------------------------------ the float64 routes' bound
 
 
 def _pieces(G, A, scales):
@@ -171,16 +172,17 @@ def _pieces(G, A, scales):
     magnitude=st.sampled_from([1.0, 1e6, 1e18]),
     clip=st.sampled_from([1e-12, 1e-6, 1.0]),
 )
-def test_float64_gram_bound_covers_the_released_term(seed, T, eps, magnitude, clip):
+def test_float64_routes_bound_the_released_term(seed, T, eps, magnitude, clip):
     """Near-cancelling tokens and points: the norm bound is at least the exact norm, and each
     record's term in the computed sum is at most the clip."""
     g = torch.Generator().manual_seed(seed)
-    B, p, q = 4, 3, 5
+    B, p, q = 4, 16, 16
     G = magnitude * torch.randn(B, 1, p, T, generator=g)
     A = magnitude * torch.randn(B, 1, q, T, generator=g)
     G2 = G * (1 + eps * torch.randn(B, 1, p, T, generator=g))
     A2 = A * (1 + eps * torch.randn(B, 1, q, T, generator=g))
-    term = Float64GramTerm(_pieces([G, G2], [A, A2], [None, -torch.ones(B)]))
+    term = build_term("w", _pieces([G, G2], [A, A2], [None, -torch.ones(B)]), Keep(0), B)
+    assert isinstance(term, Float64DotsTerm if T == 1 else Float64GramTerm)
     norms, coef = clip_terms({"w": term}, clip, B)
     exact = (G.double() @ A.double().transpose(2, 3) - G2.double() @ A2.double().transpose(2, 3)).flatten(1)
     assert (norms >= exact.norm(dim=1) * (1 - 1e-15)).all()

@@ -101,8 +101,8 @@ def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
     """
     if not clip > 0:
         raise ConfigError(f"clip threshold must be > 0, got {clip}")
-    # inf norm: C/inf = 0 already; NaN norm (or inf/inf when C = inf): NaN, mapped to 0.
-    return torch.clamp(clip / norms.clamp_min(1e-12), max=1.0).nan_to_num_(nan=0.0)
+    # zero norm: C/0 = inf, capped to 1; inf norm: C/inf = 0; NaN norm (or inf/inf): NaN, mapped to 0.
+    return torch.clamp(clip / norms, max=1.0).nan_to_num_(nan=0.0)
 
 
 def vmap_grads(

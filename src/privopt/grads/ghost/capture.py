@@ -118,6 +118,10 @@ def _route(module: nn.Module, flat: list, output, layout: CallLayout, B: int) ->
     return None
 
 
+def _batch_first(t: torch.Tensor, axis: int) -> torch.Tensor:
+    return t if axis == 0 else t.movedim(axis, 0)
+
+
 class _Call:
     """One call of a parameter-owning layer, as captured by the forward hook."""
 
@@ -144,8 +148,8 @@ class _Call:
     def pieces(self, g: torch.Tensor, local: list[str]) -> dict[str, Piece]:
         if self.route[0] == "rule":
             _, rule, pos, axis, out_axis = self.route
-            x = self.flat[pos].detach().movedim(axis, 0)
-            return rule.pieces(self.module, x, g.movedim(out_axis, 0))
+            x = self.flat[pos].detach()
+            return rule.pieces(self.module, _batch_first(x, axis), _batch_first(g, out_axis))
         _, in_dims, out_axis = self.route
         return layer_vmap_grads(self.module, self.values, self.inputs, local, g, in_dims, out_axis)
 

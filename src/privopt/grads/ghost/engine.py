@@ -24,14 +24,14 @@ def clip_terms(terms: dict[str, Term], clip: float, B: int) -> tuple[torch.Tenso
     The bound is the norm plus every rounding the terms declare (``docs/engines.md``); a sample
     whose bound is not finite gets factor 0 and its terms are zeroed.
     """
-    sq, slack, magnitude = torch.zeros(B, dtype=torch.float64), None, None
-    for part in (t.norms() for t in terms.values()):
-        sq = sq + part.sq
-        if part.slack is not None:
-            slack = part.slack if slack is None else slack + part.slack
-            magnitude = part.magnitude if magnitude is None else magnitude + part.magnitude
-    norms = sq.sqrt_()
-    if slack is not None:
+    parts = [t.norms() for t in terms.values()]
+    if not parts:
+        return torch.zeros(B, dtype=torch.float64), torch.ones(B, dtype=torch.float64)
+    norms = (parts[0].sq if len(parts) == 1 else torch.stack([p.sq for p in parts]).sum(0)).sqrt()
+    bounded = [p for p in parts if p.slack is not None]
+    if bounded:
+        slack = sum(p.slack for p in bounded)
+        magnitude = sum(p.magnitude for p in bounded)
         norms = torch.maximum((norms + slack) * (1.0 + 4 * U64), magnitude / MAGNITUDE_CAP)
     valid = torch.isfinite(norms)
     if not bool(valid.all()):

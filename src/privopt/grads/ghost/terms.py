@@ -138,21 +138,57 @@ class ChunkedTerm(_PiecesTerm):
         return total
 
 
+def _float64_bound(est: torch.Tensor, mag: torch.Tensor, *, n_norm: int, n_sum: int) -> NormPart:
+    """Rigorous bounds for float64 routes (docs/engines.md, "float safety"): the computed magnitude
+    inflated by its own rounding, the norm estimate plus ``gamma * magnitude^2``, and the rounding
+    of the sum per unit of clip factor."""
+    magnitude = mag * (1.0 + 2.0 * gamma(n_norm))
+    sq = est.clamp_min(0) + gamma(n_norm) * magnitude.square()
+    return NormPart(sq, gamma(n_sum) * magnitude, magnitude)
+
+
+class Float64DotsTerm(_PiecesTerm):
+    """One outer product per piece but several pieces per sample (two points reading different
+    inputs, a layer called twice): float64 dot products and sum, with a rounding bound."""
+
+    def __init__(self, pieces: list[OuterProductGrads]):
+        super().__init__(pieces)
+        self.X = [pc.G(slice(None))[..., 0].to(torch.float64) for pc in pieces]  # [B, g, p]
+        self.Y = [pc.A(slice(None))[..., 0].to(torch.float64) for pc in pieces]  # [B, g, q]
+
+    def norms(self):
+        (B, g, p), q, J = self.X[0].shape, self.Y[0].shape[2], len(self.X)
+        est, mag = 0, 0
+        for j in range(J):
+            for k in range(j, J):
+                prod = torch.linalg.vecdot(self.X[j], self.X[k]) * torch.linalg.vecdot(self.Y[j], self.Y[k])
+                est = est + (1 if j == k else 2) * prod.sum(1)
+                if j == k:
+                    mag = mag + prod.clamp_min(0).sqrt().sum(1)
+        return _float64_bound(est, mag, n_norm=p + q + g * J * J + 4, n_sum=B * J + J + 4)
+
+    def clipped_sum(self, coef):
+        out = None
+        for X, Y in zip(self.X, self.Y):
+            lhs, rhs = (X * coef.view(-1, 1, 1)).permute(1, 2, 0), Y.transpose(0, 1)
+            out = lhs @ rhs if out is None else out.baddbmm_(lhs, rhs)
+        return out.to(self.pieces[0].dtype).reshape(-1)
+
+    def zero_samples(self, valid):
+        self.X = [zero_rows(x, valid) for x in self.X]
+        self.Y = [zero_rows(y, valid) for y in self.Y]
+
+
 class Float64GramTerm(_PiecesTerm):
-    """Several outer products per sample: float64 Gram norms and sum, with a rounding bound."""
+    """Several tokens per sample: float64 Gram norms and sum, with a rounding bound, by chunks."""
 
     def __init__(self, pieces: list[OuterProductGrads]):
         super().__init__(pieces)
         pc = pieces[0]
         self.B, (self.g, self.p, self.q) = pc.batch_size, pc.key
         self.J = sum(x.T for x in pieces)
-        self.cached = None
-        if len(pieces) == self.J:  # one token each: small, convert once for the norms and the sum
-            self.cached = self._xy(slice(None))
 
     def _xy(self, sl: slice) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.cached is not None:
-            return self.cached[0][sl], self.cached[1][sl]
         X = torch.cat([pc.G(sl).to(torch.float64) for pc in self.pieces], dim=3)
         Y = torch.cat([pc.A(sl).to(torch.float64) for pc in self.pieces], dim=3)
         return X, Y
@@ -163,7 +199,6 @@ class Float64GramTerm(_PiecesTerm):
         return [slice(s, min(self.B, s + step)) for s in range(0, self.B, step)]
 
     def norms(self):
-        g, p, q, J = self.g, self.p, self.q, self.J
         est, mag = [], []
         for sl in self._slices():
             X, Y = self._xy(sl)
@@ -171,12 +206,8 @@ class Float64GramTerm(_PiecesTerm):
             est.append((gg * aa).sum((1, 2, 3)))
             diag = gg.diagonal(dim1=2, dim2=3) * aa.diagonal(dim1=2, dim2=3)
             mag.append(diag.clamp_min(0).sqrt().sum((1, 2)))
-        # Rigorous upper bounds: the computed magnitude, inflated by its own rounding; the Gram
-        # estimate plus gamma * magnitude^2 (docs/engines.md, "float safety").
-        magnitude = torch.cat(mag) * (1.0 + 2.0 * gamma(p + q + g * J + 4))
-        sq = torch.cat(est).clamp_min(0) + gamma(p + q + g * J * J + 4) * magnitude.square()
-        slack = gamma(self.B * J + self.B + 4) * magnitude
-        return NormPart(sq, slack, magnitude)
+        g, p, q, J = self.g, self.p, self.q, self.J
+        return _float64_bound(torch.cat(est), torch.cat(mag), n_norm=p + q + g * J * J + 4, n_sum=(J + 1) * self.B + 4)
 
     def clipped_sum(self, coef):
         g, p, q = self.g, self.p, self.q
@@ -187,11 +218,6 @@ class Float64GramTerm(_PiecesTerm):
             rhs = Y.permute(1, 0, 3, 2).reshape(g, -1, q)
             out = lhs @ rhs if out is None else out.baddbmm_(lhs, rhs)
         return out.to(self.pieces[0].dtype).reshape(-1)
-
-    def zero_samples(self, valid):
-        super().zero_samples(valid)
-        if self.cached is not None:
-            self.cached = tuple(zero_rows(t, valid) for t in self.cached)
 
 
 class EmbeddingTerm(Term):
@@ -244,6 +270,8 @@ def _pair_term(name: str, pieces: list[OuterProductGrads], keep: Keep, B: int) -
     tokens = sum(pc.T for pc in pieces)
     if len(pieces) == 1 and tokens == 1:
         return SingleOuterTerm(pieces)
+    if tokens == len(pieces):  # one outer product per piece: dot products are cheapest
+        return Float64DotsTerm(pieces)
     numel, gram = B * g * p * q, gram_is_cheaper(tokens, p, q)
     if not gram or numel <= TUNING.small_keep_elems:  # small blocks: materialising is cheap and exact
         block = keep.offer(name, lambda: combine(pieces, slice(None)), numel, sum(pc.captured for pc in pieces))
