@@ -480,3 +480,25 @@ def test_norms_are_float64_like_vmap():
     assert a.norms.dtype == b.norms.dtype == torch.float64
     assert torch.isfinite(a.norms).all() and _rel(a.norms, b.norms) < 1e-5
     assert _rel(a.total, b.total) < 1e-5
+
+
+def test_grouped_one_position_conv_difference_uses_float64_dots(monkeypatch):
+    # A grouped convolution whose output is 1x1 reads different inputs at the two points of a
+    # difference query: one outer product per group and point (the float64 dot-product route).
+    import privopt.grads.ghost.terms as terms_mod
+
+    built = []
+    original = terms_mod.Float64DotsTerm.__init__
+
+    def spy(self, pieces):
+        built.append(pieces[0].key)
+        original(self, pieces)
+
+    monkeypatch.setattr(terms_mod.Float64DotsTerm, "__init__", spy)
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(2, 4, 3, padding=1), nn.Tanh(), nn.Conv2d(4, 6, 3, groups=2), nn.Flatten(), nn.Linear(6, 3)
+    ).double()
+    x, y = torch.randn(5, 2, 3, 3, dtype=torch.float64), torch.randint(0, 3, (5,))
+    _check_same({"params_prev": _other_point(model)}, model, x, y, tol=1e-10)
+    assert (2, 3, 18) in built  # groups=2: 3 outputs and 2*3*3 inputs per group

@@ -121,6 +121,9 @@ def test_layouts_match_vmap_without_falling_back(model_cls, B):
     prev = {n: p.detach() + 0.1 for n, p in model.named_parameters()}
     _same(model, x, y)
     _same(model, x, y, params_prev=prev, weights=torch.linspace(0.5, 2, B, dtype=torch.float64))
+    _, ga = _no_fallback(lambda: GHOST.per_sample_grads(model, ce, x, y))
+    _, gb = VMAP.per_sample_grads(model, ce, x, y)
+    assert float((ga - gb).norm() / gb.norm()) < 1e-10
 
 
 def test_sequence_first_linear_goes_through_its_rule(monkeypatch):

@@ -61,8 +61,10 @@ class ClippedSum:
     Attributes:
         total: ``sum_i min(1, C/||h_i||) * h_i``, flat, shape ``[d]``. Its add/remove-one
             sensitivity is ``clip`` (a record moves at most one clipped term).
-        norms: pre-clipping per-sample norms ``||h_i||``, shape ``[B]`` (diagnostics only:
-            data-dependent, never to be released).
+        norms: pre-clipping per-sample norms ``||h_i||``, shape ``[B]``, as clipped against (an
+            upper bound that includes the engine's rounding where it computes a norm implicitly;
+            not finite for samples whose term was dropped). Diagnostics only: data-dependent,
+            never to be released.
         losses: per-sample losses at ``params``, shape ``[B]``.
         losses_prev: per-sample losses at ``params_prev`` for difference queries, else ``None``.
         clip: the threshold used.

@@ -10,9 +10,10 @@ takes one of four forms, chosen from the structure alone (never from the data):
   same input, whose output-gradients are merged first): ``||g||^2 ||a||^2`` has no cancellation
   and the book-keeping sum rounds relative to the term itself;
 * materialised in chunks when that is cheaper than the Gram route but the block is not kept;
-* several outer products per sample (tokens, or two points with different inputs): Gram norms and
-  the book-keeping sum in float64, with a rigorous rounding bound added to the norm and a cap on
-  how much any record's rounding can reach (:data:`MAGNITUDE_CAP`).
+* several outer products per sample (two points with different inputs, or tokens whose
+  per-sample block is large): dot products or Gram norms and the book-keeping sum in float64,
+  with a rigorous rounding bound added to the norm and a cap on how much any record's rounding
+  can reach (:data:`MAGNITUDE_CAP`).
 
 The argument is written out in ``docs/engines.md``.
 """
@@ -32,8 +33,9 @@ __all__ = ["MAGNITUDE_CAP", "U64", "NormPart", "Term", "build_term", "gamma", "r
 
 U64 = 2.0**-53
 # A record whose outer products are more than this many times larger than its term is clipped as
-# if its norm were (sum of their norms) / MAGNITUDE_CAP: its float64 rounding then stays below
-# ~1e-9 of the clip, so it cannot move other records' terms measurably.
+# if its norm were (sum of their norms) / MAGNITUDE_CAP: the float64 rounding it causes in the sum
+# stays below gamma_m * 2^20 * C (5e-8 C for 128 records of 2 products), far below the float32
+# rounding every engine's sum already has, so it cannot move other records' terms measurably.
 MAGNITUDE_CAP = 2.0**20
 
 
@@ -80,6 +82,8 @@ class Term(abc.ABC):
 
 
 class MaterialisedTerm(Term):
+    """Per-sample block ``[B, numel]``: norms from the rows, sum ``coef @ block``."""
+
     def __init__(self, block: torch.Tensor):
         self.block = block
 
@@ -94,6 +98,8 @@ class MaterialisedTerm(Term):
 
 
 class _PiecesTerm(Term):
+    """A term computed from its pieces' captures."""
+
     def __init__(self, pieces: list[Piece]):
         self.pieces = pieces
 
@@ -153,25 +159,34 @@ class Float64DotsTerm(_PiecesTerm):
 
     def __init__(self, pieces: list[OuterProductGrads]):
         super().__init__(pieces)
-        self.X = [pc.G(slice(None))[..., 0].to(torch.float64) for pc in pieces]  # [B, g, p]
-        self.Y = [pc.A(slice(None))[..., 0].to(torch.float64) for pc in pieces]  # [B, g, q]
+        self.g = pieces[0].key[0]
+        # [B, g, p] and [B, g, q]; a plain Linear (g = 1) keeps [B, p] and [B, q] for mm.
+        squeeze = (lambda t: t[:, 0, :, 0]) if self.g == 1 else (lambda t: t[..., 0])
+        self.X = [squeeze(pc.G(slice(None))).to(torch.float64) for pc in pieces]
+        self.Y = [squeeze(pc.A(slice(None))).to(torch.float64) for pc in pieces]
 
     def norms(self):
-        (B, g, p), q, J = self.X[0].shape, self.Y[0].shape[2], len(self.X)
+        B, p, q, J = self.X[0].shape[0], self.X[0].shape[-1], self.Y[0].shape[-1], len(self.X)
+        per_sample = (lambda t: t) if self.g == 1 else (lambda t: t.sum(1))  # sum over groups
         est, mag = 0, 0
         for j in range(J):
             for k in range(j, J):
                 prod = torch.linalg.vecdot(self.X[j], self.X[k]) * torch.linalg.vecdot(self.Y[j], self.Y[k])
-                est = est + (1 if j == k else 2) * prod.sum(1)
                 if j == k:
-                    mag = mag + prod.clamp_min(0).sqrt().sum(1)
-        return _float64_bound(est, mag, n_norm=p + q + g * J * J + 4, n_sum=B * J + J + 4)
+                    est, mag = est + per_sample(prod), mag + per_sample(prod.clamp_min(0).sqrt())
+                else:
+                    est = est + 2 * per_sample(prod)
+        return _float64_bound(est, mag, n_norm=p + q + self.g * J * J + 4, n_sum=B * J + J + 4)
 
     def clipped_sum(self, coef):
         out = None
         for X, Y in zip(self.X, self.Y):
-            lhs, rhs = (X * coef.view(-1, 1, 1)).permute(1, 2, 0), Y.transpose(0, 1)
-            out = lhs @ rhs if out is None else out.baddbmm_(lhs, rhs)
+            if self.g == 1:
+                lhs, rhs = (X * coef.unsqueeze(1)).t(), Y
+                out = lhs @ rhs if out is None else out.addmm_(lhs, rhs)
+            else:
+                lhs, rhs = (X * coef.view(-1, 1, 1)).permute(1, 2, 0), Y.transpose(0, 1)
+                out = lhs @ rhs if out is None else out.baddbmm_(lhs, rhs)
         return out.to(self.pieces[0].dtype).reshape(-1)
 
     def zero_samples(self, valid):
