@@ -206,24 +206,22 @@ class _Collector:
                     self._condense(n)
 
 
-def _has_target_below(root, targets: set) -> dict:
-    """For every autograd node reachable from ``root``: whether a node of ``targets`` lies strictly
-    below it (iterative post-order walk; graphs can be deeper than Python's recursion limit)."""
-    below: dict = {}
-    stack = [root]
+def _target_below(start, targets: set, clear: set) -> bool:
+    """Whether a node of ``targets`` lies strictly below autograd node ``start`` (iterative walk:
+    graphs can be deeper than Python's recursion limit). ``clear`` collects nodes known to have
+    no target at or below them, shared between calls."""
+    stack = [k for k, _ in start.next_functions if k is not None]
+    visited = set()
     while stack:
-        fn = stack[-1]
-        if fn is None or fn in below:
-            stack.pop()
+        node = stack.pop()
+        if node in targets:
+            return True
+        if node in clear or node in visited:
             continue
-        kids = [k for k, _ in fn.next_functions if k is not None]
-        todo = [k for k in kids if k not in below]
-        if todo:
-            stack.extend(todo)
-            continue
-        stack.pop()
-        below[fn] = any(k in targets or below[k] for k in kids)
-    return below
+        visited.add(node)
+        stack.extend(k for k, _ in node.next_functions if k is not None)
+    clear.update(visited)  # fully explored without meeting a target
+    return False
 
 
 def attach(total: torch.Tensor, calls: list[_Call], process, errors: list, prehooks: list) -> list[_Call]:
@@ -237,11 +235,10 @@ def attach(total: torch.Tensor, calls: list[_Call], process, errors: list, preho
     output-gradient released after the node has run."""
     if not TUNING.in_backward:  # every output-gradient requested, processed after the backward
         return list(calls)
-    targets = {c.edge.node for c in calls if c.route[0] == "rule"}
-    below = _has_target_below(total.grad_fn, targets)
+    targets, clear = {c.edge.node for c in calls if c.route[0] == "rule"}, set()
     direct = []
     for c in calls:
-        if c.route[0] != "rule" or not below.get(c.edge.node, False):
+        if c.route[0] != "rule" or not _target_below(c.edge.node, targets, clear):
             direct.append(c)
             continue
 
