@@ -156,7 +156,8 @@ def test_recursive_spider_x_step_is_capped_and_lambda_gradient_projected():
 def test_recursive_spider_exp_cap_keeps_queries_finite(exp_cap):
     """Regression (mnist-st failures): small λ and a shift far below the losses gave weights
     h/λ ≈ 1e34+ that overflow float32 per-sample gradients (inf norms → nan sums, then s = nan).
-    The default exponent cap keeps every pre-noise statistic finite."""
+    The default exponent cap keeps those samples finite; without it the engines now drop the
+    samples whose norms are not finite. Either way every pre-noise statistic stays finite."""
     model = fresh_model()
     with torch.no_grad():
         model.weight.mul_(50.0)  # confident, often wrong predictions: losses up to the bound
@@ -172,10 +173,8 @@ def test_recursive_spider_exp_cap_keeps_queries_finite(exp_cap):
         algo.s_storm_sum(idx, x=None, lam=0.05, x_prev=x_prev, lam_prev=0.1, beta=0.5, clip=1.0),
     ]
     stats = [s.value for s in stats]
-    finite = all(bool(torch.isfinite(s).all()) for s in stats)
-    assert finite == (exp_cap is not None)
-    if exp_cap is not None:  # per-record clipping still bounds each sum by n·C
-        assert all(float(s.norm()) <= N * 1.5 + 1e-6 for s in stats)
+    assert all(bool(torch.isfinite(s).all()) for s in stats)
+    assert all(float(s.norm()) <= N * 1.5 + 1e-6 for s in stats)  # per-record clipping: at most n·C
 
 
 @pytest.mark.parametrize("engine", ["vmap", "ghost"])

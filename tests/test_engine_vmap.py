@@ -133,3 +133,28 @@ def test_set_flat_grad_roundtrip():
     flat = torch.randn(sum(p.numel() for p in model.parameters()))
     set_flat_grad(model, flat)
     torch.testing.assert_close(torch.cat([p.grad.reshape(-1) for p in model.parameters()]), flat)
+
+
+class _CountsMeans(nn.Module):
+    """Updates a buffer from the batch in its forward pass (a hand-written running statistic)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 4)
+        self.register_buffer("avg", torch.zeros(4))
+
+    def forward(self, x):
+        h = self.lin(x)
+        if self.training:
+            self.avg.mul_(0.9).add_(0.1 * h.detach().mean(0))
+        return h
+
+
+@pytest.mark.parametrize("engine", ["vmap", "ghost"])
+def test_engines_refuse_buffers_updated_in_the_forward_pass(engine):
+    model = nn.Sequential(_CountsMeans(), nn.Linear(4, 2))
+    x, y = torch.randn(5, 3), torch.randint(0, 2, (5,))
+    with pytest.raises(ModelError, match="running"):
+        get_engine(engine).clipped_sum(model, ce, x, y, clip=1.0)
+    model.eval()  # the same module in eval mode leaves its buffer alone: accepted
+    get_engine(engine).clipped_sum(model, ce, x, y, clip=1.0)

@@ -9,9 +9,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-import privopt.grads.ghost as ghost_mod
+import privopt.grads.ghost.capture as capture_mod
+import privopt.grads.ghost.rules as rules_mod
 from privopt.errors import ConfigError, ModelError
 from privopt.grads import GhostEngine, get_engine
+from privopt.grads.ghost import TUNING
 
 GHOST, VMAP = get_engine("ghost"), get_engine("vmap")
 
@@ -203,8 +205,8 @@ def test_frozen_parameters_are_excluded():
 def test_chunked_norms_agree(monkeypatch):
     model, x, y = _case("conv")
     full = GHOST.clipped_sum(model, ce, x, y, clip=0.2, params_prev=_other_point(model))
-    monkeypatch.setattr(ghost_mod, "_CHUNK_ELEMS", 64)  # forces one sample per chunk
-    monkeypatch.setattr(ghost_mod, "_KEEP_ELEMS", 0)
+    monkeypatch.setattr(TUNING, "chunk_elems", 64)  # forces one sample per chunk
+    monkeypatch.setattr(TUNING, "keep_elems", 0)
     chunked = GHOST.clipped_sum(model, ce, x, y, clip=0.2, params_prev=_other_point(model))
     assert _rel(chunked.norms, full.norms) < 1e-12 and _rel(chunked.total, full.total) < 1e-12
 
@@ -363,7 +365,7 @@ def test_sequence_linear_both_norm_routes(fin, fout, seq):
 def test_book_keeping_sum_without_kept_blocks(monkeypatch, name):
     # With no budget for kept per-sample blocks every clipped sum is rebuilt from the captures
     # (one matmul / weight-gradient kernel per layer) — the path large models take.
-    monkeypatch.setattr(ghost_mod, "_KEEP_ELEMS", 0)
+    monkeypatch.setattr(TUNING, "keep_elems", 0)
     model, x, y = _case(name)
     w = torch.linspace(0.2, 2.0, x.shape[0], dtype=torch.float64)
     _check_same({}, model, x, y, tol=1e-10)
@@ -404,7 +406,7 @@ def test_rmsnorm_even_kernel_same_padding_and_no_grad_context():
 def test_after_backward_path_matches_vmap(monkeypatch, name):
     # The older path (every output-gradient requested, layers processed after the backward pass)
     # must stay exact; it is the reference the in-backward path is compared with below.
-    monkeypatch.setattr(ghost_mod, "_IN_BACKWARD", False)
+    monkeypatch.setattr(TUNING, "in_backward", False)
     model, x, y = _case(name)
     _check_same({}, model, x, y, tol=1e-10)
     _check_same({"params_prev": _other_point(model)}, model, x, y, tol=1e-10)
@@ -415,14 +417,14 @@ def test_only_lowest_layers_are_requested(monkeypatch, name, expected):
     # Every handled layer above another one is processed in a pre-hook inside the backward pass;
     # only the lowest ones (and vmap-fallback layers) have their output-gradients requested.
     seen = []
-    original = ghost_mod._Capture._attach
+    original = capture_mod.attach
 
     def spy(total, calls, *rest):
         direct = original(total, calls, *rest)
         seen.append((len(calls), len(direct)))
         return direct
 
-    monkeypatch.setattr(ghost_mod._Capture, "_attach", staticmethod(spy))
+    monkeypatch.setattr(capture_mod, "attach", spy)
     model, x, y = _case(name)
     _check_same({}, model, x, y, tol=1e-10)
     n_calls, n_direct = seen[0]
@@ -453,12 +455,12 @@ def test_in_backward_releases_activations():
 def test_error_inside_backward_hook_falls_back(monkeypatch):
     # A layer that turns out not to be attributable while the backward pass runs (its handler
     # fails inside the pre-hook) must still end in the exact vmap answer, with the warning.
-    def picky(m, x, gout, B):
+    def picky(m, x, gout):
         if m.out_features == 3:  # the top layer: processed inside the backward pass
-            raise ghost_mod._Unsupported("picky layer")
-        return ghost_mod._linear(m, x, gout, B)
+            raise rules_mod.Unsupported("picky layer")
+        return rules_mod._linear(m, x, gout)
 
-    monkeypatch.setattr(ghost_mod, "_HANDLERS", [(nn.Linear, lambda m: True, picky)] + ghost_mod._HANDLERS[1:])
+    monkeypatch.setitem(rules_mod._RULES, nn.Linear, rules_mod.LayerRule(nn.Linear, picky, lambda m: True, lambda m: 1))
     model, x, y = _case("mlp")
     with pytest.warns(RuntimeWarning, match="picky layer"):
         a = GHOST.clipped_sum(model, ce, x, y, clip=0.2)
@@ -478,3 +480,25 @@ def test_norms_are_float64_like_vmap():
     assert a.norms.dtype == b.norms.dtype == torch.float64
     assert torch.isfinite(a.norms).all() and _rel(a.norms, b.norms) < 1e-5
     assert _rel(a.total, b.total) < 1e-5
+
+
+def test_grouped_one_position_conv_difference_uses_float64_dots(monkeypatch):
+    # A grouped convolution whose output is 1x1 reads different inputs at the two points of a
+    # difference query: one outer product per group and point (the float64 dot-product route).
+    import privopt.grads.ghost.terms as terms_mod
+
+    built = []
+    original = terms_mod.Float64DotsTerm.__init__
+
+    def spy(self, pieces):
+        built.append(pieces[0].key)
+        original(self, pieces)
+
+    monkeypatch.setattr(terms_mod.Float64DotsTerm, "__init__", spy)
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(2, 4, 3, padding=1), nn.Tanh(), nn.Conv2d(4, 6, 3, groups=2), nn.Flatten(), nn.Linear(6, 3)
+    ).double()
+    x, y = torch.randn(5, 2, 3, 3, dtype=torch.float64), torch.randint(0, 3, (5,))
+    _check_same({"params_prev": _other_point(model)}, model, x, y, tol=1e-10)
+    assert (2, 3, 18) in built  # groups=2: 3 outputs and 2*3*3 inputs per group

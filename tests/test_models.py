@@ -8,6 +8,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from privopt.errors import ConfigError, ModelError
+from privopt.grads import validate_model
 from privopt.models import available_models, build_model, count_parameters
 
 SHAPES = [(1, 28, 28), (3, 32, 32), (1, 8, 8)]
@@ -36,7 +37,7 @@ def test_tabular_models():
 
 
 def test_parameter_counts():
-    # SPEC §4.8: 784*128 + 128 + 128*10 + 10 and 3072*128 + 128 + 1280 + 10.
+    # MNIST and CIFAR MLPs: 784*128 + 128 + 128*10 + 10 and 3072*128 + 128 + 1280 + 10.
     assert count_parameters(build_model("mlp", input_shape=(1, 28, 28), num_classes=10)) == 101_770
     assert count_parameters(build_model("mlp", input_shape=(3, 32, 32), num_classes=10)) == 394_634
     assert count_parameters(build_model("logreg", input_shape=(54,), num_classes=1)) == 55
@@ -107,3 +108,87 @@ def test_per_sample_gradients_do_not_mix_samples(name, shape):
     alone = grad(loss)(params, x[2], y[2])
     for k in params:
         torch.testing.assert_close(batched[k][2], alone[k], atol=1e-5, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- the model validator, per case
+
+
+class _RunningMean(nn.Module):
+    """A custom layer keeping a running mean of its inputs (a data-dependent buffer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("running_mean", torch.zeros(4))
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+class _TracksStats(nn.Module):
+    track_running_stats = True
+
+    def forward(self, x):
+        return x
+
+
+MIXING = {
+    "BatchNorm1d": lambda: nn.BatchNorm1d(4),
+    "BatchNorm2d": lambda: nn.BatchNorm2d(4),
+    "BatchNorm3d": lambda: nn.BatchNorm3d(4),
+    "BatchNorm1d-no-stats": lambda: nn.BatchNorm1d(4, track_running_stats=False),  # batch statistics still mix
+    "LazyBatchNorm1d": lambda: nn.LazyBatchNorm1d(),
+    "LazyBatchNorm2d": lambda: nn.LazyBatchNorm2d(),
+    "SyncBatchNorm": lambda: nn.SyncBatchNorm(4),
+}
+RUNNING_STATS = {
+    "InstanceNorm1d": lambda: nn.InstanceNorm1d(4, track_running_stats=True),
+    "InstanceNorm2d": lambda: nn.InstanceNorm2d(4, affine=True, track_running_stats=True),
+    "InstanceNorm3d": lambda: nn.InstanceNorm3d(4, track_running_stats=True),
+    "LazyInstanceNorm2d": lambda: nn.LazyInstanceNorm2d(track_running_stats=True),
+    "_RunningMean": _RunningMean,
+    "_TracksStats": _TracksStats,
+}
+
+
+@pytest.mark.parametrize("case", list(MIXING))
+def test_validator_rejects_sample_mixing_layers(case):
+    layer = MIXING[case]()
+    with pytest.raises(ModelError) as err:
+        validate_model(nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Identity(), layer)))
+    msg = str(err.value)
+    assert f"layer '1.1' ({type(layer).__name__}) mixes samples across the batch" in msg
+    assert "nn.GroupNorm" in msg
+
+
+@pytest.mark.parametrize("case", list(RUNNING_STATS))
+def test_validator_rejects_running_statistics(case):
+    layer = RUNNING_STATS[case]()
+    with pytest.raises(ModelError) as err:
+        validate_model(nn.Sequential(nn.Linear(4, 4), layer))
+    msg = str(err.value)
+    assert f"layer '1' ({type(layer).__name__}) keeps running statistics of the batch" in msg
+    assert "without noise" in msg and "track_running_stats=False" in msg
+    if case in ("InstanceNorm1d", "_RunningMean"):
+        assert "'running_mean'" in msg
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [
+        nn.InstanceNorm1d(4),  # per-sample statistics only: fine
+        nn.InstanceNorm2d(4, affine=True),
+        nn.GroupNorm(2, 4),
+        nn.LayerNorm(4),
+        nn.LocalResponseNorm(2),
+    ],
+)
+def test_validator_accepts_per_sample_normalisation(layer):
+    validate_model(nn.Sequential(nn.Conv1d(2, 4, 3), layer, nn.Flatten(), nn.LazyLinear(2)))
+
+
+def test_validator_names_the_model_itself_and_empty_models():
+    with pytest.raises(ModelError, match=r"^the model \(BatchNorm1d\) mixes samples"):
+        validate_model(nn.BatchNorm1d(3))
+    with pytest.raises(ModelError, match="no trainable parameters"):
+        validate_model(nn.Sequential(nn.ReLU()))

@@ -16,6 +16,10 @@ Conventions shared by all engines:
 * ``weights`` scale each sample's gradient *before* clipping (the DRO chain rule
   ``a_i * grad l_i``): a tensor ``[B]`` or a callable from the per-sample losses ``[B]`` (evaluated
   at the same point, without gradient) to weights ``[B]``.
+* A sample whose norm is not finite contributes nothing (its clip factor is 0 and its values are
+  zeroed before summing), so the clipped sum stays finite.
+
+How the engines compute norms and why clipping holds in floating point: ``docs/engines.md``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from privopt.errors import ConfigError
+from privopt.errors import ConfigError, ModelError
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Weights = Union[None, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
@@ -46,6 +50,7 @@ __all__ = [
     "current_params",
     "clip_factors",
     "resolve_weights",
+    "vmap_grads",
 ]
 
 
@@ -56,8 +61,10 @@ class ClippedSum:
     Attributes:
         total: ``sum_i min(1, C/||h_i||) * h_i``, flat, shape ``[d]``. Its add/remove-one
             sensitivity is ``clip`` (a record moves at most one clipped term).
-        norms: pre-clipping per-sample norms ``||h_i||``, shape ``[B]`` (diagnostics only:
-            data-dependent, never to be released).
+        norms: pre-clipping per-sample norms ``||h_i||``, shape ``[B]``, as clipped against (an
+            upper bound that includes the engine's rounding where it computes a norm implicitly;
+            not finite for samples whose term was dropped). Diagnostics only: data-dependent,
+            never to be released.
         losses: per-sample losses at ``params``, shape ``[B]``.
         losses_prev: per-sample losses at ``params_prev`` for difference queries, else ``None``.
         clip: the threshold used.
@@ -85,10 +92,58 @@ def current_params(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
-    """Per-sample factors ``min(1, C/||h||)``; zero vectors keep factor 1."""
+    """Per-sample factors ``min(1, C/||h||)``; zero vectors keep factor 1.
+
+    A non-finite norm (an overflowing or NaN gradient) gets factor 0: that sample's term is
+    dropped, and engines also zero its values so that ``0 * inf`` cannot make the sum non-finite.
+
+    Example:
+        >>> clip_factors(torch.tensor([0.5, 4.0, float("inf"), float("nan")]), 2.0)
+        tensor([1.0000, 0.5000, 0.0000, 0.0000])
+    """
     if not clip > 0:
         raise ConfigError(f"clip threshold must be > 0, got {clip}")
-    return torch.clamp(clip / norms.clamp_min(1e-12), max=1.0)
+    # zero norm: C/0 = inf, capped to 1; inf norm: C/inf = 0; NaN norm (or inf/inf): NaN, mapped to 0.
+    return torch.clamp(clip / norms, max=1.0).nan_to_num_(nan=0.0)
+
+
+def vmap_grads(
+    model: nn.Module,
+    loss_fn: LossFn,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    params: Params | None = None,
+    *,
+    wrt: list[str] | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-sample losses ``[B]`` and gradients ``{name: [B, *shape]}`` of the parameters ``wrt``
+    (default: all of ``params``) by ``vmap(grad(.))`` over the batch; the others stay fixed."""
+    params = dict(params) if params is not None else current_params(model)
+    wrt = list(params) if wrt is None else list(wrt)
+    fixed = {n: p for n, p in params.items() if n not in set(wrt)}
+    buffers = dict(model.named_buffers())
+
+    def one(p, x, y):
+        def f(pp):
+            out = functional_call(model, ({**fixed, **pp}, buffers), (x.unsqueeze(0),))
+            v = loss_fn(out, y.unsqueeze(0)).squeeze(0)
+            return v, v
+
+        return grad(f, has_aux=True)(p)
+
+    try:
+        grads, losses = vmap(one, in_dims=(None, 0, 0), randomness="different")(
+            {n: params[n] for n in wrt}, inputs, targets
+        )
+    except RuntimeError as e:
+        if "mutate a captured Tensor" not in str(e):
+            raise
+        raise ModelError(
+            "the model modifies one of its tensors in place during the forward pass (e.g. a running-statistics "
+            "buffer): it would learn from the private batch without noise and is incompatible with per-sample "
+            "DP gradients; use layers without running statistics (nn.GroupNorm, nn.LayerNorm)"
+        ) from e
+    return losses.detach(), {n: g.detach() for n, g in grads.items()}
 
 
 def resolve_weights(weights: Weights, losses: torch.Tensor) -> torch.Tensor | None:
@@ -158,25 +213,8 @@ class VmapEngine(GradEngine):
     name = "vmap"
 
     def per_sample_grads(self, model, loss_fn, inputs, targets, *, params=None):
-        params = dict(params) if params is not None else current_params(model)
-        names = list(params)
-        buffers = dict(model.named_buffers())
-
-        def one_loss(p, x, y):
-            out = functional_call(model, ({**p}, buffers), (x.unsqueeze(0),))
-            return loss_fn(out, y.unsqueeze(0)).squeeze(0)
-
-        def one_with_loss(p, x, y):
-            def f(pp):
-                v = one_loss(pp, x, y)
-                return v, v
-
-            g, v = grad(f, has_aux=True)(p)
-            return g, v
-
-        grads, losses = vmap(one_with_loss, in_dims=(None, 0, 0), randomness="different")(params, inputs, targets)
-        flat = torch.cat([grads[n].reshape(inputs.shape[0], -1) for n in names], dim=1)
-        return losses.detach(), flat.detach()
+        losses, grads = vmap_grads(model, loss_fn, inputs, targets, params)
+        return losses, torch.cat([g.reshape(inputs.shape[0], -1) for g in grads.values()], dim=1)
 
     def clipped_sum(
         self, model, loss_fn, inputs, targets, *, clip, params=None, weights=None, params_prev=None, weights_prev=None
@@ -194,6 +232,9 @@ class VmapEngine(GradEngine):
             g = g - g_prev
         # float64 norms: DRO weights can reach e^30+, whose squared norms overflow float32.
         norms = torch.linalg.vector_norm(g, dim=1, dtype=torch.float64)
+        valid = torch.isfinite(norms)
+        if not bool(valid.all()):  # 0 * inf would still be NaN: drop those rows outright
+            g = g.masked_fill(~valid.unsqueeze(1), 0)
         total = (g * clip_factors(norms, clip).to(g.dtype).unsqueeze(1)).sum(dim=0)
         return ClippedSum(total=total, norms=norms, losses=losses, losses_prev=losses_prev, clip=float(clip))
 

@@ -1,0 +1,145 @@
+"""The ghost-norm + book-keeping engine: per-sample clipping without ``[B, d]`` per-sample gradients."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from privopt.errors import ConfigError
+from privopt.grads.engine import ClippedSum, GradEngine, VmapEngine, clip_factors, register_engine
+from privopt.grads.ghost.capture import Capture, Structure, structure
+from privopt.grads.ghost.keep import Keep
+from privopt.grads.ghost.pieces import sum_dense
+from privopt.grads.ghost.rules import Unsupported
+from privopt.grads.ghost.terms import MAGNITUDE_CAP, U64, Term, build_term
+from privopt.grads.ghost.tuning import TUNING
+
+__all__ = ["GhostEngine", "clip_terms"]
+
+
+def clip_terms(terms: dict[str, Term], clip: float, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample norm bounds ``[B]`` and clip factors (float64) from all parameters' terms.
+
+    The bound is the norm plus every rounding the terms declare (``docs/engines.md``); a sample
+    whose bound is not finite gets factor 0 and its terms are zeroed.
+    """
+    parts = [t.norms() for t in terms.values()]
+    if not parts:
+        return torch.zeros(B, dtype=torch.float64), torch.ones(B, dtype=torch.float64)
+    norms = (parts[0].sq if len(parts) == 1 else torch.stack([p.sq for p in parts]).sum(0)).sqrt()
+    bounded = [p for p in parts if p.slack is not None]
+    if bounded:
+        slack = sum(p.slack for p in bounded)
+        magnitude = sum(p.magnitude for p in bounded)
+        norms = torch.maximum((norms + slack) * (1.0 + 4 * U64), magnitude / MAGNITUDE_CAP)
+    valid = torch.isfinite(norms)
+    if not bool(valid.all()):
+        for t in terms.values():
+            t.zero_samples(valid)
+    return norms, clip_factors(norms, clip)
+
+
+@register_engine
+class GhostEngine(GradEngine):
+    """Ghost-norm + book-keeping engine: same results as ``vmap`` without per-sample gradients.
+
+    Cost of a clipped-sum query is about one forward and one backward pass (output-gradients
+    only) plus one matmul per layer; a difference query is twice that (layers reading the same
+    input at both points share the matmul). Layers are processed inside the backward pass, so
+    peak memory stays close to a non-private step. Falls back to :class:`VmapEngine` (with a
+    warning) for models whose captures cannot be attributed to samples. How norms are computed,
+    why they are safe in floating point, and how the batch dimension is found:
+    ``docs/engines.md``.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from privopt.grads import get_engine
+        >>> model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+        >>> loss = lambda out, y: nn.functional.cross_entropy(out, y, reduction="none")
+        >>> x, y = torch.randn(6, 3), torch.tensor([0, 1, 0, 1, 1, 0])
+        >>> ghost = get_engine("ghost").clipped_sum(model, loss, x, y, clip=0.5)
+        >>> ref = get_engine("vmap").clipped_sum(model, loss, x, y, clip=0.5)
+        >>> bool(torch.allclose(ghost.total, ref.total, atol=1e-6))
+        True
+    """
+
+    name = "ghost"
+
+    @staticmethod
+    def _params(st: Structure, params):
+        if params is None:
+            return None
+        unknown = [n for n in params if n not in st.own]
+        if unknown:
+            raise ConfigError(f"params has names that are not parameters of the model: {unknown[:5]}")
+        full = {}
+        for n, p in st.own.items():
+            t = params.get(n, p).detach()
+            full[n] = t.requires_grad_(True) if p.requires_grad else t
+        return full
+
+    def _collect(self, model, loss_fn, inputs, targets, points, keep=None):
+        """Capture every point ``(params, weights, sign)``; pieces of all points by parameter."""
+        st = structure(model)
+        losses, pieces = [], {}
+        for params, weights, sign in points:
+            with torch.enable_grad():  # the capture needs a graph even if the caller is in no_grad
+                capture = Capture(model, st, self._params(st, params))
+                got_losses, got = capture.run(
+                    loss_fn, inputs, targets, weights=weights, sign=sign, keep=keep, n_points=len(points)
+                )
+            losses.append(got_losses)
+            for n, lst in got.items():
+                pieces.setdefault(n, []).extend(lst)
+        return st, losses, pieces
+
+    def per_sample_grads(self, model, loss_fn, inputs, targets, *, params=None):
+        try:
+            st, (losses,), pieces = self._collect(model, loss_fn, inputs, targets, [(params, None, +1)])
+        except Unsupported as e:
+            _warn(e)
+            return VmapEngine().per_sample_grads(model, loss_fn, inputs, targets, params=params)
+        B = inputs.shape[0]
+        cols = [sum_dense(pieces[n]) if pieces.get(n) else losses.new_zeros(B, st.numels[n]) for n in st.names]
+        return losses, torch.cat(cols, dim=1).detach()
+
+    def clipped_sum(
+        self, model, loss_fn, inputs, targets, *, clip, params=None, weights=None, params_prev=None, weights_prev=None
+    ):
+        if not clip > 0:
+            raise ConfigError(f"clip threshold must be > 0, got {clip}")
+        points = [(params, weights, +1)]
+        if params_prev is not None:
+            points.append((params_prev, weights_prev, -1))
+        keep = Keep(TUNING.keep_elems)
+        try:
+            st, losses, pieces = self._collect(model, loss_fn, inputs, targets, points, keep)
+        except Unsupported as e:
+            _warn(e)
+            return VmapEngine().clipped_sum(
+                model,
+                loss_fn,
+                inputs,
+                targets,
+                clip=clip,
+                params=params,
+                weights=weights,
+                params_prev=params_prev,
+                weights_prev=weights_prev,
+            )
+        B = inputs.shape[0]
+        with torch.no_grad():
+            terms = {
+                n: build_term(n, pieces.get(n, []), keep, B) for n in st.names if pieces.get(n) or n in keep.blocks
+            }
+            norms, coef = clip_terms(terms, clip, B)
+            zeros = losses[0].new_zeros
+            total = torch.cat([terms[n].clipped_sum(coef) if n in terms else zeros(st.numels[n]) for n in st.names])
+        losses_prev = losses[1] if len(losses) > 1 else None
+        return ClippedSum(total=total, norms=norms, losses=losses[0], losses_prev=losses_prev, clip=float(clip))
+
+
+def _warn(e: Exception) -> None:
+    warnings.warn(f"ghost engine: {e}; answering with the vmap engine instead", RuntimeWarning, stacklevel=3)

@@ -1,0 +1,69 @@
+"""Per-sample blocks kept from the capture for the clipped sum, within a memory budget.
+
+Where the norm pass would materialise a parameter's per-sample gradients anyway, materialising them
+as soon as that parameter's pieces of one point are in (inside the backward pass) lets the engine
+drop the layer's input and output-gradient right away, and turns the clipped sum into one cheap
+``coef @ block``. A kept block is also the float-safest form of a per-record term: its norm is
+computed from the very vector that is summed (``docs/engines.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from privopt.grads.ghost.pieces import Piece, combine, sum_dense
+from privopt.grads.ghost.tuning import TUNING
+
+__all__ = ["Keep", "condense", "gram_is_cheaper"]
+
+
+class Keep:
+    """Budget (in elements) for kept per-sample gradient blocks, and the blocks by parameter name."""
+
+    def __init__(self, elems: int):
+        self.left = elems
+        self.blocks: dict[str, torch.Tensor] = {}
+
+    def offer(
+        self, name: str, make: Callable[[], torch.Tensor], numel: int, captured: int | None = None
+    ) -> torch.Tensor | None:
+        # A block bigger than the activations it replaces would raise peak memory: keep it only
+        # when it is small in absolute terms.
+        if numel > self.left or (captured is not None and numel > max(captured, TUNING.small_keep_elems)):
+            return None
+        self.left -= numel
+        block = make()
+        self.blocks[name] = block
+        return block
+
+
+def gram_is_cheaper(tokens: int, p: int, q: int) -> bool:
+    """Whether norms from the captures (Gram matrices, ~T^2 (p+q) per group) beat materialising
+    the per-sample gradient (~T p q), for ``tokens`` outer products per sample."""
+    return tokens * (p + q) <= p * q
+
+
+def condense(n: str, pieces: dict[str, list[Piece]], keep: Keep, B: int, n_points: int) -> None:
+    """Once all of one point's pieces of parameter ``n`` are in, turn them into a kept per-sample
+    block if the norm pass would materialise it anyway (added into the first point's block for a
+    difference query) and drop their activations/output-gradients. Called from inside the backward
+    pass, so a layer's captures are released as soon as its block exists, and a difference query
+    never holds both points' activations at once."""
+    lst = pieces[n]
+    if all(pc.kind == "dense" for pc in lst):
+        # clone: a lone unscaled dense piece may alias an autograd output that is later added to
+        make = lambda: sum_dense(lst).clone()
+    elif all(pc.kind == "pair" for pc in lst) and len({pc.key for pc in lst}) == 1:
+        _g, p, q = lst[0].key
+        if gram_is_cheaper(n_points * sum(pc.T for pc in lst), p, q):
+            return  # keep the captures
+        make = lambda: combine(lst, slice(None))
+    else:
+        return
+    if n in keep.blocks:
+        keep.blocks[n].add_(make())
+    elif keep.offer(n, make, B * int(lst[0].shape.numel()), sum(pc.captured for pc in lst)) is None:
+        return
+    del pieces[n]
