@@ -20,6 +20,8 @@ N, B = 60_000, 256  # the README's `privopt account` example
 
 
 def dpsgd(steps, **kw):
+    # Exactness must not depend on how fast (or how loaded) the machine is: a generous search budget.
+    kw.setdefault("time_limit", 600.0)
     return dp_sgd_noise(dataset_size=N, batch_size=B, steps=steps, **kw)
 
 
