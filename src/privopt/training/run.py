@@ -31,8 +31,13 @@ from privopt.training.rundir import RunDirLock, check_new_run_dir, check_resume_
 __all__ = ["RunInterrupted", "train"]
 
 
-class RunInterrupted(PrivoptError):
-    """Raised after a run was interrupted (Ctrl-C / SIGTERM) and its checkpoint saved."""
+class RunInterrupted(KeyboardInterrupt):
+    """Raised after a run was interrupted (Ctrl-C / SIGTERM) and its checkpoint saved.
+
+    A ``KeyboardInterrupt`` (not an error): code that catches ``Exception`` or ``PrivoptError``
+    around ``train()`` (a tuning loop that skips failed trials) must not swallow the user's request
+    to stop. Its message says how to resume.
+    """
 
     exit_code = 130  # the CLI's exit code (the shell's convention for SIGINT)
 
