@@ -185,7 +185,9 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
         try:
-            d = yaml_load(p.read_text()) or {}
+            d = yaml_load(p.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {p} is not a text (UTF-8) YAML file") from None
     return RunConfig.from_dict(apply_overrides(d, overrides or []))
