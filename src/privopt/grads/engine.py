@@ -86,8 +86,8 @@ def current_params(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
     """Per-sample factors ``min(1, C/||h||)``; zero vectors keep factor 1."""
-    if not clip > 0:
-        raise ConfigError(f"clip threshold must be > 0, got {clip}")
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0:
+        raise ConfigError(f"clip threshold must be a number > 0, got {clip!r}")
     return torch.clamp(clip / norms.clamp_min(1e-12), max=1.0)
 
 

@@ -26,6 +26,9 @@ def _kaiming(module: nn.Module) -> None:
 @register_model("logreg")
 def logreg(*, input_shape: tuple[int, ...], num_classes: int, bias: bool = True, zero_init: bool = True) -> nn.Module:
     """Linear model on the flattened input (multinomial / binary logistic regression)."""
+    for key, flag in (("bias", bias), ("zero_init", zero_init)):
+        if not isinstance(flag, bool):
+            raise ConfigError(f"logreg {key} must be true or false, got {flag!r}")
     d = math.prod(input_shape)
     lin = nn.Linear(d, num_classes, bias=bias)
     if zero_init:

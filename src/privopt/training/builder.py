@@ -228,6 +228,7 @@ def build_run(
             raise ConfigError(f"loss must be a callable (outputs, targets) -> per-example losses, got {loss!r}")
         cfg = replace(cfg, loss=CUSTOM_LOSS)
     algo = get_algorithm(cfg.algorithm, **cfg.algorithm_params)
+    engine = get_engine(cfg.engine)  # a bad name fails before any data is loaded
     if algo.private and cfg.privacy.epsilon is None:
         raise ConfigError(f"algorithm {cfg.algorithm!r} is private: set privacy.epsilon")
     metrics = _check_metrics(cfg)
@@ -255,7 +256,7 @@ def build_run(
         loss_fn=loss_fn,
         x_train=data.x_train,
         y_train=data.y_train,
-        engine=get_engine(cfg.engine),
+        engine=engine,
         ledger=ledger,
         noise=dict(calibration.noise) if calibration is not None else {},
         noise_rng=sources["noise"],
