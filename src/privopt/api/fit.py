@@ -97,7 +97,8 @@ def fit(
         >>> y = (x[:, 0] > 0.5).long()
         >>> data = Dataset.from_tensors(x[:500], y[:500], x_test=x[500:], y_test=y[500:], num_classes=2)
         >>> record = privopt.fit(model=nn.Linear(4, 2), dataset=data, algorithm="dp-double-spider",
-        ...                      epsilon=1.0, delta=1e-4, epochs=1, q=4, N1=250, N2=50, N3=250, N4=50)
+        ...                      epsilon=1.0, delta=1e-4, accountant="rdp",
+        ...                      epochs=1, q=4, N1=250, N2=50, N3=250, N4=50)
         >>> record["status"], record["privacy"]["epsilon_spent"] <= 1.0
         ('finished', True)
     """

@@ -93,6 +93,16 @@ def training_data(*, dataset: Any = None, data_loader: Any = None) -> TrainingDa
     Raises:
         DataError: neither or both given, mismatched lengths, an empty or iterable-only dataset,
             NaN/inf values.
+
+    Example:
+        >>> import torch
+        >>> data = training_data(dataset=(torch.zeros(5, 3), torch.arange(5)))
+        >>> data.n, [t.shape[0] for t in data.batch(torch.tensor([0, 4]))]
+        (5, [2, 2])
+        >>> training_data(dataset=(torch.zeros(5, 3), torch.arange(4)))
+        Traceback (most recent call last):
+        ...
+        privopt.errors.DataError: dataset: 5 inputs but 4 targets (one target per record)
     """
     if (dataset is None) == (data_loader is None):
         raise DataError("pass exactly one of dataset= or data_loader= (the private training records)")
