@@ -29,9 +29,11 @@ def toy(n=400, d=5, seed=0):
     return x, (x[:, 0] > 0.5).long()
 
 
-def make(*, model=None, n=400, engine_kw=None, **kw):
+def kwargs(*, n=400, **over):
+    """make_private's arguments for a small valid problem, with ``over`` replacing some."""
     x, y = toy(n)
-    model = model if model is not None else nn.Linear(x.shape[1], 2)
+    model = over.pop("module", None)
+    model = nn.Linear(x.shape[1], 2) if model is None else model
     args = dict(
         module=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
@@ -42,9 +44,13 @@ def make(*, model=None, n=400, engine_kw=None, **kw):
         delta=1e-4,
         max_grad_norm=1.0,
     )
-    args.update(kw)
+    args.update(over)
+    return args
+
+
+def make(*, model=None, n=400, engine_kw=None, **kw):
     engine = privopt.PrivacyEngine(**(engine_kw or {"accountant": "rdp"}))
-    return engine, *engine.make_private(**args)
+    return engine, *engine.make_private(**kwargs(n=n, module=model, **kw))
 
 
 def run_loop(model, optimizer, loader, passes):
@@ -247,23 +253,6 @@ def test_data_loader_map_style_dataset_and_scheduler():
 
 
 # ----------------------------------------------------------------------------- errors
-def _kw(**over):
-    x, y = toy()
-    model = over.pop("module", None) or nn.Linear(5, 2)
-    base = dict(
-        module=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
-        dataset=(x, y),
-        batch_size=40,
-        epochs=1,
-        epsilon=1.0,
-        delta=1e-4,
-        max_grad_norm=1.0,
-    )
-    base.update(over)
-    return base
-
-
 BAD = {
     "batchnorm": (ModelError, dict(module=nn.Sequential(nn.Linear(5, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)))),
     "mean loss": (ModelError, dict(criterion=lambda out, y: nn.functional.cross_entropy(out, y))),
@@ -292,7 +281,7 @@ BAD = {
 def test_bad_arguments_are_refused_by_name(case):
     error, over = BAD[case]
     with pytest.raises(error):
-        privopt.PrivacyEngine(accountant="rdp").make_private(**_kw(**over))
+        privopt.PrivacyEngine(accountant="rdp").make_private(**kwargs(**over))
 
 
 def test_nan_learning_rate_and_step_misuse():
@@ -300,7 +289,7 @@ def test_nan_learning_rate_and_step_misuse():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     opt.param_groups[0]["lr"] = float("nan")
     with pytest.raises(ConfigError, match="learning rate"):
-        privopt.PrivacyEngine().make_private(**_kw(module=model, optimizer=opt))
+        privopt.PrivacyEngine().make_private(**kwargs(module=model, optimizer=opt))
     engine, model, optimizer, loader = make()
     with pytest.raises(ConfigError, match="new batch"):
         optimizer.step()  # nothing drawn yet
@@ -310,7 +299,7 @@ def test_nan_learning_rate_and_step_misuse():
         optimizer.step()  # the same batch twice
     assert engine.steps_taken == 1 == engine.accountant.num_steps
     with pytest.raises(ConfigError, match="already"):
-        engine.make_private(**_kw())
+        engine.make_private(**kwargs())
 
 
 def test_keyword_only():
