@@ -242,7 +242,7 @@ def test_ctrl_c_during_start_up(capsys, tmp_path, monkeypatch):
     code, _, err = run(capsys, "train", *QUICK, "--out", str(tmp_path / "r"))
     assert code == 130 and err.strip() == "privopt: interrupted"
     assert not (tmp_path / "r").exists()
-    monkeypatch.setattr(privopt.experiments, "experiment_modules", interrupt)  # while building the parser
+    monkeypatch.setattr(privopt.experiments, "experiment_entries", interrupt)  # while building the parser
     code, _, err = run(capsys, "train", *QUICK, "--out", str(tmp_path / "r"))
     assert code == 130 and err.strip() == "privopt: interrupted"
 

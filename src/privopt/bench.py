@@ -283,6 +283,22 @@ def _peak_mb(model_name: str, batch_size: int, method: str, threads: int | None)
 # ------------------------------------------------------------------------------------------
 
 
+def _check_args(*, models, batch_sizes, repeats, threads, methods) -> None:
+    """Every argument is checked before the first model is built (nothing runs on a bad one)."""
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise ConfigError(f"unknown benchmark method(s) {bad}; choose from {', '.join(METHODS)}")
+    bad = [m for m in models if m not in MODELS]
+    if bad or not models:
+        raise ConfigError(f"unknown benchmark model(s) {bad or list(models)}; choose from {', '.join(MODELS)}")
+    if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
+        raise ConfigError(f"batch sizes must be integers >= 1, got {list(batch_sizes)}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"repeats must be an integer >= 1, got {repeats!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"threads must be an integer >= 1 (or None: PyTorch's setting), got {threads!r}")
+
+
 def run_bench(
     *,
     models: Sequence[str] = ("mlp", "cnn", "resnet20"),
@@ -316,11 +332,7 @@ def run_bench(
         ['nonprivate', 'dp-sgd']
     """
     methods = list(methods)
-    bad = [m for m in methods if m not in METHODS]
-    if bad:
-        raise ConfigError(f"unknown benchmark method(s) {bad}; choose from {', '.join(METHODS)}")
-    if repeats < 1:
-        raise ConfigError(f"repeats must be >= 1, got {repeats}")
+    _check_args(models=models, batch_sizes=batch_sizes, repeats=repeats, threads=threads, methods=methods)
     if "nonprivate" not in methods:  # every ratio needs the baseline
         methods.insert(0, "nonprivate")
     old_threads = torch.get_num_threads()

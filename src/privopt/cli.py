@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
 import threading
 
+from privopt.cliargs import int_list, name_list, positive_int
 from privopt.errors import PrivacyBudgetExceeded, PrivoptError
 
 __all__ = ["main", "build_parser"]
@@ -153,8 +155,8 @@ def _cmd_bench(args) -> int:
     from privopt.bench import format_table, run_bench
 
     rows = run_bench(
-        models=tuple(args.models.split(",")),
-        batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")),
+        models=tuple(args.models),
+        batch_sizes=tuple(args.batch_sizes),
         repeats=args.repeats,
         threads=args.threads,
         progress=not (args.quiet or args.json),
@@ -248,33 +250,91 @@ def build_parser() -> argparse.ArgumentParser:
     _add_account_parser(sub)
 
     li = sub.add_parser("list", help="list algorithms, datasets, models, engines and experiments")
-    li.add_argument("--json", action="store_true")
+    li.add_argument("--json", action="store_true", help="print the lists as one JSON object")
     li.set_defaults(func=_cmd_list)
 
     d = sub.add_parser("demo", help="the main job on embedded data (no files needed)")
     d.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     d.add_argument("--quick", action="store_true", help="a much shorter schedule (smoke test)")
-    d.add_argument("--quiet", action="store_true")
+    d.add_argument("--quiet", action="store_true", help="no per-run progress output")
     d.set_defaults(func=_cmd_demo)
 
-    b = sub.add_parser("bench", help="time DP steps against a non-private step (and Opacus if installed)")
-    b.add_argument("--models", default="mlp,cnn,resnet20")
-    b.add_argument("--batch-sizes", default="128,512")
-    b.add_argument("--repeats", type=int, default=5)
-    b.add_argument("--threads", type=int, default=None, help="torch threads for every method (default: torch's)")
-    b.add_argument("--json", action="store_true")
-    b.add_argument("--quiet", action="store_true")
+    _add_bench_parser(sub)
+    _add_reproduce_parser(sub)
+    return p
+
+
+def _add_bench_parser(sub) -> None:
+    b = sub.add_parser(
+        "bench",
+        help="time DP steps against a non-private step (and Opacus if installed)",
+        description="Median time and peak memory of one optimiser step per method (non-private, DP-SGD with "
+        "each gradient engine, the clipped-difference query, Opacus when installed), on the same model, batch "
+        "and threads. Measured on this machine: run it on a quiet one.",
+    )
+    b.add_argument(
+        "--models",
+        type=name_list,
+        default=["mlp", "cnn", "resnet20"],
+        metavar="M1,M2",
+        help="comma-separated benchmark models: mlp, cnn, resnet20 (tiny: a smoke test) (default mlp,cnn,resnet20)",
+    )
+    b.add_argument(
+        "--batch-sizes",
+        type=int_list,
+        default=[128, 512],
+        metavar="B1,B2",
+        help="comma-separated batch sizes to time (default 128,512)",
+    )
+    b.add_argument(
+        "--repeats", type=positive_int, default=5, help="timed rounds per (model, batch); the median is reported"
+    )
+    b.add_argument(
+        "--threads", type=positive_int, default=None, help="torch threads for every method (default: torch's)"
+    )
+    b.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    b.add_argument("--quiet", action="store_true", help="no progress line per finished row")
     b.set_defaults(func=_cmd_bench)
 
-    r = sub.add_parser("reproduce", help="paper reproductions")
-    rsub = r.add_subparsers(dest="experiment", required=True)
-    from privopt.experiments import experiment_modules
 
-    for name, (module, help_text) in experiment_modules().items():
-        ep = rsub.add_parser(name, help=help_text)
-        module.add_arguments(ep)
-        ep.set_defaults(func=module.main)
-    return p
+class _ExperimentParser(argparse.ArgumentParser):
+    """The parser of one ``privopt reproduce NAME``: its options are added (and its module
+    imported) only when that command is parsed or its help is shown, so building the CLI does
+    not import every experiment."""
+
+    def __init__(self, *args, experiment=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._experiment = experiment
+
+    def _load(self) -> None:
+        exp, self._experiment = self._experiment, None
+        if exp is None:
+            return
+        module = exp.load()
+        module.add_arguments(self)
+
+        def run(args) -> int:
+            exp.check_requirements()  # before any work: e.g. Opacus for dpsgd-vs-opacus
+            return module.main(args)
+
+        self.set_defaults(func=run)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._load()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._load()
+        return super().format_help()
+
+
+def _add_reproduce_parser(sub) -> None:
+    from privopt.experiments import experiment_entries
+
+    r = sub.add_parser("reproduce", help="paper reproductions", description="Reproduce a paper's tables and figures.")
+    rsub = r.add_subparsers(dest="experiment", required=True, parser_class=_ExperimentParser, metavar="EXPERIMENT")
+    for name, exp in experiment_entries().items():
+        rsub.add_parser(name, help=exp.help_text, description=exp.help_text, experiment=exp)
 
 
 EXIT_CODES = """exit codes: 0 done; 2 a user error (one-line message, nothing half-written); 3 privacy budget
@@ -289,47 +349,59 @@ def _inside_import(frame) -> bool:
     return False
 
 
-def _on_sigint(signum, frame) -> None:
-    """Ctrl-C: KeyboardInterrupt, but never in the middle of an import. An interrupted import leaves
-    a half-initialised module behind (numpy then fails with a RecursionError traceback) and some
-    libraries swallow the exception on import; so the signal is sent again once the import is done."""
+def _on_signal(signum, frame) -> None:
+    """Ctrl-C or SIGTERM: KeyboardInterrupt, but never in the middle of an import. An interrupted
+    import leaves a half-initialised module behind (numpy then fails with a RecursionError
+    traceback) and some libraries swallow the exception on import; so the signal is sent again
+    once the import is done. (A training run replaces this handler while it steps: it finishes
+    the step, saves a checkpoint and raises RunInterrupted.)"""
     if _inside_import(frame):
-        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+        threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
         return
     raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; user errors become one line on stderr and an exit code (see ``EXIT_CODES``)."""
+    previous = {}
     try:
-        previous = signal.signal(signal.SIGINT, _on_sigint)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, _on_signal)
     except ValueError:  # not the main thread
-        previous = None
+        pass
+    # dp_accounting's RDP accountant logs a warning per Renyi order it skips (hundreds per run):
+    # not actionable for a user, and it floods logs.
+    logging.getLogger("absl").setLevel(logging.ERROR)
     try:
         return _run(argv)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _run(argv: list[str] | None) -> int:
+    command = None
     try:
         args = build_parser().parse_args(argv)
+        command = args.command
         return int(args.func(args) or 0)
     except PrivacyBudgetExceeded as e:
         print(f"privopt: privacy budget exhausted: {e}", file=sys.stderr)
         return 3
-    except PrivoptError as e:  # RunInterrupted / RunDiverged carry their own exit code
+    except PrivoptError as e:  # RunDiverged carries its own exit code
         code = int(getattr(e, "exit_code", 2))
-        prefix = {130: "privopt: ", 4: "privopt: run failed: "}.get(code, "privopt: error: ")
+        prefix = {4: "privopt: run failed: "}.get(code, "privopt: error: ")
         print(f"{prefix}{e}", file=sys.stderr)
         return code
     except OSError as e:  # disk full, permissions, a path that is a file: the user's to fix
         where = f": {e.filename}" if getattr(e, "filename", None) else ""
         print(f"privopt: error: {e.strerror or e}{where}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("privopt: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # Ctrl-C / SIGTERM; a training run's RunInterrupted says how to resume
+        if command == "reproduce":  # one of its runs was checkpointed, but the reproduction itself restarts
+            print("privopt: interrupted (run the same command again to restart the reproduction)", file=sys.stderr)
+        else:
+            print(f"privopt: {e}" if str(e) else "privopt: interrupted", file=sys.stderr)
         return 130
 
 

@@ -117,8 +117,10 @@ class RunConfig:
                 raise ConfigError(f"{key} must be true or false, got {getattr(self, key)!r}")
         for key in ("eval_every", "checkpoint_every", "seed"):
             v = getattr(self, key)
-            if not (isinstance(v, int) and v >= 0):
+            if isinstance(v, bool) or not (isinstance(v, int) and v >= 0):
                 raise ConfigError(f"{key} must be an integer >= 0, got {v!r}")
+        if self.data_dir is not None and not isinstance(self.data_dir, str):
+            raise ConfigError(f"data_dir must be a folder path (a string) or null, got {self.data_dir!r}")
         v = self.insecure_seed
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise ConfigError(f"insecure_seed must be null or an integer >= 0, got {v!r}")
@@ -177,6 +179,13 @@ def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     return d
 
 
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """One line: what the parser found and where (its own message spans several lines)."""
+    problem = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
+    mark = getattr(e, "problem_mark", None)
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else problem
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
     """Read a YAML config (or start from defaults when ``path`` is None) and apply overrides."""
     d: dict[str, Any] = {}
@@ -185,7 +194,9 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
         try:
-            d = yaml_load(p.read_text()) or {}
+            d = yaml_load(p.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+            raise ConfigError(f"config file {p} is not valid YAML: {_yaml_problem(e)}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {p} is not a text (UTF-8) YAML file") from None
     return RunConfig.from_dict(apply_overrides(d, overrides or []))

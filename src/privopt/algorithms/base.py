@@ -165,6 +165,6 @@ def available_algorithms() -> dict[str, type[Algorithm]]:
 def get_algorithm(name: str, **hparams: Any) -> Algorithm:
     """Build a registered algorithm; unknown names and unknown hyper-parameters fail clearly."""
     algos = available_algorithms()
-    if name not in algos:
+    if not isinstance(name, str) or name not in algos:
         raise ConfigError(f"unknown algorithm {name!r}; available: {', '.join(algos)}")
     return algos[name](**hparams)

@@ -220,8 +220,8 @@ def _check_fraction(name: str, value: Any, *, allow_none: bool, allow_zero: bool
 
 
 def _check_arguments(seed, val_fraction, test_fraction, train_fraction, max_train) -> None:
-    if not is_int(seed):
-        raise ConfigError(f"seed must be an integer, got {seed!r}")
+    if not is_int(seed) or seed < 0:
+        raise ConfigError(f"seed must be an integer >= 0, got {seed!r}")
     _check_fraction("val_fraction", val_fraction, allow_none=False, allow_zero=True)
     _check_fraction("test_fraction", test_fraction, allow_none=True, allow_zero=False)
     _check_fraction("train_fraction", train_fraction, allow_none=True, allow_zero=False)

@@ -123,6 +123,8 @@ def dataset_from_tensors(
     name: str = "custom",
 ) -> Dataset:
     """Implementation of :meth:`Dataset.from_tensors` (see there)."""
+    if not isinstance(name, str) or not name:
+        raise DataError(f"dataset name must be a non-empty string, got {name!r}")
     raw = {"train": (x, y, groups), "test": (x_test, y_test, groups_test), "val": (x_val, y_val, groups_val)}
     xs, ys, gs = _convert_splits(raw, name)
     shape = tuple(int(d) for d in xs["train"].shape[1:])
@@ -140,6 +142,7 @@ def dataset_from_tensors(
             PrivatePreprocessingWarning,
             stacklevel=3,
         )
+    _check_names(name, num_classes, class_names, ys)
     empty = lambda like: like.new_zeros((0, *like.shape[1:]))
     for split in ("val", "test"):
         if split not in xs:
@@ -152,6 +155,17 @@ def dataset_from_tensors(
         g_train=gs["train"], g_val=gs["val"], g_test=gs["test"], meta=meta,
     )  # fmt: skip
     return ds.validate()
+
+
+def _check_names(name: str, num_classes: Any, class_names: Any, ys: dict) -> None:
+    """``num_classes`` a positive integer that covers every label; ``class_names`` one per class."""
+    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
+        raise DataError(f"dataset {name!r}: num_classes must be an integer >= 1, got {num_classes!r}")
+    lo = min((int(t.min()) for t in ys.values() if t.numel()), default=0)
+    if lo < 0 or _max_id(*ys.values()) >= num_classes:
+        raise DataError(f"dataset {name!r}: labels outside 0..{num_classes - 1}")
+    if class_names is not None and len(class_names) != num_classes:
+        raise DataError(f"dataset {name!r}: {len(class_names)} class_names for num_classes={num_classes}")
 
 
 def _user_meta(name, ys, gs, num_classes, group_names, class_names, dtype) -> dict:

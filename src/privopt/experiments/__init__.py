@@ -1,29 +1,71 @@
 """Paper reproductions. Each module provides ``add_arguments(parser)`` and ``main(args) -> int``
-and is listed here under its ``privopt reproduce NAME`` name."""
+and is listed here under its ``privopt reproduce NAME`` name.
+
+Registration names the module without importing it: the CLI imports an experiment only when
+its command is run (so ``privopt --help`` does not load torch), and checks the experiment's
+optional dependencies (``requires``) before any work starts.
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+from dataclasses import dataclass, field
 from types import ModuleType
 
-# name -> (module, one-line help). Modules are imported only when the CLI is built.
-_EXPERIMENTS: dict[str, tuple[str, str]] = {}
+from privopt.errors import ConfigError
 
 
-def register_experiment(name: str, module: str, help_text: str) -> None:
-    _EXPERIMENTS[name] = (module, help_text)
+@dataclass(frozen=True)
+class Experiment:
+    """A registered reproduction: its module (imported on use), one-line help, and optional
+    dependencies as ``{import name: what to install}``."""
+
+    name: str
+    module: str
+    help_text: str
+    requires: dict[str, str] = field(default_factory=dict)
+
+    def load(self) -> ModuleType:
+        return importlib.import_module(self.module)
+
+    def check_requirements(self) -> None:
+        """Raise :class:`ConfigError` naming what to install when an optional dependency is missing."""
+        missing = [(mod, hint) for mod, hint in self.requires.items() if importlib.util.find_spec(mod) is None]
+        if missing:
+            what = ", ".join(mod for mod, _ in missing)
+            install = " ".join(sorted({f"'{hint}'" for _, hint in missing}))
+            raise ConfigError(
+                f"privopt reproduce {self.name} needs {what}, which is not installed: pip install {install}"
+            )
+
+
+_EXPERIMENTS: dict[str, Experiment] = {}
+
+
+def register_experiment(name: str, module: str, help_text: str, *, requires: dict[str, str] | None = None) -> None:
+    _EXPERIMENTS[name] = Experiment(name, module, help_text, dict(requires or {}))
+
+
+def experiment_entries() -> dict[str, Experiment]:
+    """The registered experiments by name (nothing is imported)."""
+    return dict(sorted(_EXPERIMENTS.items()))
 
 
 def available_experiments() -> dict[str, str]:
-    return {name: help_text for name, (_, help_text) in sorted(_EXPERIMENTS.items())}
+    return {name: e.help_text for name, e in experiment_entries().items()}
 
 
 def experiment_modules() -> dict[str, tuple[ModuleType, str]]:
-    return {name: (importlib.import_module(mod), h) for name, (mod, h) in sorted(_EXPERIMENTS.items())}
+    """Every experiment's module, imported (slow: prefer :func:`experiment_entries`)."""
+    return {name: (e.load(), e.help_text) for name, e in experiment_entries().items()}
 
 
 register_experiment(
-    "dpsgd-vs-opacus", "privopt.experiments.dpsgd_opacus", "DP-SGD beside Opacus on MNIST (MLP-128, same setting)"
+    "dpsgd-vs-opacus",
+    "privopt.experiments.dpsgd_opacus",
+    "DP-SGD beside Opacus on MNIST (MLP-128, same setting)",
+    requires={"opacus": "privopt[bench]"},
 )
 register_experiment(
     "dro-table3",

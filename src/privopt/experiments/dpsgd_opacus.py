@@ -9,6 +9,7 @@ Opacus is an optional dependency (``pip install privopt[bench]``) and is never i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import statistics
 import time
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from privopt.checkpoint import atomic_write_json, atomic_write_text
+from privopt.cliargs import float_list, non_negative_int, positive_float, positive_int
 from privopt.config import RunConfig
 from privopt.errors import ConfigError
 
@@ -157,9 +159,12 @@ def run_comparison(
     ``table.md``. privopt's noise is secret unless ``insecure_seed`` (run s: ``insecure_seed + s``)."""
     from tqdm.auto import tqdm
 
+    if importlib.util.find_spec("opacus") is None:  # before minutes of privopt training
+        raise ConfigError("this comparison needs Opacus: pip install 'privopt[bench]'")
     out, rows = Path(out_dir), []
     jobs = [(eps, s, lib) for eps in epsilons for s in range(seeds) for lib in ("privopt", "opacus")]
-    for eps, seed, lib in tqdm(jobs, disable=not progress, desc="dpsgd-vs-opacus"):
+    # disable=None: a bar on a terminal only, nothing in logs
+    for eps, seed, lib in tqdm(jobs, disable=None if progress else True, desc="dpsgd-vs-opacus"):
         data = _mnist_subset(data_dir, n_train, n_test, seed)
         kw = dict(epsilon=eps, delta=delta, epochs=epochs, batch_size=batch_size, lr=lr, clip=clip, seed=seed)
         if lib == "privopt":
@@ -181,28 +186,28 @@ def run_comparison(
 
 def add_arguments(p) -> None:
     p.add_argument("--data-dir", required=True, help="folder holding mnist/ (IDX files)")
-    p.add_argument("--epsilons", default="1,8")
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--lr", type=float, default=0.5)
-    p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--epsilons", type=float_list, default=[1.0, 8.0], help="comma-separated target ε (default 1,8)")
+    p.add_argument("--seeds", type=positive_int, default=3, help="runs per (library, ε) (default 3)")
+    p.add_argument("--epochs", type=positive_int, default=20, help="passes over the data (default 20)")
+    p.add_argument("--batch-size", type=positive_int, default=256, help="expected Poisson batch size (default 256)")
+    p.add_argument("--lr", type=positive_float, default=0.5, help="SGD learning rate (default 0.5)")
+    p.add_argument("--clip", type=positive_float, default=1.0, help="per-example clipping threshold (default 1)")
     p.add_argument(
         "--insecure-seed",
-        type=int,
+        type=non_negative_int,
         metavar="N",
         default=None,
         help="seed privopt's noise and sampling (run s uses N + s): reproducible, NOT private",
     )
-    p.add_argument("--out", required=True)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--out", required=True, help="output folder (results.jsonl, summary.json, table.md)")
+    p.add_argument("--json", action="store_true", help="print every run's result as JSON")
 
 
 def main(args) -> int:
     rows = run_comparison(
         data_dir=args.data_dir,
         out_dir=args.out,
-        epsilons=tuple(float(e) for e in args.epsilons.split(",")),
+        epsilons=tuple(args.epsilons),
         seeds=args.seeds,
         epochs=args.epochs,
         batch_size=args.batch_size,

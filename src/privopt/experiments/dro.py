@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from privopt.cliargs import float_list, positive_int
 from privopt.errors import ConfigError
 from privopt.experiments.dro_protocol import (
     BUDGETS,
@@ -59,13 +60,6 @@ __all__ = [
 ]
 
 
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by ``dro-table3`` and ``dro-mia`` (defaults depend on the command)."""
     parser.add_argument(
@@ -73,9 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--data-dir", help="folder with one sub-folder per dataset (default $PRIVOPT_DATA)")
     parser.add_argument(
-        "--epsilons", type=_floats, help="comma-separated ε (dro-table3: 0.5,1,5,10; dro-mia: 0.1,1,3,5,8,10)"
+        "--epsilons", type=float_list, help="comma-separated ε (dro-table3: 0.5,1,5,10; dro-mia: 0.1,1,3,5,8,10)"
     )
-    parser.add_argument("--seeds", type=int, help="runs per setting (dro-table3: 3, dro-mia: 5)")
+    parser.add_argument("--seeds", type=positive_int, help="runs per setting (dro-table3: 3, dro-mia: 5)")
     parser.add_argument(
         "--budget",
         choices=sorted(BUDGETS),
@@ -95,15 +89,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", required=True, help="output directory (new)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="no per-run log lines and no table")
 
 
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``privopt reproduce dro-table3`` / ``dro-mia``."""
+    from privopt.models import available_models
+
     mia = getattr(args, "experiment", "dro-table3") == "dro-mia"
     dataset = args.dataset or ("cifar10-st" if mia else None)
     if dataset is None:
         raise ConfigError("dro-table3 needs --dataset (one of " + ", ".join(sorted(DRO_DATASETS)) + ")")
+    if args.model is not None and args.model not in available_models():  # before any training
+        raise ConfigError(f"unknown model {args.model!r}; available: {', '.join(available_models())}")
     default_methods = MIA_METHODS if mia else TABLE3_METHODS
     methods = [m.strip() for m in args.methods.split(",")] if args.methods else list(default_methods)
     quiet = args.quiet or args.json

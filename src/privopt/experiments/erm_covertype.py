@@ -52,6 +52,7 @@ from privopt.algorithms.base import Algorithm, RunContext
 from privopt.algorithms.dp_gd_erm import DPGDERM
 from privopt.algorithms.erm_common import single_thread_blas
 from privopt.algorithms.svrg import DPSVRG, DPSVRGPlusPlus
+from privopt.cliargs import non_negative_int
 from privopt.errors import ConfigError, DataError
 from privopt.experiments.erm_covertype_report import plot_results, summarize, summary_markdown
 from privopt.objectives.erm import LogisticERM, logistic_loss, minmax_scale, normalize_rows
@@ -395,10 +396,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", required=True, help="folder with covtype*.data[.gz] (UCI format)")
     parser.add_argument("--n-train", type=int, default=None, help="training rows (default: all rows of the file)")
     parser.add_argument("--epsilons", type=_float_list, default=[0.2, 0.5, 1.0], help="e.g. 0.2,0.5,1")
-    parser.add_argument("--delta", type=float, default=1e-3)
+    parser.add_argument("--delta", type=float, default=1e-3, help="target δ of every run (default 1e-3, below 1/n)")
     parser.add_argument("--runs", type=int, default=None, help="runs per configuration (default: 3 quick, 10 paper)")
-    parser.add_argument("--budget", choices=sorted(BUDGETS), default="quick")
-    parser.add_argument("--seed", type=int, default=0, help="data shuffle seed (public)")
+    parser.add_argument(
+        "--budget", choices=sorted(BUDGETS), default="quick", help="quick: short CPU schedule; paper: the paper's"
+    )
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="data shuffle seed (public)")
     parser.add_argument(
         "--insecure-seed",
         type=int,

@@ -101,8 +101,8 @@ def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
         >>> clip_factors(torch.tensor([0.5, 4.0, float("inf"), float("nan")]), 2.0)
         tensor([1.0000, 0.5000, 0.0000, 0.0000])
     """
-    if not clip > 0:
-        raise ConfigError(f"clip threshold must be > 0, got {clip}")
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0:
+        raise ConfigError(f"clip threshold must be a number > 0, got {clip!r}")
     # zero norm: C/0 = inf, capped to 1; inf norm: C/inf = 0; NaN norm (or inf/inf): NaN, mapped to 0.
     return torch.clamp(clip / norms, max=1.0).nan_to_num_(nan=0.0)
 

@@ -181,9 +181,11 @@ class PrivateBatch:
             raise ConfigError(f"release {name!r} was not declared for this batch (declared: {sorted(self._noise)})")
         if name in self._used:
             raise ConfigError(f"release {name!r} already made from this batch; declare a new batch")
-        if not normalizer > 0:
-            raise ConfigError(f"normalizer must be > 0, got {normalizer}")
+        if not (isinstance(normalizer, (int, float)) and 0 < normalizer < math.inf):
+            raise ConfigError(f"normalizer must be a finite number > 0, got {normalizer!r}")
         stat = as_bounded(stat)
+        if self._private and not math.isfinite(stat.bound):
+            raise ConfigError(f"release {name!r}: a private release needs a finite per-record bound, got {stat.bound}")
         self._used.add(name)
         out, std = stat.value, 0.0
         if self._private:

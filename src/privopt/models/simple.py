@@ -1,8 +1,8 @@
 """Small models: logistic regression, a one-hidden-layer MLP and a compact CNN.
 
-Initialisation follows SPEC §4.8 where it is specified: Kaiming (He) weights for ReLU layers
-and zero biases; the linear model starts at zero (a common, seed-free starting point for convex
-problems such as DP-ERM on Covertype).
+Initialisation (docs/models.md): Kaiming (He) weights for ReLU layers and zero biases; the linear
+model starts at zero (a common, seed-free starting point for convex problems such as DP-ERM on
+Covertype).
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ def _kaiming(module: nn.Module) -> None:
 @register_model("logreg")
 def logreg(*, input_shape: tuple[int, ...], num_classes: int, bias: bool = True, zero_init: bool = True) -> nn.Module:
     """Linear model on the flattened input (multinomial / binary logistic regression)."""
+    for key, flag in (("bias", bias), ("zero_init", zero_init)):
+        if not isinstance(flag, bool):
+            raise ConfigError(f"logreg {key} must be true or false, got {flag!r}")
     d = math.prod(input_shape)
     lin = nn.Linear(d, num_classes, bias=bias)
     if zero_init:
@@ -37,7 +40,7 @@ def logreg(*, input_shape: tuple[int, ...], num_classes: int, bias: bool = True,
 
 @register_model("mlp")
 def mlp(*, input_shape: tuple[int, ...], num_classes: int, hidden: int = 128) -> nn.Module:
-    """Flatten -> Linear(d, hidden) -> ReLU -> Linear(hidden, classes) (SPEC §4.8: 101,770 params on MNIST)."""
+    """Flatten -> Linear(d, hidden) -> ReLU -> Linear(hidden, classes) (101,770 params on MNIST; docs/models.md)."""
     if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
         raise ConfigError(f"mlp hidden must be a positive integer, got {hidden!r}")
     net = nn.Sequential(

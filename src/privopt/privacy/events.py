@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Union
 
 from privopt.errors import ConfigError
+from privopt.privacy.checks import is_real as _real
 
 ADD_REMOVE = "add_remove"
 REPLACE_ONE = "replace_one"
@@ -68,8 +69,8 @@ class Poisson:
     kind: str = "poisson"
 
     def __post_init__(self):
-        if not 0 < self.rate <= 1:
-            raise ConfigError(f"Poisson sampling rate must be in (0, 1], got {self.rate}")
+        if not _real(self.rate) or not 0 < self.rate <= 1:
+            raise ConfigError(f"Poisson sampling rate must be a number in (0, 1], got {self.rate!r}")
 
 
 @dataclass(frozen=True)
@@ -128,8 +129,9 @@ class Gaussian:
     kind: str = "gaussian"
 
     def __post_init__(self):
-        if not (self.noise_multiplier > 0 and math.isfinite(self.noise_multiplier)):
-            raise ConfigError(f"Gaussian noise multiplier must be finite and > 0, got {self.noise_multiplier}")
+        z = self.noise_multiplier
+        if not (_real(z) and z > 0 and math.isfinite(z)):
+            raise ConfigError(f"Gaussian noise multiplier must be finite and > 0, got {z!r}")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ clear message, before a run directory exists.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -17,13 +17,16 @@ from torch import nn
 
 from privopt.algorithms.base import Algorithm, RunContext, get_algorithm
 from privopt.config import PrivacyConfig, RunConfig
-from privopt.errors import ConfigError, ModelError
+from privopt.errors import ConfigError, DataError, ModelError
 from privopt.grads import get_engine, validate_model
 from privopt.privacy import PrivacyLedger, calibrate
 from privopt.rng import RandomSource, make_sources
 from privopt.training.metrics import RunMetric, build_loss, get_run_metrics
 
-__all__ = ["Run", "build_run", "check_delta", "randomness_section", "run_sources"]
+__all__ = ["CUSTOM_LOSS", "Run", "build_run", "check_delta", "check_model_fits", "randomness_section", "run_sources"]
+
+# ``RunConfig.loss`` of a run whose loss function was passed through the Python API.
+CUSTOM_LOSS = "custom"
 
 
 @dataclass
@@ -134,29 +137,41 @@ def _model(cfg: RunConfig, data: Any, model: Any) -> nn.Module:
     return model
 
 
-def _check_model_fits(model: nn.Module, data: Any, loss_fn: Any) -> None:
-    """One forward pass on two training inputs (nothing is kept): shapes and dtypes must match."""
-    x, y = data.x_train[:2], data.y_train[:2]
+def check_model_fits(
+    model: nn.Module, loss_fn: Any, x: torch.Tensor, y: torch.Tensor, *, what: str, num_classes: int | None = None
+) -> None:
+    """One forward pass on two examples (nothing is kept): the model must take the inputs and the
+    loss must return one value per example. Raises :class:`ModelError` naming the problem.
+
+    Example:
+        >>> from torch import nn
+        >>> loss = lambda out, y: nn.functional.cross_entropy(out, y)  # mean: not per example
+        >>> check_model_fits(nn.Linear(3, 2), loss, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long), what="x")
+        Traceback (most recent call last):
+        ...
+        privopt.errors.ModelError: the loss must return one value per example (reduction='none'), got shape ()
+    """
+    x, y = x[:2], y[:2]
     was_training = model.training
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             model.eval()
             out = model(x)
             losses = loss_fn(out, y)
-    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+    except (RuntimeError, ValueError, TypeError, IndexError, AttributeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(
-            f"the model cannot take dataset {data.name!r}'s inputs (one example: shape {tuple(data.input_shape)}, "
-            f"{x.dtype}): {first}"
+            f"the model cannot take {what} (one example: shape {tuple(x.shape[1:])}, {x.dtype}): {first}"
         ) from None
     finally:
         model.train(was_training)
-    if out.dim() == 2 and out.shape[1] != data.num_classes:
+    if num_classes is not None and isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[1] != num_classes:
         raise ModelError(
-            f"the model outputs {out.shape[1]} values per example but the dataset has {data.num_classes} classes"
+            f"the model outputs {out.shape[1]} values per example but the dataset has {num_classes} classes"
         )
-    if tuple(losses.shape) != (x.shape[0],):
-        raise ModelError(f"the loss must return one value per example, got shape {tuple(losses.shape)}")
+    if not isinstance(losses, torch.Tensor) or tuple(losses.shape) != (x.shape[0],):
+        shape = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
+        raise ModelError(f"the loss must return one value per example (reduction='none'), got shape {shape}")
 
 
 def _check_metrics(cfg: RunConfig) -> list[RunMetric]:
@@ -197,13 +212,23 @@ def _privacy(cfg: RunConfig, algo: Algorithm, n: int, ledger_state) -> tuple[Any
     return inventory, calibration, ledger
 
 
-def build_run(cfg: RunConfig, *, dataset: Any = None, model: Any = None, ledger_state: Any = None) -> Run:
-    """Everything a run needs, validated, from ``cfg`` (and your own ``dataset``/``model``).
+def build_run(
+    cfg: RunConfig, *, dataset: Any = None, model: Any = None, loss: Any = None, ledger_state: Any = None
+) -> Run:
+    """Everything a run needs, validated, from ``cfg`` (and your own ``dataset``/``model``/``loss``).
 
-    ``ledger_state`` (a :meth:`PrivacyLedger.to_dict`) restores a checkpointed ledger instead of a
-    new one, so the algorithm is set up with the ledger it will record into."""
+    ``loss`` is a per-sample loss ``(outputs, targets) -> [B]``; the run's config then says
+    ``loss: custom``. ``ledger_state`` (a :meth:`PrivacyLedger.to_dict`) restores a checkpointed
+    ledger instead of a new one, so the algorithm is set up with the ledger it will record into."""
+    if not isinstance(cfg, RunConfig):
+        raise ConfigError(f"expected a privopt.config.RunConfig, got {type(cfg).__name__}")
     cfg.validate()
+    if loss is not None:
+        if not callable(loss):
+            raise ConfigError(f"loss must be a callable (outputs, targets) -> per-example losses, got {loss!r}")
+        cfg = replace(cfg, loss=CUSTOM_LOSS)
     algo = get_algorithm(cfg.algorithm, **cfg.algorithm_params)
+    engine = get_engine(cfg.engine)  # a bad name fails before any data is loaded
     if algo.private and cfg.privacy.epsilon is None:
         raise ConfigError(f"algorithm {cfg.algorithm!r} is private: set privacy.epsilon")
     metrics = _check_metrics(cfg)
@@ -212,10 +237,17 @@ def build_run(cfg: RunConfig, *, dataset: Any = None, model: Any = None, ledger_
     data.validate()  # user datasets especially: NaN/inf, shapes and labels fail here, before any output
     if cfg.eval_split == "val" and data.y_val.shape[0] == 0:
         raise ConfigError("eval_split 'val' needs a validation split: set dataset_params.val_fraction > 0")
+    if cfg.eval_split == "test" and data.y_test.shape[0] == 0:
+        raise DataError(
+            f"dataset {data.name!r} has no test split to evaluate the released model on: pass x_test=/y_test= "
+            "to Dataset.from_tensors (the test split is public: its records are not protected)"
+        )
     net = _model(cfg, data, model)
     validate_model(net)
-    loss_fn = build_loss(cfg.loss)
-    _check_model_fits(net, data, loss_fn)
+    loss_fn = build_loss(cfg.loss) if loss is None else loss
+    check_model_fits(
+        net, loss_fn, data.x_train, data.y_train, what=f"dataset {data.name!r}'s inputs", num_classes=data.num_classes
+    )
     n = int(data.y_train.shape[0])
     inventory, calibration, ledger = _privacy(cfg, algo, n, ledger_state)
     sources = run_sources(cfg.insecure_seed)
@@ -224,7 +256,7 @@ def build_run(cfg: RunConfig, *, dataset: Any = None, model: Any = None, ledger_
         loss_fn=loss_fn,
         x_train=data.x_train,
         y_train=data.y_train,
-        engine=get_engine(cfg.engine),
+        engine=engine,
         ledger=ledger,
         noise=dict(calibration.noise) if calibration is not None else {},
         noise_rng=sources["noise"],
@@ -245,5 +277,9 @@ def build_run(cfg: RunConfig, *, dataset: Any = None, model: Any = None, ledger_
         calibration=calibration,
         metrics=metrics,
         total=int(algo.num_steps()),
-        provenance={"dataset": "config" if dataset is None else "api", "model": "config" if model is None else "api"},
+        provenance={
+            "dataset": "config" if dataset is None else "api",
+            "model": "config" if model is None else "api",
+            "loss": "config" if loss is None else "api",
+        },
     )

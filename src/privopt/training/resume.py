@@ -61,6 +61,7 @@ def provenance(run: Run) -> dict[str, Any]:
             "class": type(run.model).__qualname__,
             "fingerprint": model_fingerprint(run.model),
         },
+        "loss": {"source": run.provenance.get("loss", "config")},
     }
 
 
@@ -91,9 +92,14 @@ def resume_config(ckpt: dict[str, Any], cfg: RunConfig | None) -> RunConfig:
     return saved
 
 
-def require_objects(ckpt: dict[str, Any], *, dataset: Any, model: Any) -> None:
-    """A run made with its own dataset/model through the Python API needs them again."""
+def require_objects(ckpt: dict[str, Any], *, dataset: Any, model: Any, loss: Any = None) -> None:
+    """A run made with its own dataset/model/loss through the Python API needs them again."""
     prov = ckpt.get("provenance", {})
+    if prov.get("loss", {}).get("source") == "api" and loss is None:
+        raise ConfigError(
+            "this run was trained with its own loss function passed through the Python API, which its config "
+            "cannot rebuild; resume it from Python with the same one: train(None, out_dir=..., resume=True, loss=...)"
+        )
     ds, md = prov.get("dataset", {}), prov.get("model", {})
     if ds.get("source") == "api" and dataset is None:
         raise ConfigError(

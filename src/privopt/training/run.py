@@ -31,8 +31,13 @@ from privopt.training.rundir import RunDirLock, check_new_run_dir, check_resume_
 __all__ = ["RunInterrupted", "train"]
 
 
-class RunInterrupted(PrivoptError):
-    """Raised after a run was interrupted (Ctrl-C / SIGTERM) and its checkpoint saved."""
+class RunInterrupted(KeyboardInterrupt):
+    """Raised after a run was interrupted (Ctrl-C / SIGTERM) and its checkpoint saved.
+
+    A ``KeyboardInterrupt`` (not an error): code that catches ``Exception`` or ``PrivoptError``
+    around ``train()`` (a tuning loop that skips failed trials) must not swallow the user's request
+    to stop. Its message says how to resume.
+    """
 
     exit_code = 130  # the CLI's exit code (the shell's convention for SIGINT)
 
@@ -215,6 +220,7 @@ def train(
     max_steps: int | None = None,
     dataset: Any = None,
     model: Any = None,
+    loss: Any = None,
 ) -> dict[str, Any]:
     """Run one configured training job and write its outputs to ``out_dir``.
 
@@ -236,6 +242,8 @@ def train(
         dataset: your own :class:`privopt.data.Dataset` instead of loading ``cfg.dataset``
             (pass it again on resume: it is checked against the checkpoint's fingerprint).
         model: your own ``nn.Module`` instead of building ``cfg.model`` (likewise on resume).
+        loss: your own per-sample loss ``(outputs, targets) -> [B]`` instead of ``cfg.loss`` (the
+            record then says ``loss: custom``; pass it again on resume).
 
     Returns:
         The record (as written to ``record.json``).
@@ -248,17 +256,17 @@ def train(
     """
     out = Path(out_dir)
     if resume:
-        return _resume(cfg, out, dataset=dataset, model=model, progress=progress, max_steps=max_steps)
+        return _resume(cfg, out, dataset=dataset, model=model, loss=loss, progress=progress, max_steps=max_steps)
     if cfg is None:
         raise ConfigError("train() needs a RunConfig (cfg=None is only for resume=True)")
     check_new_run_dir(out)  # before any work: a file, an unwritable folder or another run fail now
-    run = build_run(cfg, dataset=dataset, model=model)
+    run = build_run(cfg, dataset=dataset, model=model, loss=loss)
     with RunDirLock(out):
         check_new_run_dir(out)  # again under the lock: another run may have started meanwhile
         return _Session(run, out).execute(fresh=True, progress=progress, max_steps=max_steps)
 
 
-def _resume(cfg, out: Path, *, dataset, model, progress: bool, max_steps: int | None) -> dict[str, Any]:
+def _resume(cfg, out: Path, *, dataset, model, loss, progress: bool, max_steps: int | None) -> dict[str, Any]:
     check_resume_dir(out)
     with RunDirLock(out):
         try:
@@ -280,8 +288,8 @@ def _resume(cfg, out: Path, *, dataset, model, progress: bool, max_steps: int | 
                 plots=run_cfg.plots,
             )
             return ckpt["record"]
-        require_objects(ckpt, dataset=dataset, model=model)
-        run = build_run(run_cfg, dataset=dataset, model=model, ledger_state=ckpt["ledger"])
+        require_objects(ckpt, dataset=dataset, model=model, loss=loss)
+        run = build_run(run_cfg, dataset=dataset, model=model, loss=loss, ledger_state=ckpt["ledger"])
         verify(ckpt, run)
         restore(run, ckpt)
         write_outputs(

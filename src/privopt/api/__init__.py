@@ -1,0 +1,18 @@
+"""privopt inside your own code: DP-SGD in your training loop, or any algorithm in one call.
+
+* :class:`PrivacyEngine` — ``make_private(module=, optimizer=, dataset= | data_loader=, ...)``
+  returns your module, a DP optimizer and a Poisson data loader (DP-SGD: one clipped, noisy
+  gradient per step; exact calibration; a budget guard).
+* :func:`fit` — any registered algorithm (also those with two points or several queries per
+  step) on your model, loss and data, on the shared training loop.
+
+See ``docs/api.md``.
+"""
+
+from privopt.api.engine import PrivacyEngine
+from privopt.api.fit import fit
+from privopt.api.loader import PoissonLoader, training_data
+from privopt.api.losses import per_sample_loss
+from privopt.api.optimizer import DPOptimizer
+
+__all__ = ["DPOptimizer", "PoissonLoader", "PrivacyEngine", "fit", "per_sample_loss", "training_data"]

@@ -1,0 +1,219 @@
+"""``PrivacyEngine``: DP-SGD inside your own training loop.
+
+:meth:`PrivacyEngine.make_private` takes your module, optimizer and data, calibrates the noise
+exactly for the target (ε, δ) and the planned number of steps, opens a privacy ledger whose
+budget guard refuses any step beyond the target, and returns the module, a
+:class:`~privopt.api.optimizer.DPOptimizer` and a :class:`~privopt.api.loader.PoissonLoader`.
+It is DP-SGD exactly as ``privopt train --set algorithm=dp-sgd`` runs it (same calibration,
+sampling, clipping and update); see ``docs/api.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from privopt.api.loader import PoissonLoader, training_data
+from privopt.api.losses import per_sample_loss
+from privopt.api.optimizer import DPOptimizer, check_optimizer
+from privopt.errors import ConfigError, ModelError
+from privopt.grads import get_engine, validate_model
+from privopt.privacy import Calibration, Inventory, PlannedStep, Poisson, PrivacyLedger, calibrate
+from privopt.privacy.checks import check_accountant, check_count, check_delta_for_size, check_epsilon, is_real
+from privopt.rng import make_sources
+from privopt.training.builder import check_model_fits
+
+__all__ = ["PrivacyEngine"]
+
+
+def _schedule(*, batch_size: Any, sample_rate: Any, epochs: float, n: int) -> tuple[float, float, int]:
+    """``(q, expected batch size, steps)`` from exactly one of ``batch_size`` / ``sample_rate``, as
+    DP-SGD plans it (:mod:`privopt.algorithms.dpsgd`): ``ceil(epochs·n/b)`` steps at rate ``b/n``."""
+    if (batch_size is None) == (sample_rate is None):
+        raise ConfigError(
+            "pass exactly one of batch_size= (expected Poisson batch size) or sample_rate= (probability that a "
+            "record is in a batch); privopt never infers the rate from a data loader"
+        )
+    if batch_size is not None:
+        b = check_count(batch_size, name="batch_size", minimum=1)
+        if b > n:
+            raise ConfigError(f"batch_size={b} exceeds the number of training records n={n}")
+        return b / n, float(b), max(1, math.ceil(epochs * n / b))
+    if not is_real(sample_rate) or not 0 < float(sample_rate) <= 1:
+        raise ConfigError(f"sample_rate must be a number in (0, 1], got {sample_rate!r}")
+    q = float(sample_rate)
+    return q, q * n, max(1, math.ceil(round(epochs / q, 9)))
+
+
+class PrivacyEngine:
+    """DP-SGD for your own training loop: Poisson batches, per-example clipping, calibrated noise.
+
+    Args:
+        accountant: ``"auto"`` (default: the smaller ε of PLD and RDP), ``"pld"`` or ``"rdp"``.
+        engine: per-example gradient engine (:func:`privopt.grads.get_engine`; ``"auto"``: ghost).
+        insecure_seed: seed the noise and the batch sampling (reproducible, but anyone who knows
+            the seed can replay the noise: NOT private). Default: secret OS-entropy randomness.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> import privopt
+        >>> g = torch.Generator().manual_seed(0)
+        >>> x = torch.rand(500, 4, generator=g)
+        >>> y = (x[:, 0] > 0.5).long()
+        >>> model = nn.Linear(4, 2)
+        >>> engine = privopt.PrivacyEngine()
+        >>> model, optimizer, loader = engine.make_private(
+        ...     module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), dataset=(x, y),
+        ...     batch_size=50, epochs=2, epsilon=1.0, delta=1e-4, max_grad_norm=1.0)
+        >>> for epoch in range(2):
+        ...     for xb, yb in loader:
+        ...         optimizer.zero_grad()
+        ...         nn.functional.cross_entropy(model(xb), yb).backward()
+        ...         optimizer.step()
+        >>> engine.steps_taken, engine.get_epsilon() <= 1.0
+        (20, True)
+    """
+
+    def __init__(self, *, accountant: str = "auto", engine: str = "auto", insecure_seed: int | None = None):
+        self._accountant = check_accountant(accountant)
+        self._engine = get_engine(engine)
+        self._sources = make_sources(insecure_seed=insecure_seed)
+        self.insecure_seed = insecure_seed
+        self._ledger: PrivacyLedger | None = None
+        self._calibration: Calibration | None = None
+        self._optimizer: DPOptimizer | None = None
+        self._planned_steps = 0
+
+    # ------------------------------------------------------------------ what has been spent
+    @property
+    def accountant(self) -> PrivacyLedger:
+        """The privacy ledger of the training (every step is recorded before its noise is drawn)."""
+        if self._ledger is None:
+            raise ConfigError("call make_private(...) first")
+        return self._ledger
+
+    def get_epsilon(self) -> float:
+        """ε spent so far, at the target δ (never above the target: the ledger refuses such a step)."""
+        return self.accountant.epsilon()
+
+    @property
+    def calibration(self) -> Calibration:
+        """The calibration: noise multiplier, the ε it achieves over all planned steps, accountant."""
+        if self._calibration is None:
+            raise ConfigError("call make_private(...) first")
+        return self._calibration
+
+    @property
+    def noise_multiplier(self) -> float:
+        """z: the noise std on the clipped gradient sum is ``z · max_grad_norm``."""
+        return self.calibration.noise["grad"]
+
+    @property
+    def planned_steps(self) -> int:
+        return self._planned_steps
+
+    @property
+    def steps_taken(self) -> int:
+        return 0 if self._optimizer is None else self._optimizer.steps_taken
+
+    # ------------------------------------------------------------------ building
+    def make_private(
+        self,
+        *,
+        module: nn.Module,
+        optimizer: Any,
+        epsilon: float,
+        delta: float,
+        epochs: float,
+        max_grad_norm: float,
+        dataset: Any = None,
+        data_loader: Any = None,
+        batch_size: int | None = None,
+        sample_rate: float | None = None,
+        criterion: Any = None,
+        allow_large_delta: bool = False,
+    ) -> tuple[nn.Module, DPOptimizer, PoissonLoader]:
+        """Calibrate, open the ledger, and return ``(module, optimizer, data_loader)`` for your loop.
+
+        Args:
+            module: your ``nn.Module`` (returned unchanged; no layer may mix examples, e.g. BatchNorm).
+            optimizer: a torch optimizer over ``module``'s trainable parameters (SGD, Adam, ...).
+            epsilon: target ε (> 0). The noise is calibrated so that ``epochs`` passes spend at most it.
+            delta: target δ, below 1/n (``allow_large_delta=True`` to override).
+            epochs: planned passes over the data (may be fractional): the run takes
+                ``ceil(epochs / q)`` steps, ``q`` the sampling rate.
+            max_grad_norm: per-example clipping threshold C (the L2 sensitivity of each step's sum).
+            dataset: the training records: a :class:`privopt.data.Dataset`, an ``(inputs, targets)``
+                pair of tensors, or a map-style torch dataset of ``(input, target)`` items.
+            data_loader: instead of ``dataset``: a ``DataLoader`` whose dataset (and ``collate_fn``)
+                are used; its own batching is replaced by Poisson sampling.
+            batch_size: expected batch size b (``q = b / n``); or
+            sample_rate: ``q`` directly (expected batch size ``q·n``).
+            criterion: the loss whose per-example gradients are clipped: ``None`` (cross-entropy),
+                a torch loss module (``reduction`` is set to ``"none"`` on a copy) or a callable
+                returning one loss per example. ``step()`` uses it, not the loss of your loop.
+            allow_large_delta: accept δ ≥ 1/n (such a δ lets a mechanism publish a record).
+
+        Returns:
+            ``(module, optimizer, data_loader)``: iterate ``data_loader`` and call
+            ``optimizer.step()`` once per batch.
+
+        Raises:
+            ConfigError, DataError, ModelError: an invalid argument (named), before anything is
+                computed on the data.
+        """
+        if self._ledger is not None:
+            raise ConfigError("this PrivacyEngine already made a training private; use a new engine for another")
+        if not isinstance(module, nn.Module):
+            raise ModelError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        validate_model(module)
+        optimizer = check_optimizer(optimizer, module)
+        epsilon = check_epsilon(epsilon)
+        clip = check_epsilon(max_grad_norm, name="max_grad_norm")
+        epochs = check_epsilon(epochs, name="epochs")
+        data = training_data(dataset=dataset, data_loader=data_loader)
+        delta = check_delta_for_size(delta, dataset_size=data.n, allow_large=allow_large_delta)
+        rate, expected, steps = _schedule(batch_size=batch_size, sample_rate=sample_rate, epochs=epochs, n=data.n)
+        loss_fn = per_sample_loss(criterion)
+        x, y = data.batch(torch.arange(min(2, data.n)))
+        check_model_fits(module, loss_fn, x, y, what="the training inputs")
+
+        inventory = Inventory((PlannedStep(Poisson(rate), (("grad", 1.0),), steps),))
+        cal = calibrate(inventory, epsilon=epsilon, delta=delta, accountant=self._accountant)
+        ledger = PrivacyLedger(
+            delta=delta, accountant=self._accountant, target_epsilon=epsilon, planned=inventory.steps_for(cal.noise)
+        )
+        dp_optimizer = DPOptimizer(
+            optimizer,
+            module=module,
+            loss_fn=loss_fn,
+            engine=self._engine,
+            ledger=ledger,
+            sampling=Poisson(rate),
+            noise_multiplier=cal.noise["grad"],
+            max_grad_norm=clip,
+            expected_batch_size=expected,
+            noise_rng=self._sources["noise"],
+        )
+        loader = PoissonLoader(
+            data,
+            rate=rate,
+            steps=steps,
+            epochs=epochs,
+            rng=self._sources["sampler"],
+            on_batch=dp_optimizer._set_batch,
+        )
+        self._ledger, self._calibration, self._optimizer, self._planned_steps = ledger, cal, dp_optimizer, steps
+        return module, dp_optimizer, loader
+
+    def __repr__(self) -> str:
+        if self._ledger is None:
+            return f"PrivacyEngine(accountant={self._accountant!r}, not yet used)"
+        return (
+            f"PrivacyEngine(steps={self.steps_taken}/{self._planned_steps}, epsilon_spent={self.get_epsilon():.4g}, "
+            f"target={self._ledger.target_epsilon:g}, delta={self._ledger.delta:g})"
+        )

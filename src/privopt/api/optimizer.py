@@ -1,0 +1,138 @@
+"""The DP optimizer of :meth:`privopt.PrivacyEngine.make_private`: one noisy release per step.
+
+``step()`` takes the batch the private loader yielded last and
+
+1. records the step in the privacy ledger (the budget guard refuses it, before anything is
+   computed, if it would push ε above the target);
+2. computes the sum of per-example gradients of ``criterion(module(x), y)``, each clipped to
+   ``max_grad_norm``, with a privopt gradient engine (:func:`privopt.grads.get_engine`);
+3. adds Gaussian noise of std ``z·max_grad_norm`` from the engine's noise source and divides by
+   the EXPECTED batch size (never the realised one, which is private);
+4. writes that gradient into ``.grad`` and steps the wrapped torch optimizer (any optimizer:
+   what it does with a released gradient is post-processing).
+
+Whatever ``.grad`` held before (e.g. from the user's ``loss.backward()``) is replaced, so a
+non-private gradient never reaches the update. See ``docs/api.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from privopt.errors import ConfigError
+from privopt.grads.flat import num_trainable, set_flat_grad, trainable_parameters
+from privopt.grads.release import PrivateBatch
+from privopt.grads.sums import BoundedSum
+
+__all__ = ["DPOptimizer"]
+
+
+def check_optimizer(optimizer: Any, module: nn.Module) -> torch.optim.Optimizer:
+    """The optimizer must update only the module's trainable parameters, with a finite learning rate."""
+    if not isinstance(optimizer, torch.optim.Optimizer) or isinstance(optimizer, DPOptimizer):
+        raise ConfigError(f"optimizer must be a torch.optim.Optimizer over the module, got {type(optimizer).__name__}")
+    trainable = {id(p) for p in trainable_parameters(module)}
+    for group in optimizer.param_groups:
+        lr = group.get("lr")
+        if lr is not None and not (isinstance(lr, (int, float, torch.Tensor)) and math.isfinite(float(lr))):
+            raise ConfigError(f"the optimizer's learning rate must be a finite number, got {lr!r}")
+        if any(id(p) not in trainable for p in group["params"]):
+            raise ConfigError(
+                "the optimizer updates a parameter that is not a trainable parameter of the module: every "
+                "updated parameter must get its gradient through per-example clipping (build the optimizer "
+                "from module.parameters(), and set requires_grad=False on frozen ones)"
+            )
+    return optimizer
+
+
+class DPOptimizer(torch.optim.Optimizer):
+    """Wraps a torch optimizer; ``step()`` applies DP-SGD's noisy clipped gradient of the last batch.
+
+    Built by :meth:`privopt.PrivacyEngine.make_private`; shares ``param_groups`` and ``state``
+    with the wrapped optimizer, so learning-rate schedulers work on it.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        module: nn.Module,
+        loss_fn: Callable,
+        engine: Any,
+        ledger: Any,
+        sampling: Any,
+        noise_multiplier: float,
+        max_grad_norm: float,
+        expected_batch_size: float,
+        noise_rng: Any,
+    ):
+        # No Optimizer.__init__: it would build new param groups; these are the wrapped optimizer's.
+        self.original_optimizer = optimizer
+        self.param_groups, self.state, self.defaults = optimizer.param_groups, optimizer.state, optimizer.defaults
+        self._module, self._loss_fn, self._engine, self._ledger = module, loss_fn, engine, ledger
+        self._sampling, self._z, self._clip = sampling, float(noise_multiplier), float(max_grad_norm)
+        self._normalizer, self._noise_rng = float(expected_batch_size), noise_rng
+        self._pending: tuple[Any, Any] | None = None
+        self.steps_taken = 0
+
+    def _set_batch(self, batch: tuple[Any, Any]) -> None:
+        """Called by the private loader with each batch it yields."""
+        self._pending = batch
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.original_optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.original_optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.original_optimizer.load_state_dict(state_dict)
+
+    def _noisy_gradient(self, x: Any, y: Any) -> torch.Tensor:
+        # Recorded before anything is computed: the budget guard may refuse the step here.
+        batch = PrivateBatch(self._ledger, self._sampling, {"grad": self._z}, rng=self._noise_rng)
+        m = self._module
+        if len(y) == 0:  # an empty Poisson batch still releases (pure) noise
+            clipped: Any = BoundedSum(torch.zeros(num_trainable(m)), bound=self._clip)
+        else:
+            clipped = self._engine.clipped_sum(m, self._loss_fn, x, y, clip=self._clip)
+        return batch.gaussian("grad", clipped, normalizer=self._normalizer)
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Release the noisy clipped gradient of the last batch the private loader yielded and step.
+
+        Args:
+            closure: optional, as for any torch optimizer: re-evaluates the loss, whose value is
+                returned (its gradient is not used).
+
+        Raises:
+            ConfigError: no new batch since the last step (iterate the loader ``make_private``
+                returned: each batch pays for exactly one step).
+            PrivacyBudgetExceeded: this step would push ε above the target; nothing was released.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._pending is None:
+            raise ConfigError(
+                "optimizer.step() needs a new batch from the data loader returned by make_private (one step per "
+                "private batch)"
+            )
+        (x, y), self._pending = self._pending, None
+        flat = self._noisy_gradient(x, y)
+        set_flat_grad(self._module, flat)
+        self.original_optimizer.step()
+        self.steps_taken += 1
+        return loss
+
+    def __repr__(self) -> str:
+        return (
+            f"DPOptimizer({type(self.original_optimizer).__name__}, noise_multiplier={self._z:.4g}, "
+            f"max_grad_norm={self._clip:g}, expected_batch_size={self._normalizer:g})"
+        )
