@@ -1,0 +1,166 @@
+"""Audited training runs: canaries in, the real pipeline, scores and a bound out.
+
+Every audited run is built by :func:`privopt.training.build_run` (the builder ``privopt train``
+uses: calibration, ledger, secret randomness, the algorithm from the registry) and stepped by
+:func:`privopt.training.run_loop`; only the run's files are not written. The canaries enter as
+records of the training set (:class:`privopt.data.Dataset`), so the run treats them like any
+other record: n counts them, the accountant calibrates for that n, the sampler samples them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from privopt.audit.canaries import CANARY_LABEL, AuditModel, draw_inclusion, with_id_column, wrong_labels
+from privopt.audit.scores import WhiteBoxScorer, black_box_scores, release_kinds
+from privopt.config import RunConfig
+from privopt.errors import ConfigError
+from privopt.rng import RandomSource
+
+__all__ = ["CanaryRun", "load_base", "white_box_run", "black_box_run", "input_canaries"]
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class CanaryRun:
+    """One audited training run: per-canary scores and what the run accounted."""
+
+    scores: np.ndarray
+    epsilon: float
+    delta: float
+    n: int
+    steps: int
+    wall_time_s: float
+    test_accuracy: float | None = None
+    releases: dict[str, Any] = field(default_factory=dict)
+
+
+def load_base(cfg: RunConfig):
+    """The config's dataset, loaded as ``privopt train`` loads it (public preprocessing)."""
+    from privopt.data import load_dataset
+
+    return load_dataset(cfg.dataset, data_dir=cfg.data_dir, seed=cfg.seed, **cfg.dataset_params)
+
+
+def _with_records(base, x_extra: torch.Tensor, y_extra: torch.Tensor, *, x_fn, test=None):
+    """``base``'s training split plus the extra records (as a user dataset), features mapped by ``x_fn``."""
+    from privopt.data import Dataset
+
+    x_test, y_test = test if test is not None else (base.x_test, base.y_test)
+    kw: dict[str, Any] = {}
+    if base.g_train is not None:  # canaries join group 0 (a public choice)
+        kw["groups"] = torch.cat([base.g_train, torch.zeros(len(y_extra), dtype=torch.int64)])
+        kw["group_names"] = base.group_names
+    return Dataset.from_tensors(
+        torch.cat([x_fn(base.x_train, None), x_extra]),
+        torch.cat([base.y_train, y_extra.to(torch.int64)]),
+        x_test=x_fn(x_test, None),
+        y_test=y_test,
+        num_classes=base.num_classes,
+        name=f"{base.name}+canaries",
+        **kw,
+    )
+
+
+def _train(cfg: RunConfig, dataset, model=None, observer=None):
+    """Build the run with privopt's builder and step it with privopt's loop; returns the Run."""
+    from privopt.grads.release import observe_releases
+    from privopt.training import LoopState, build_run, run_loop
+    from privopt.training.callbacks import DivergenceGuard
+
+    run = build_run(cfg, dataset=dataset, model=model)
+    if run.ledger is None:
+        raise ConfigError(f"algorithm {cfg.algorithm!r} is not private: there is no privacy claim to audit")
+    state = LoopState(step=0, total=run.total)
+    if observer is None:
+        run_loop(run.algo.step, state, [DivergenceGuard(run.model)])
+    else:
+        with observe_releases(observer):
+            run_loop(run.algo.step, state, [DivergenceGuard(run.model)])
+    run.algo.finalize()
+    return run
+
+
+def _accuracy(model, x, y) -> float | None:
+    if len(y) == 0:
+        return None
+    with torch.no_grad():
+        return float((model(x).argmax(dim=1) == y).float().mean())
+
+
+def white_box_run(
+    cfg: RunConfig, base, included: torch.Tensor, *, families: Collection[str] | None = None
+) -> CanaryRun:
+    """One run with ``len(included)`` gradient canaries (those flagged True inserted); scores from
+    the released noisy gradients (only those of ``families`` when given, e.g. ``{"x-diff"}`` to
+    audit the difference queries alone)."""
+    from privopt.models import build_model
+
+    m = int(included.numel())
+    torch.manual_seed(cfg.seed)  # public: the model's initialisation, as in privopt train
+    inner = build_model(cfg.model, input_shape=base.input_shape, num_classes=base.num_classes, **cfg.model_params)
+    model = AuditModel(inner, input_shape=base.input_shape, canaries=m)
+    numbers = torch.nonzero(included).squeeze(1) + 1
+    extra = with_id_column(torch.zeros(len(numbers), *base.input_shape), numbers)
+    data = _with_records(base, extra, torch.full((len(numbers),), CANARY_LABEL), x_fn=with_id_column)
+    t0 = time.perf_counter()
+    from privopt.algorithms import get_algorithm
+
+    kinds = release_kinds(get_algorithm(cfg.algorithm, **cfg.algorithm_params).release_plan(data.n_train))
+    if families is not None:
+        kinds = {name: kind if name in families else "other" for name, kind in kinds.items()}
+    scorer = WhiteBoxScorer(model, kinds)
+    run = _train(cfg, data, model=model, observer=scorer)
+    if not scorer.used:
+        raise ConfigError(
+            f"algorithm {cfg.algorithm!r} made no release the white-box audit can score "
+            f"(seen: {sorted(scorer.skipped)}); use the black-box audit"
+        )
+    acc = _accuracy(inner, base.x_test, base.y_test)
+    return _finish(run, scorer.scores.numpy(), t0, acc, releases=scorer.summary())
+
+
+def input_canaries(base, count: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``count`` test inputs with a wrong label drawn from ``seed`` (public canaries)."""
+    if len(base.y_test) < 2:
+        raise ConfigError(f"dataset {base.name!r} has no test split to draw input canaries from")
+    k = min(count, len(base.y_test) - 1)  # keep one test record for the accuracy
+    gen = torch.Generator().manual_seed(seed)
+    return base.x_test[:k], wrong_labels(base.y_test[:k], num_classes=base.num_classes, generator=gen)
+
+
+def black_box_run(cfg: RunConfig, base, canaries: tuple[torch.Tensor, torch.Tensor], included) -> CanaryRun:
+    """One run with input canaries (those flagged True inserted); scores from the released model."""
+    x_c, y_c = canaries
+    keep = lambda x, _: x
+    test = (base.x_test[len(y_c) :], base.y_test[len(y_c) :])
+    data = _with_records(base, x_c[included], y_c[included], x_fn=keep, test=test)
+    t0 = time.perf_counter()
+    run = _train(cfg, data)
+    scores = black_box_scores(run.model, run.loss_fn, x_c, y_c)
+    return _finish(run, scores, t0, _accuracy(run.model, *test))
+
+
+def _finish(run, scores, t0: float, acc, *, releases=None) -> CanaryRun:
+    return CanaryRun(
+        scores=np.asarray(scores, dtype=np.float64),
+        epsilon=float(run.ledger.epsilon()),
+        delta=float(run.cfg.privacy.delta),
+        n=run.n,
+        steps=int(run.total),
+        wall_time_s=time.perf_counter() - t0,
+        test_accuracy=acc,
+        releases=releases or {},
+    )
+
+
+def inclusions(count: int, rng: RandomSource | None) -> torch.Tensor:
+    """Secret fair coins for ``count`` canaries (see :func:`privopt.audit.canaries.draw_inclusion`)."""
+    return draw_inclusion(count, rng=rng)
