@@ -10,22 +10,19 @@ other record: n counts them, the accountant calibrates for that n, the sampler s
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from privopt.audit.canaries import CANARY_LABEL, AuditModel, draw_inclusion, with_id_column, wrong_labels
+from privopt.audit.canaries import CANARY_LABEL, AuditModel, with_id_column, wrong_labels
 from privopt.audit.scores import WhiteBoxScorer, black_box_scores, release_kinds
 from privopt.config import RunConfig
 from privopt.errors import ConfigError
-from privopt.rng import RandomSource
 
 __all__ = ["CanaryRun", "load_base", "white_box_run", "black_box_run", "input_canaries"]
-
-Progress = Callable[[str], None]
 
 
 @dataclass
@@ -49,19 +46,20 @@ def load_base(cfg: RunConfig):
     return load_dataset(cfg.dataset, data_dir=cfg.data_dir, seed=cfg.seed, **cfg.dataset_params)
 
 
-def _with_records(base, x_extra: torch.Tensor, y_extra: torch.Tensor, *, x_fn, test=None):
-    """``base``'s training split plus the extra records (as a user dataset), features mapped by ``x_fn``."""
+def _with_records(base, extra: tuple, *, x_fn, test: tuple | None = None):
+    """``base``'s training split plus the ``extra = (x, y, groups)`` records, as a user dataset;
+    features of ``base`` mapped by ``x_fn``; ``test = (x, y, groups)`` replaces the test split."""
     from privopt.data import Dataset
 
-    x_test, y_test = test if test is not None else (base.x_test, base.y_test)
+    x_extra, y_extra, g_extra = extra
+    x_test, y_test, g_test = test if test is not None else (base.x_test, base.y_test, base.g_test)
     kw: dict[str, Any] = {}
-    if base.g_train is not None:  # canaries join group 0 (a public choice)
-        kw["groups"] = torch.cat([base.g_train, torch.zeros(len(y_extra), dtype=torch.int64)])
-        kw["group_names"] = base.group_names
+    if base.g_train is not None:
+        kw.update(groups=torch.cat([base.g_train, g_extra]), groups_test=g_test, group_names=base.group_names)
     return Dataset.from_tensors(
-        torch.cat([x_fn(base.x_train, None), x_extra]),
+        torch.cat([x_fn(base.x_train), x_extra]),
         torch.cat([base.y_train, y_extra.to(torch.int64)]),
-        x_test=x_fn(x_test, None),
+        x_test=x_fn(x_test),
         y_test=y_test,
         num_classes=base.num_classes,
         name=f"{base.name}+canaries",
@@ -101,6 +99,7 @@ def white_box_run(
     """One run with ``len(included)`` gradient canaries (those flagged True inserted); scores from
     the released noisy gradients (only those of ``families`` when given, e.g. ``{"x-diff"}`` to
     audit the difference queries alone)."""
+    from privopt.algorithms import get_algorithm
     from privopt.models import build_model
 
     m = int(included.numel())
@@ -108,11 +107,10 @@ def white_box_run(
     inner = build_model(cfg.model, input_shape=base.input_shape, num_classes=base.num_classes, **cfg.model_params)
     model = AuditModel(inner, input_shape=base.input_shape, canaries=m)
     numbers = torch.nonzero(included).squeeze(1) + 1
-    extra = with_id_column(torch.zeros(len(numbers), *base.input_shape), numbers)
-    data = _with_records(base, extra, torch.full((len(numbers),), CANARY_LABEL), x_fn=with_id_column)
+    x_extra = with_id_column(torch.zeros(len(numbers), *base.input_shape), numbers)
+    extra = (x_extra, torch.full((len(numbers),), CANARY_LABEL), torch.zeros(len(numbers), dtype=torch.int64))
+    data = _with_records(base, extra, x_fn=with_id_column)  # gradient canaries join group 0 (public)
     t0 = time.perf_counter()
-    from privopt.algorithms import get_algorithm
-
     kinds = release_kinds(get_algorithm(cfg.algorithm, **cfg.algorithm_params).release_plan(data.n_train))
     if families is not None:
         kinds = {name: kind if name in families else "other" for name, kind in kinds.items()}
@@ -139,13 +137,15 @@ def input_canaries(base, count: int, *, seed: int) -> tuple[torch.Tensor, torch.
 def black_box_run(cfg: RunConfig, base, canaries: tuple[torch.Tensor, torch.Tensor], included) -> CanaryRun:
     """One run with input canaries (those flagged True inserted); scores from the released model."""
     x_c, y_c = canaries
-    keep = lambda x, _: x
-    test = (base.x_test[len(y_c) :], base.y_test[len(y_c) :])
-    data = _with_records(base, x_c[included], y_c[included], x_fn=keep, test=test)
+    k = len(y_c)
+    g_c, g_rest = (None, None) if base.g_test is None else (base.g_test[:k], base.g_test[k:])
+    test = (base.x_test[k:], base.y_test[k:], g_rest)
+    extra = (x_c[included], y_c[included], None if g_c is None else g_c[included])
+    data = _with_records(base, extra, x_fn=lambda x: x, test=test)
     t0 = time.perf_counter()
     run = _train(cfg, data)
     scores = black_box_scores(run.model, run.loss_fn, x_c, y_c)
-    return _finish(run, scores, t0, _accuracy(run.model, *test))
+    return _finish(run, scores, t0, _accuracy(run.model, *test[:2]))
 
 
 def _finish(run, scores, t0: float, acc, *, releases=None) -> CanaryRun:
@@ -159,8 +159,3 @@ def _finish(run, scores, t0: float, acc, *, releases=None) -> CanaryRun:
         test_accuracy=acc,
         releases=releases or {},
     )
-
-
-def inclusions(count: int, rng: RandomSource | None) -> torch.Tensor:
-    """Secret fair coins for ``count`` canaries (see :func:`privopt.audit.canaries.draw_inclusion`)."""
-    return draw_inclusion(count, rng=rng)
