@@ -131,7 +131,7 @@ def test_black_box_audit_scores_the_released_model():
     report = run_audit(_cfg(DP_SGD), mode="black-box", canaries=150, inclusion_rng=TorchSource(5))
     (r,) = report.results
     assert report.passed and r.mode == "black-box" and r.epsilon_lower_bound <= r.epsilon_accounted
-    assert r.bound["canaries"] == 150 and r.scores.shape == (150,) and (r.scores <= 0).all()  # -loss
+    assert r.bound["canaries"] == 150 and r.scores.shape == (150,)
     assert 0.0 <= r.runs[0]["test_accuracy"] <= 1.0
 
 

@@ -1,4 +1,4 @@
-"""The ``privopt`` command line: train, account, audit, list, demo, bench, reproduce."""
+"""The ``privopt`` command line: train, account, list, demo, bench, reproduce."""
 
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ def plot_report(report: AuditReport, path: Path) -> None:
         hist.hist(r.scores[r.included], bins=bins, alpha=0.6, label="included", density=True)
         unit = "canary" if r.method == "one-run" else "run"
         hist.set_title(f"{r.mode} {r.method}: membership score per {unit}")
-        hist.set_xlabel("log-likelihood ratio" if r.mode == "white-box" else "- loss of the released model")
+        hist.set_xlabel("log-likelihood ratio" if r.mode == "white-box" else "loss(true label) - loss(canary label)")
         hist.legend()
         bars.bar(["lower bound", "accounted"], [r.epsilon_lower_bound, r.epsilon_accounted], color=["C3", "C0"])
         bars.set_ylabel("epsilon")

@@ -125,18 +125,20 @@ def white_box_run(
     return _finish(run, scorer.scores.numpy(), t0, acc, releases=scorer.summary())
 
 
-def input_canaries(base, count: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``count`` test inputs with a wrong label drawn from ``seed`` (public canaries)."""
+def input_canaries(base, count: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The first ``count`` test inputs with a wrong label drawn from ``seed`` (public canaries):
+    ``(x, wrong label, true label)``."""
     if len(base.y_test) < 2:
         raise ConfigError(f"dataset {base.name!r} has no test split to draw input canaries from")
     k = min(count, len(base.y_test) - 1)  # keep one test record for the accuracy
     gen = torch.Generator().manual_seed(seed)
-    return base.x_test[:k], wrong_labels(base.y_test[:k], num_classes=base.num_classes, generator=gen)
+    y_true = base.y_test[:k]
+    return base.x_test[:k], wrong_labels(y_true, num_classes=base.num_classes, generator=gen), y_true
 
 
-def black_box_run(cfg: RunConfig, base, canaries: tuple[torch.Tensor, torch.Tensor], included) -> CanaryRun:
+def black_box_run(cfg: RunConfig, base, canaries: tuple, included) -> CanaryRun:
     """One run with input canaries (those flagged True inserted); scores from the released model."""
-    x_c, y_c = canaries
+    x_c, y_c, y_true = canaries
     k = len(y_c)
     g_c, g_rest = (None, None) if base.g_test is None else (base.g_test[:k], base.g_test[k:])
     test = (base.x_test[k:], base.y_test[k:], g_rest)
@@ -144,7 +146,7 @@ def black_box_run(cfg: RunConfig, base, canaries: tuple[torch.Tensor, torch.Tens
     data = _with_records(base, extra, x_fn=lambda x: x, test=test)
     t0 = time.perf_counter()
     run = _train(cfg, data)
-    scores = black_box_scores(run.model, run.loss_fn, x_c, y_c)
+    scores = black_box_scores(run.model, run.loss_fn, x_c, y_c, reference=y_true)
     return _finish(run, scores, t0, _accuracy(run.model, *test[:2]))
 
 

@@ -20,7 +20,8 @@ current point; a difference release (step-proportional threshold, two points) on
 flipped since the previous point, with the current sign. Other releases (scalars, statistics
 with a combined bound) are not scored.
 
-Black-box (:func:`black_box_scores`): the negative loss of the released model on each canary.
+Black-box (:func:`black_box_scores`): the released model's preference for the canary's (wrong) label
+over the input's true label, ``loss(true label) − loss(canary label)``.
 """
 
 from __future__ import annotations
@@ -156,8 +157,13 @@ class WhiteBoxScorer:
         return {"scored": dict(self.used), "not_scored": dict(self.skipped), "noise_ratio": self.noise_ratio}
 
 
-def black_box_scores(model, loss_fn, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
-    """Negative loss of the released model on each canary (higher = "more likely trained on")."""
+def black_box_scores(model, loss_fn, x: torch.Tensor, y: torch.Tensor, *, reference=None) -> np.ndarray:
+    """Membership scores from the released model (higher = "more likely trained on"): the negative
+    loss on each canary ``(x, y)``, or, with ``reference`` labels (the inputs' true labels), the
+    log-odds ``loss(x, reference) − loss(x, y)``, which removes how hard each input is."""
     from privopt.eval.mia import attack_scores
 
-    return attack_scores(model, loss_fn, x, y, score="loss")
+    scores = attack_scores(model, loss_fn, x, y, score="loss")
+    if reference is not None:
+        scores = scores - attack_scores(model, loss_fn, x, reference, score="loss")
+    return scores
