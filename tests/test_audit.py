@@ -150,6 +150,8 @@ def test_non_private_algorithms_and_bad_arguments_are_refused():
         run_audit(_cfg(DP_SGD), mode="grey-box")
     with pytest.raises(ConfigError, match="canaries"):
         run_audit(_cfg(DP_SGD), canaries=1)
+    with pytest.raises(ConfigError, match="runs"):
+        run_audit(_cfg(DP_SGD), method="many-run", runs=2)
     with pytest.raises(ConfigError, match="not private"):
         run_audit(RunConfig.from_dict({**TINY, "algorithm": "sgd"}), mode="white-box", canaries=10)
     with pytest.raises(ConfigError, match="privacy.epsilon"):

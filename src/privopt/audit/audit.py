@@ -175,9 +175,9 @@ def _check_args(mode: str, method: str, canaries: int, runs: int, confidence: fl
         raise ConfigError(f"audit mode must be one of {MODES + ('both',)}, got {mode!r}")
     if method not in METHODS:
         raise ConfigError(f"audit method must be one of {METHODS}, got {method!r}")
-    if not (isinstance(canaries, int) and canaries >= 2):
+    if method == "one-run" and not (isinstance(canaries, int) and canaries >= 2):
         raise ConfigError(f"the number of canaries must be an integer >= 2, got {canaries!r}")
-    if not (isinstance(runs, int) and runs >= 4):
+    if method == "many-run" and not (isinstance(runs, int) and runs >= 4):
         raise ConfigError(f"a many-run audit needs an integer number of runs >= 4, got {runs!r}")
     if not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
         raise ConfigError(f"confidence must be in (0, 1), got {confidence!r}")
