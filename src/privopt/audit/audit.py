@@ -201,7 +201,7 @@ def run_audit(
         cfg: the run configuration to audit (``privopt train``'s).
         mode: ``"white-box"``, ``"black-box"`` or ``"both"``.
         method: ``"one-run"`` (``canaries`` canaries in one run) or ``"many-run"`` (``runs`` runs).
-        canaries: canaries of a one-run audit (black-box: at most the test split's size − 1).
+        canaries: canaries of a one-run audit (black-box: at most the test split's size).
         runs: training runs of a many-run audit.
         confidence: the confidence of the lower bounds (1 − β).
         progress: called with a line of text after each stage (``None``: silent).

@@ -46,21 +46,20 @@ def load_base(cfg: RunConfig):
     return load_dataset(cfg.dataset, data_dir=cfg.data_dir, seed=cfg.seed, **cfg.dataset_params)
 
 
-def _with_records(base, extra: tuple, *, x_fn, test: tuple | None = None):
+def _with_records(base, extra: tuple, *, x_fn):
     """``base``'s training split plus the ``extra = (x, y, groups)`` records, as a user dataset;
-    features of ``base`` mapped by ``x_fn``; ``test = (x, y, groups)`` replaces the test split."""
+    the features of ``base`` (both splits) mapped by ``x_fn``."""
     from privopt.data import Dataset
 
     x_extra, y_extra, g_extra = extra
-    x_test, y_test, g_test = test if test is not None else (base.x_test, base.y_test, base.g_test)
     kw: dict[str, Any] = {}
     if base.g_train is not None:
-        kw.update(groups=torch.cat([base.g_train, g_extra]), groups_test=g_test, group_names=base.group_names)
+        kw.update(groups=torch.cat([base.g_train, g_extra]), groups_test=base.g_test, group_names=base.group_names)
     return Dataset.from_tensors(
         torch.cat([x_fn(base.x_train), x_extra]),
         torch.cat([base.y_train, y_extra.to(torch.int64)]),
-        x_test=x_fn(x_test),
-        y_test=y_test,
+        x_test=x_fn(base.x_test),
+        y_test=base.y_test,
         num_classes=base.num_classes,
         name=f"{base.name}+canaries",
         **kw,
@@ -129,25 +128,23 @@ def input_canaries(base, count: int, *, seed: int) -> tuple[torch.Tensor, torch.
     """The first ``count`` test inputs with a wrong label drawn from ``seed`` (public canaries):
     ``(x, wrong label, true label)``."""
     if len(base.y_test) < 2:
-        raise ConfigError(f"dataset {base.name!r} has no test split to draw input canaries from")
-    k = min(count, len(base.y_test) - 1)  # keep one test record for the accuracy
+        raise ConfigError(f"dataset {base.name!r} has too small a test split to draw input canaries from")
+    k = min(count, len(base.y_test))
     gen = torch.Generator().manual_seed(seed)
     y_true = base.y_test[:k]
     return base.x_test[:k], wrong_labels(y_true, num_classes=base.num_classes, generator=gen), y_true
 
 
 def black_box_run(cfg: RunConfig, base, canaries: tuple, included) -> CanaryRun:
-    """One run with input canaries (those flagged True inserted); scores from the released model."""
+    """One run with input canaries (those flagged True inserted); scores from the released model.
+    The test split stays as it is (its inputs carry their true labels there)."""
     x_c, y_c, y_true = canaries
-    k = len(y_c)
-    g_c, g_rest = (None, None) if base.g_test is None else (base.g_test[:k], base.g_test[k:])
-    test = (base.x_test[k:], base.y_test[k:], g_rest)
-    extra = (x_c[included], y_c[included], None if g_c is None else g_c[included])
-    data = _with_records(base, extra, x_fn=lambda x: x, test=test)
+    g_c = None if base.g_test is None else base.g_test[: len(y_c)][included]
+    data = _with_records(base, (x_c[included], y_c[included], g_c), x_fn=lambda x: x)
     t0 = time.perf_counter()
     run = _train(cfg, data)
     scores = black_box_scores(run.model, run.loss_fn, x_c, y_c, reference=y_true)
-    return _finish(run, scores, t0, _accuracy(run.model, *test[:2]))
+    return _finish(run, scores, t0, _accuracy(run.model, base.x_test, base.y_test))
 
 
 def _finish(run, scores, t0: float, acc, *, releases=None) -> CanaryRun:
