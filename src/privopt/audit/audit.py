@@ -6,9 +6,9 @@ Two designs, two threat models:
   probability ½ into ONE training run; every canary is scored, the auditor guesses the membership
   of the highest (and lowest) scores, and the number of right guesses bounds ε
   (:func:`privopt.audit.bounds.one_run_bound`).
-* **many-run** (Clopper–Pearson): R training runs, each with one canary inserted with probability
-  ½; a threshold on its score gives false-positive and false-negative rates whose confidence
-  bounds bound ε (:func:`privopt.audit.bounds.many_run_bound`).
+* **many-run** (Clopper–Pearson): R training runs with one canary, inserted in half of each half
+  of the runs (secret random order); a threshold on its score gives false-positive and
+  false-negative rates whose confidence bounds bound ε (:func:`privopt.audit.bounds.many_run_bound`).
 
 Each in a **white-box** mode (gradient canaries, scores from the released noisy gradients) and a
 **black-box** mode (input canaries, scores from the released model's loss).
@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from privopt.audit.bounds import many_run_bound, one_run_bound
 from privopt.audit.canaries import draw_inclusion
 from privopt.audit.runner import CanaryRun, black_box_run, input_canaries, load_base, white_box_run
 from privopt.config import RunConfig
 from privopt.errors import ConfigError
-from privopt.rng import RandomSource
+from privopt.rng import RandomSource, SecureSource
 
 __all__ = ["AuditResult", "AuditReport", "run_audit", "MODES", "METHODS"]
 
@@ -142,7 +143,7 @@ def _one_run(cfg, base, mode: str, *, canaries: int, confidence: float, rng, say
 
 def _many_run(cfg, base, mode: str, *, runs: int, confidence: float, rng, say) -> AuditResult:
     t0 = time.perf_counter()
-    coins = draw_inclusion(runs, rng=rng)
+    coins = _balanced_coins(runs, rng)
     pool = input_canaries(base, 1, seed=cfg.seed) if mode == "black-box" else None
     scores, summaries = np.zeros(runs), []
     for j in range(runs):
@@ -167,6 +168,17 @@ def _many_run(cfg, base, mode: str, *, runs: int, confidence: float, rng, say) -
         scores=scores,
         included=flags,
     )
+
+
+def _balanced_coins(runs: int, rng: RandomSource | None) -> torch.Tensor:
+    """Which runs include the canary: half of each half of the runs, in a secret random order (the
+    threshold is picked on the first half and tested on the second; each needs both kinds of run)."""
+    source = rng if rng is not None else SecureSource()
+    parts = []
+    for size in (runs // 2, runs - runs // 2):
+        flags = torch.arange(size) < size // 2
+        parts.append(flags[source.randperm(size)])
+    return torch.cat(parts)
 
 
 def _check_args(mode: str, method: str, canaries: int, runs: int, confidence: float) -> tuple[str, ...]:
@@ -205,8 +217,9 @@ def run_audit(
         runs: training runs of a many-run audit.
         confidence: the confidence of the lower bounds (1 − β).
         progress: called with a line of text after each stage (``None``: silent).
-        inclusion_rng: where the canaries' inclusion coins come from; default a fresh
-            :class:`~privopt.rng.SecureSource` (secret). Pass a seeded source only for tests.
+        inclusion_rng: where the canaries' inclusion (coins, or the order of the runs) comes
+            from; default a fresh :class:`~privopt.rng.SecureSource` (secret). Pass a seeded
+            source only for tests.
 
     Returns:
         An :class:`AuditReport`; ``report.passed`` is False when an empirical lower bound exceeds

@@ -13,12 +13,13 @@ and how to read it: ``docs/audit.md``.
   whose p-value for the observed count is at most β. Several guess counts are tried; each is
   tested at level β / (number tried) (Bonferroni), so picking the best one afterwards keeps the
   confidence.
-* :func:`many_run_bound` — one canary per training run, included with probability ½ in each of R
-  runs. A threshold on the score gives a test with false-positive rate FPR and false-negative rate
-  FNR; (ε, δ)-DP forces ``FPR + e^ε FNR ≥ 1 − δ`` and ``FNR + e^ε FPR ≥ 1 − δ``. With Clopper–Pearson
-  upper confidence bounds on both rates, ``ε ≥ max(log((1 − δ − FPR⁺)/FNR⁺), log((1 − δ − FNR⁺)/FPR⁺))``.
-  The threshold is chosen on the first half of the runs and the rates are bounded on the second
-  half (choosing it on the same runs would overstate the confidence).
+* :func:`many_run_bound` — one canary per training run, included in some of R runs (the runs are
+  independent given which ones include it). A threshold on the score gives a test with
+  false-positive rate FPR and false-negative rate FNR; (ε, δ)-DP forces
+  ``FPR + e^ε FNR ≥ 1 − δ`` and ``FNR + e^ε FPR ≥ 1 − δ``. With Clopper–Pearson upper confidence
+  bounds on both rates, ``ε ≥ max(log((1 − δ − FPR⁺)/FNR⁺), log((1 − δ − FNR⁺)/FPR⁺))``. The
+  threshold is chosen on the first half of the runs and the rates are bounded on the second half
+  (choosing it on the same runs would overstate the confidence).
 
 Binomial tails and beta quantiles come from :mod:`scipy.stats`.
 
