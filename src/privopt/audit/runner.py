@@ -1,0 +1,160 @@
+"""Audited training runs: canaries in, the real pipeline, scores and a bound out.
+
+Every audited run is built by :func:`privopt.training.build_run` (the builder ``privopt train``
+uses: calibration, ledger, secret randomness, the algorithm from the registry) and stepped by
+:func:`privopt.training.run_loop`; only the run's files are not written. The canaries enter as
+records of the training set (:class:`privopt.data.Dataset`), so the run treats them like any
+other record: n counts them, the accountant calibrates for that n, the sampler samples them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from privopt.audit.canaries import CANARY_LABEL, AuditModel, with_id_column, wrong_labels
+from privopt.audit.scores import WhiteBoxScorer, black_box_scores, release_kinds
+from privopt.config import RunConfig
+from privopt.errors import ConfigError
+
+__all__ = ["CanaryRun", "load_base", "white_box_run", "black_box_run", "input_canaries"]
+
+
+@dataclass
+class CanaryRun:
+    """One audited training run: per-canary scores and what the run accounted."""
+
+    scores: np.ndarray
+    epsilon: float
+    delta: float
+    n: int
+    steps: int
+    wall_time_s: float
+    test_accuracy: float | None = None
+    releases: dict[str, Any] = field(default_factory=dict)
+
+
+def load_base(cfg: RunConfig):
+    """The config's dataset, loaded as ``privopt train`` loads it (public preprocessing)."""
+    from privopt.data import load_dataset
+
+    return load_dataset(cfg.dataset, data_dir=cfg.data_dir, seed=cfg.seed, **cfg.dataset_params)
+
+
+def _with_records(base, extra: tuple, *, x_fn):
+    """``base``'s training split plus the ``extra = (x, y, groups)`` records, as a user dataset;
+    the features of ``base`` (both splits) mapped by ``x_fn``."""
+    from privopt.data import Dataset
+
+    x_extra, y_extra, g_extra = extra
+    kw: dict[str, Any] = {}
+    if base.g_train is not None:
+        kw.update(groups=torch.cat([base.g_train, g_extra]), groups_test=base.g_test, group_names=base.group_names)
+    return Dataset.from_tensors(
+        torch.cat([x_fn(base.x_train), x_extra]),
+        torch.cat([base.y_train, y_extra.to(torch.int64)]),
+        x_test=x_fn(base.x_test),
+        y_test=base.y_test,
+        num_classes=base.num_classes,
+        name=f"{base.name}+canaries",
+        **kw,
+    )
+
+
+def _train(cfg: RunConfig, dataset, model=None, observer=None):
+    """Build the run with privopt's builder and step it with privopt's loop; returns the Run."""
+    from privopt.grads.release import observe_releases
+    from privopt.training import LoopState, build_run, run_loop
+    from privopt.training.callbacks import DivergenceGuard
+
+    run = build_run(cfg, dataset=dataset, model=model)
+    if run.ledger is None:
+        raise ConfigError(f"algorithm {cfg.algorithm!r} is not private: there is no privacy claim to audit")
+    state = LoopState(step=0, total=run.total)
+    if observer is None:
+        run_loop(run.algo.step, state, [DivergenceGuard(run.model)])
+    else:
+        with observe_releases(observer):
+            run_loop(run.algo.step, state, [DivergenceGuard(run.model)])
+    run.algo.finalize()
+    return run
+
+
+def _accuracy(model, x, y) -> float | None:
+    if len(y) == 0:
+        return None
+    with torch.no_grad():
+        return float((model(x).argmax(dim=1) == y).float().mean())
+
+
+def white_box_run(
+    cfg: RunConfig, base, included: torch.Tensor, *, families: Collection[str] | None = None
+) -> CanaryRun:
+    """One run with ``len(included)`` gradient canaries (those flagged True inserted); scores from
+    the released noisy gradients (only those of ``families`` when given, e.g. ``{"x-diff"}`` to
+    audit the difference queries alone)."""
+    from privopt.algorithms import get_algorithm
+    from privopt.models import build_model
+
+    m = int(included.numel())
+    torch.manual_seed(cfg.seed)  # public: the model's initialisation, as in privopt train
+    inner = build_model(cfg.model, input_shape=base.input_shape, num_classes=base.num_classes, **cfg.model_params)
+    model = AuditModel(inner, input_shape=base.input_shape, canaries=m)
+    numbers = torch.nonzero(included).squeeze(1) + 1
+    x_extra = with_id_column(torch.zeros(len(numbers), *base.input_shape), numbers)
+    extra = (x_extra, torch.full((len(numbers),), CANARY_LABEL), torch.zeros(len(numbers), dtype=torch.int64))
+    data = _with_records(base, extra, x_fn=with_id_column)  # gradient canaries join group 0 (public)
+    t0 = time.perf_counter()
+    kinds = release_kinds(get_algorithm(cfg.algorithm, **cfg.algorithm_params).release_plan(data.n_train))
+    if families is not None:
+        kinds = {name: kind if name in families else "other" for name, kind in kinds.items()}
+    scorer = WhiteBoxScorer(model, kinds)
+    run = _train(cfg, data, model=model, observer=scorer)
+    if not scorer.used:
+        raise ConfigError(
+            f"algorithm {cfg.algorithm!r} made no release the white-box audit can score "
+            f"(seen: {sorted(scorer.skipped)}); use the black-box audit"
+        )
+    acc = _accuracy(inner, base.x_test, base.y_test)
+    return _finish(run, scorer.scores.numpy(), t0, acc, releases=scorer.summary())
+
+
+def input_canaries(base, count: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The first ``count`` test inputs with a wrong label drawn from ``seed`` (public canaries):
+    ``(x, wrong label, true label)``."""
+    if len(base.y_test) < 2:
+        raise ConfigError(f"dataset {base.name!r} has too small a test split to draw input canaries from")
+    k = min(count, len(base.y_test))
+    gen = torch.Generator().manual_seed(seed)
+    y_true = base.y_test[:k]
+    return base.x_test[:k], wrong_labels(y_true, num_classes=base.num_classes, generator=gen), y_true
+
+
+def black_box_run(cfg: RunConfig, base, canaries: tuple, included) -> CanaryRun:
+    """One run with input canaries (those flagged True inserted); scores from the released model.
+    The test split stays as it is (its inputs carry their true labels there)."""
+    x_c, y_c, y_true = canaries
+    g_c = None if base.g_test is None else base.g_test[: len(y_c)][included]
+    data = _with_records(base, (x_c[included], y_c[included], g_c), x_fn=lambda x: x)
+    t0 = time.perf_counter()
+    run = _train(cfg, data)
+    scores = black_box_scores(run.model, run.loss_fn, x_c, y_c, reference=y_true)
+    return _finish(run, scores, t0, _accuracy(run.model, base.x_test, base.y_test))
+
+
+def _finish(run, scores, t0: float, acc, *, releases=None) -> CanaryRun:
+    return CanaryRun(
+        scores=np.asarray(scores, dtype=np.float64),
+        epsilon=float(run.ledger.epsilon()),
+        delta=float(run.cfg.privacy.delta),
+        n=run.n,
+        steps=int(run.total),
+        wall_time_s=time.perf_counter() - t0,
+        test_accuracy=acc,
+        releases=releases or {},
+    )
