@@ -215,3 +215,19 @@ def test_bad_input_is_refused_clearly():
         geo.prox_step(geo.start(), np.array([0.0, np.nan, 0.0]), step=1.0)
     with pytest.raises(ConfigError, match="step"):
         geo.prox_step(geo.start(), np.zeros(3), step=0.0)
+
+
+@pytest.mark.parametrize("name,params", GEOMETRIES)
+def test_linear_minimizer_and_dual_norm_factor(name, params):
+    rng = np.random.default_rng(6)
+    geo = get_geometry(name, dim=4, **params)
+    for _ in range(5):
+        g = rng.normal(size=4)
+        s = geo.linear_minimizer(g)
+        assert geo.contains(s)
+        for _ in range(50):
+            y = geo.to_primal(_random_state(geo, rng))
+            assert g @ s <= g @ y + 1e-12
+        assert geo.dual_norm(g) <= geo.dual_norm_factor() * np.linalg.norm(g) + 1e-12
+    e = np.eye(4)[1]
+    assert geo.dual_norm(e) == pytest.approx(geo.dual_norm_factor())  # the factor is attained

@@ -7,7 +7,8 @@ is the proximal step
 
     prox_step(x, g, step) = argmin_{u in K} <g, u> + D(u, x) / step
 
-plus the set's Euclidean projection, its centre (the minimiser of ``w``) and its size. The built-in
+plus the set's Euclidean projection, its centre (the minimiser of ``w``), its size and a linear
+minimisation oracle (for Frank-Wolfe duality-gap certificates). The built-in
 geometries (``docs/algorithms/erm.md``, "Mirror-descent geometry"):
 
 =================  ==========================  ===========================  =====================
@@ -159,6 +160,12 @@ class MirrorGeometry(abc.ABC):
     def dual_norm(self, grad: Any) -> float:
         """Dual norm of a gradient w.r.t. the norm in which the mirror map is 1-strongly convex."""
 
+    @abc.abstractmethod
+    def dual_norm_factor(self) -> float:
+        """The smallest ``k`` with ``dual_norm(g) <= k * ||g||_2`` for every ``g``: a function that is
+        L-smooth in ℓ2 is ``k^2 L``-smooth in the map's norm (how accelerated methods scale their
+        mirror steps)."""
+
     def to_primal(self, state: Any) -> np.ndarray:
         """The point of the set a state represents (a copy)."""
         return _vector(state, self.state_dim, "state").copy()
@@ -179,6 +186,11 @@ class MirrorGeometry(abc.ABC):
     @abc.abstractmethod
     def diameter(self) -> float:
         """Euclidean (ℓ2) diameter of the set."""
+
+    @abc.abstractmethod
+    def linear_minimizer(self, grad: Any) -> np.ndarray:
+        """A point of the set minimising ``<grad, x>`` (a Frank-Wolfe vertex). ``<grad, x - s>`` with
+        ``s`` this point bounds ``f(x) - min f`` for a convex ``f`` with gradient ``grad`` at ``x``."""
 
     def contains(self, x: Any, *, tol: float = 1e-9) -> bool:
         """Whether ``x`` lies in the set (up to ``tol`` in ℓ2 distance)."""
@@ -216,11 +228,17 @@ class EntropicSimplex(MirrorGeometry):
     def dual_norm(self, grad: Any) -> float:
         return float(np.abs(_vector(grad, self.dim, "grad")).max())
 
+    def dual_norm_factor(self) -> float:
+        return 1.0
+
     def project(self, x: Any) -> np.ndarray:
         return project_simplex(_vector(x, self.dim, "x"))
 
     def diameter(self) -> float:
         return math.sqrt(2.0) if self.dim > 1 else 0.0
+
+    def linear_minimizer(self, grad: Any) -> np.ndarray:
+        return np.eye(self.dim)[int(np.argmin(_vector(grad, self.dim, "grad")))]
 
 
 class EntropicL1Ball(MirrorGeometry):
@@ -260,6 +278,9 @@ class EntropicL1Ball(MirrorGeometry):
     def dual_norm(self, grad: Any) -> float:
         return float(self.radius * np.abs(_vector(grad, self.dim, "grad")).max())
 
+    def dual_norm_factor(self) -> float:
+        return self.radius
+
     def to_primal(self, state: Any) -> np.ndarray:
         u = _vector(state, self.state_dim, "state")
         return self.radius * (u[: self.dim] - u[self.dim :])
@@ -278,6 +299,13 @@ class EntropicL1Ball(MirrorGeometry):
 
     def diameter(self) -> float:
         return 2.0 * self.radius
+
+    def linear_minimizer(self, grad: Any) -> np.ndarray:
+        g = _vector(grad, self.dim, "grad")
+        j = int(np.argmax(np.abs(g)))
+        out = np.zeros(self.dim)
+        out[j] = -self.radius * (1.0 if g[j] > 0 else -1.0)
+        return out
 
     def __repr__(self) -> str:
         return f"EntropicL1Ball(dim={self.dim}, radius={self.radius:g})"
@@ -309,6 +337,14 @@ class EuclideanBall(MirrorGeometry):
 
     def dual_norm(self, grad: Any) -> float:
         return float(np.linalg.norm(_vector(grad, self.dim, "grad")))
+
+    def dual_norm_factor(self) -> float:
+        return 1.0
+
+    def linear_minimizer(self, grad: Any) -> np.ndarray:
+        g = _vector(grad, self.dim, "grad")
+        norm = float(np.linalg.norm(g))
+        return -self.radius * g / norm if norm > 0 else np.zeros(self.dim)
 
     def project(self, x: Any) -> np.ndarray:
         x = _vector(x, self.dim, "x")
