@@ -156,6 +156,51 @@ def test_dp_gd_erm_without_noise_is_exact_proximal_gd():
     assert algo.passes == pytest.approx(25.0)
 
 
+def test_projected_dp_gd_without_noise_is_exact_projected_gd():
+    from privopt.algorithms.dp_gd_erm import DPGDERM
+    from privopt.algorithms.mirror import project_l1_ball
+
+    x, y = _data(n=50, p=4, seed=11)
+    algo = DPGDERM(iterations=20, step_size=2.0, l2=0.05, clip=10.0, constraint="l1-ball", radius=0.7)
+    ctx = _ctx(x, y)
+    algo.setup(ctx)
+    for t in range(20):
+        algo.step(t)
+    w = np.zeros(4)
+    for _ in range(20):  # prox of (l2/2)||w||^2 + indicator of the ball = projection of the shrunk point
+        w = project_l1_ball((w - 2.0 * _autograd_per_sample(x, y, w).mean(axis=0)) / (1 + 2.0 * 0.05), radius=0.7)
+    assert np.abs(w).sum() == pytest.approx(0.7)  # the constraint binds
+    np.testing.assert_allclose(algo.output(), w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name, params", [("l1-ball", {"radius": 0.8}), ("l2-ball", {"radius": 0.5}), ("simplex", {})])
+def test_constrained_solver_matches_a_generic_solver_and_certifies_its_gap(name, params):
+    from scipy.optimize import minimize
+
+    from privopt.algorithms.mirror import get_geometry
+
+    x, y = _data(n=120, p=4, seed=12)
+    prob = LogisticERM(features=x, labels=y, l2=0.01)
+    geo = get_geometry(name, dim=4, **params)
+    w, f = prob.solve(constraint=geo, tol=1e-10)
+    assert geo.contains(w) and prob.frank_wolfe_gap(w, geo) <= 1e-10
+    # SLSQP on the split variables w = a - b (a, b >= 0) with the set's constraints
+    cons = {
+        "l1-ball": [{"type": "ineq", "fun": lambda ab: 0.8 - ab.sum()}],
+        "l2-ball": [{"type": "ineq", "fun": lambda ab: 0.25 - ((ab[:4] - ab[4:]) ** 2).sum()}],
+        "simplex": [{"type": "eq", "fun": lambda ab: ab[:4].sum() - 1.0}, {"type": "eq", "fun": lambda ab: ab[4:]}],
+    }[name]
+    res = minimize(
+        lambda ab: prob.objective(ab[:4] - ab[4:]),
+        np.full(8, 0.05),
+        method="SLSQP",
+        bounds=[(0, None)] * 8,
+        constraints=cons,
+        options={"ftol": 1e-13, "maxiter": 1000},
+    )
+    assert f <= prob.objective(res.x[:4] - res.x[4:]) + 1e-9
+
+
 def test_dp_gd_erm_full_gradient_sensitivity_add_remove():
     """The pre-noise clipped sum moves by at most C when one (adversarial) record is added."""
     x, y = _data(n=40, p=5, seed=8, scale=4.0)
@@ -194,7 +239,18 @@ def test_erm_algorithms_reject_non_linear_models():
         DPGDERM().setup(_ctx(x, y, model=model))
 
 
-@pytest.mark.parametrize("bad", [dict(iterations=0), dict(step_size=-1.0), dict(clip=0.0), dict(l2=float("nan"))])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(iterations=0),
+        dict(step_size=-1.0),
+        dict(clip=0.0),
+        dict(l2=float("nan")),
+        dict(constraint="l3-ball"),
+        dict(constraint="none", radius=2.0),
+        dict(constraint="l1-ball", radius=0.0),
+    ],
+)
 def test_dp_gd_erm_bad_hyperparameters(bad):
     from privopt.algorithms.dp_gd_erm import DPGDERM
 
