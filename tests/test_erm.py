@@ -256,17 +256,3 @@ def test_dp_gd_erm_bad_hyperparameters(bad):
 
     with pytest.raises(ConfigError):
         DPGDERM(**bad)
-
-
-# ------------------------------------------------------------------------------------ Covertype
-def test_covertype_binary_loader(shared_data):
-    from privopt.experiments.erm_covertype import load_covertype_binary
-
-    x, y = load_covertype_binary(data_dir=shared_data / "covtype")
-    assert x.shape == (20000, 54)
-    np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0)
-    assert int((y > 0).sum()) == 6022  # Cover_Type 2 count documented in the data README
-    x2, y2 = load_covertype_binary(data_dir=shared_data / "covtype", n_train=1000, seed=3)
-    assert x2.shape == (1000, 54) and set(np.unique(y2)) == {-1.0, 1.0}
-    with pytest.raises(ConfigError):
-        load_covertype_binary(data_dir=shared_data / "covtype", n_train=10**6)

@@ -216,39 +216,3 @@ def test_state_dict_roundtrip_resumes_identically():
     c.step(2)
     c.step(3)
     np.testing.assert_allclose(c.output(), full, rtol=1e-12)
-
-
-# ------------------------------------------------------------------------------- the experiment
-def test_erm_covertype_experiment_end_to_end(shared_data, tmp_path, monkeypatch):
-    import privopt.experiments.erm_covertype as exp
-
-    # shrink the schedules so the test takes seconds; the code path is the real one
-    monkeypatch.setattr(exp, "SVRG", dict(epochs=3, inner=500))
-    monkeypatch.setattr(exp, "SVRG_PP", dict(epochs=4, inner=10, step_size=0.01))
-    monkeypatch.setattr(exp, "GD_REG_ITERATIONS", 40)
-    monkeypatch.setattr(exp, "GD_UNREG", dict(iterations=30, step_size=0.1))
-    rows = exp.run_erm_covertype(
-        data_dir=shared_data / "covtype",
-        n_train=2000,
-        epsilons=[0.5, 1.0],
-        delta=1e-3,
-        runs=2,
-        budget="quick",
-        out_dir=tmp_path,
-        progress=False,
-    )
-    lines = (tmp_path / "results.jsonl").read_text().splitlines()
-    assert (
-        len(lines)
-        == len(rows)
-        == 2 * 2 * (len(exp.BUDGETS["quick"].svrg_steps) + len(exp.BUDGETS["quick"].gd_steps) + 2)
-    )
-    for r in map(json.loads, lines):
-        assert {"method", "epsilon", "run", "gap", "wall_s", "epsilon_spent"} <= set(r)
-        assert r["gap"] >= -1e-9  # F* is the minimum
-        assert r["epsilon_spent"] <= r["epsilon"] + 1e-6
-    assert {r["method"] for r in rows} == {"dp-svrg", "dp-svrg-pp", "dp-gd"}
-    for name in ("fig1_gap_vs_time.png", "fig1_gap_vs_passes.png", "fig2_gap_vs_time.png", "fig2_gap_vs_passes.png"):
-        assert (tmp_path / name).stat().st_size > 1000
-    md = (tmp_path / "summary.md").read_text()
-    assert "| regularized | dp-svrg |" in md and "| unregularized | dp-svrg-pp |" in md

@@ -29,6 +29,7 @@ import warnings
 
 import numpy as np
 import torch
+from scipy.special import expit
 
 from privopt.errors import ConfigError, DataError
 
@@ -39,16 +40,6 @@ __all__ = [
     "minmax_scale",
     "prox_l2",
 ]
-
-
-def _sigmoid(t: np.ndarray) -> np.ndarray:
-    # exp of a negative argument only: stable for large |t|.
-    out = np.empty_like(t, dtype=np.float64)
-    pos = t >= 0
-    out[pos] = 1.0 / (1.0 + np.exp(-t[pos]))
-    e = np.exp(t[~pos])
-    out[~pos] = e / (1.0 + e)
-    return out
 
 
 def logistic_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -160,12 +151,13 @@ class LogisticERM:
         ``c_i = -y_i sigmoid(-y_i w^T x_i)``; with ``clip`` the coefficient is scaled by
         ``min(1, clip / ||g_i||)`` (the usual per-sample L2 clipping, in closed form).
         """
-        yx = self._yx if idx is None else self._yx[idx]
+        x = self.x if idx is None else self.x[idx]
         y = self.y if idx is None else self.y[idx]
-        coef = -y * _sigmoid(-(yx @ w))
+        s = expit(-y * (x @ w))  # sigmoid(-margin), stable at any margin; x, not y*x: one matrix in cache
+        coef = -y * s
         if clip is not None:
-            norms = np.abs(coef) * (self.row_norms if idx is None else self.row_norms[idx])
-            coef = coef * np.minimum(1.0, clip / np.maximum(norms, 1e-300))
+            norms = s * (self.row_norms if idx is None else self.row_norms[idx])  # ||g_i||, as |y_i| = 1
+            coef *= np.minimum(1.0, clip / np.maximum(norms, 1e-300))
         return coef
 
     def per_sample_grads(self, w: np.ndarray, idx=None, *, clip: float | None = None) -> np.ndarray:
@@ -193,7 +185,9 @@ class LogisticERM:
         Args:
             tol: unconstrained: gradient tolerance; constrained: the certified Frank-Wolfe gap
                 (``<grad F(w), w - s>`` with ``s`` the set's linear minimiser, an upper bound on
-                ``F(w) - F*``) to reach.
+                ``F(w) - F*``) to reach. That gap is first-order in the distance to the optimum, so
+                in float64 it stalls near 1e-9 while ``F(w) - F*`` is already at rounding level; the
+                solver stops there too (no projected step decreases ``F``).
             max_iter: iteration cap.
             constraint: a constraint set with ``project(x)`` and ``linear_minimizer(g)`` (e.g. a
                 :mod:`privopt.algorithms.mirror` geometry); solved by accelerated projected gradient
@@ -222,6 +216,7 @@ class LogisticERM:
         w = constraint.project(np.zeros(self.dim))
         v, f_w, momentum = w.copy(), self.objective(w), 1.0
         lip = self.smoothness() / 64.0  # backtracking raises it as needed
+        stalled = False
         for _ in range(max_iter):
             g_v, f_v = self.gradient(v), self.objective(v)
             while True:
@@ -232,8 +227,11 @@ class LogisticERM:
                     break
                 lip *= 2.0
             if f_new > f_w:  # adaptive restart: drop the momentum when the objective goes up
-                v, momentum = w.copy(), 1.0
+                if stalled:  # a plain projected step from w cannot decrease F either: F(w) is F* to rounding
+                    break
+                v, momentum, stalled = w.copy(), 1.0, True
                 continue
+            stalled = False
             nxt = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * momentum**2))
             v = w_new + ((momentum - 1.0) / nxt) * (w_new - w)
             w, f_w, momentum = w_new, f_new, nxt
