@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -156,7 +157,7 @@ def run_erm_covertype(
     meta.update(positive_share=float((labels > 0).mean()), randomness=randomness_section(insecure_seed=insecure_seed))
     specs = {name: s for name, s in settings(b).items() if name in only}
     rows, selections = [], []
-    t0, cpu0 = time.perf_counter(), time.process_time()
+    t0, cpu0, load0 = time.perf_counter(), time.process_time(), list(os.getloadavg())  # the machine is shared
     with open(out / "results.jsonl", "w") as fh:
         runner = Runner(
             delta=delta,
@@ -170,6 +171,7 @@ def run_erm_covertype(
             r, s = _run_setting(runner, setting, data, eps_list=eps_list, budget=b, runs=runs, meta=meta)
             rows, selections = rows + r, selections + s
     meta.update(total_wall_s=time.perf_counter() - t0, total_cpu_s=time.process_time() - cpu0)
+    meta.update(load_average_start=load0, load_average_end=list(os.getloadavg()))
     summary = summarize(rows, selections, {name: s.proposed for name, s in specs.items()})
     summary.update(meta=meta, selections=selections)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
