@@ -103,6 +103,7 @@ def _run_setting(
                     "schedule": sel.schedule,
                     "tuning_gap": sel.tuning_gap,
                     "interior": sel.interior,
+                    "last_gain": sel.last_gain,
                     "profile": [list(p) for p in sel.profile],
                     "grid": sel.grid,
                 }

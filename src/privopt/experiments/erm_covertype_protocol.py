@@ -101,11 +101,11 @@ class Budget:
 _QUICK_GRIDS = {
     "regularized": {
         "dp-svrg": {"inner": (1000, 5000, 20000), "step_size": (1e-4, 1e-3)},
-        "dp-gd": {"iterations": (10, 30, 100, 300), "step_size": (0.5, 2.0, 8.0)},
+        "dp-gd": {"iterations": (10, 30, 100, 300, 1000), "step_size": (0.125, 0.5, 2.0, 8.0)},
     },
     "unregularized": {
         "dp-svrg-pp": {"epochs": (11, 14), "step_size": (0.001, 0.003, 0.01)},
-        "dp-gd": {"iterations": (100, 300, 1000, 3000), "step_size": (1.0, 4.0, 16.0)},
+        "dp-gd": {"iterations": (100, 300, 1000, 3000), "step_size": (0.25, 1.0, 4.0, 16.0)},
     },
     "l1-constrained": {
         "dp-amd": {"iterations": (10, 30, 100, 300), "step_size": (1.0, 4.0, 16.0)},
@@ -115,11 +115,11 @@ _QUICK_GRIDS = {
 _PAPER_GRIDS = {
     "regularized": {
         "dp-svrg": {"inner": (1000, 5000, 20000, 80000), "step_size": (3e-5, 1e-4, 3e-4, 1e-3)},
-        "dp-gd": {"iterations": (10, 30, 100, 300, 1000), "step_size": (0.5, 2.0, 8.0)},
+        "dp-gd": {"iterations": (10, 30, 100, 300, 1000, 3000), "step_size": (0.03, 0.125, 0.5, 2.0, 8.0)},
     },
     "unregularized": {
         "dp-svrg-pp": {"epochs": (11, 13, 15, 17), "step_size": (0.001, 0.003, 0.01, 0.03)},
-        "dp-gd": {"iterations": (100, 300, 1000, 3000, 10000), "step_size": (1.0, 4.0, 16.0)},
+        "dp-gd": {"iterations": (100, 300, 1000, 3000, 10000), "step_size": (0.25, 1.0, 4.0, 16.0)},
     },
     "l1-constrained": {
         "dp-amd": {"iterations": (10, 30, 100, 300, 1000), "step_size": (1.0, 4.0, 16.0)},

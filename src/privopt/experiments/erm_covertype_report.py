@@ -79,7 +79,8 @@ def summarize(rows: list[dict], selections: list[dict], proposed: dict[str, str]
     for key, rs in sorted(_groups(rows, "final").items()):
         sel = chosen[key]
         entry = {"setting": key[0], "method": key[1], "epsilon": key[2], "schedule": rs[0]["schedule"]}
-        entry.update(tuning_gap=sel["tuning_gap"], interior=sel["interior"], profile=sel["profile"])
+        entry.update(tuning_gap=sel["tuning_gap"], interior=sel["interior"], last_gain=sel["last_gain"])
+        entry.update(profile=sel["profile"])
         entry.update(_aggregate(rs))
         methods.append(entry)
     printed = []
@@ -100,16 +101,23 @@ def _schedule(s: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in s.items())
 
 
+def _convergence(e: dict[str, Any]) -> str:
+    """'yes' when the kept run length is interior; at the grid's edge, the last length's gain."""
+    if e["interior"]:
+        return "yes"
+    return f"edge ({100 * e['last_gain']:+.0f}% from the last ×length)"
+
+
 def _method_table(summary: dict[str, Any]) -> list[str]:
     lines = [
-        "| setting | method | ε | tuned schedule | interior | gap on training set (mean ± std) | wall s | CPU s "
+        "| setting | method | ε | tuned schedule | interior length | gap on training set (mean ± std) | wall s | CPU s "
         "| passes | ε spent (max) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in summary["methods"]:
         lines.append(
             f"| {e['setting']} | {e['method']} | {e['epsilon']:g} | {_schedule(e['schedule'])} | "
-            f"{'yes' if e['interior'] else 'NO (edge)'} | {e['gap_mean']:.4g} ± {e['gap_std']:.2g} | "
+            f"{_convergence(e)} | {e['gap_mean']:.4g} ± {e['gap_std']:.2g} | "
             f"{e['wall_s_mean']:.2f} | {e['cpu_s_mean']:.2f} | {e['passes']:.1f} | {e['epsilon_spent_max']:.4f} |"
         )
     return lines
@@ -127,8 +135,9 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             "",
         ]
     lines += [
-        "Each method's schedule (run length × step size) was chosen per ε on the tuning set; 'interior' says the "
-        "chosen run length is below the grid's largest (longer runs were tried and were worse).",
+        "Each method's schedule (run length × step size) was chosen per ε on the tuning set; 'interior length: yes' "
+        "says the chosen run length is below the grid's largest (longer runs were tried and were worse); 'edge' "
+        "gives the tuning-gap decrease the largest length brought over the one before it.",
         "",
         *_method_table(summary),
         "",

@@ -63,14 +63,22 @@ class Selection:
 
     ``profile`` lists, per run length, ``(length, best mean tuning gap over step sizes, passes)``;
     ``interior`` is whether the chosen length is below the grid's largest (else a longer run might
-    still help and the method may be iteration-limited).
+    still help and the method may be iteration-limited); ``last_gain`` is the relative gap decrease
+    from the second-largest length to the largest (small: the profile has flattened at the edge).
     """
 
     schedule: dict[str, Any]
     tuning_gap: float
     profile: list[tuple[Any, float, float]]
     interior: bool
+    last_gain: float
     grid: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _last_gain(profile: list[tuple[Any, float, float]]) -> float:
+    if len(profile) < 2 or profile[-2][1] <= 0:
+        return 0.0
+    return (profile[-2][1] - profile[-1][1]) / profile[-2][1]
 
 
 class Runner:
@@ -179,7 +187,7 @@ class Runner:
             + ")"
         )
         interior = best["schedule"][method.length] < profile[-1][0]
-        return Selection(best["schedule"], best["gap_mean"], profile, interior, grid)
+        return Selection(best["schedule"], best["gap_mean"], profile, interior, _last_gain(profile), grid)
 
     def _tuning_run(self, setting, method, problem, schedule, epsilon, r) -> dict[str, Any]:
         res = self.run(method.build(schedule), problem, epsilon=epsilon, curve=False)
