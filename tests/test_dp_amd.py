@@ -7,43 +7,19 @@ import numpy as np
 import pytest
 import torch
 
-from privopt.algorithms.base import RunContext
+from erm_helpers import linear_ctx, planted_data
 from privopt.algorithms.dp_amd import DPAMD
 from privopt.algorithms.mirror import get_geometry
 from privopt.algorithms.releases import ReleasePlanExceeded
 from privopt.errors import ConfigError
 from privopt.grads.release import observe_releases
-from privopt.objectives.erm import LogisticERM, logistic_loss, normalize_rows
+from privopt.objectives.erm import LogisticERM, logistic_loss
 
 SETS = [
     dict(constraint="l1-ball", radius=1.5),
     dict(constraint="l2-ball", radius=0.8),
     dict(constraint="simplex"),
 ]
-
-
-def _data(n=40, p=5, seed=0, scale=1.0):
-    rng = np.random.default_rng(seed)
-    x = normalize_rows(rng.normal(size=(n, p))) * scale
-    w_true = rng.normal(size=p) * 3
-    y = np.where(rng.random(n) < 1 / (1 + np.exp(-x @ w_true)), 1.0, -1.0)
-    return x, y
-
-
-def _ctx(x, y, *, ledger=None, noise=None, seed=0):
-    model = torch.nn.Linear(x.shape[1], 1, bias=False, dtype=torch.float64)
-    torch.nn.init.zeros_(model.weight)
-    return RunContext(
-        model=model,
-        loss_fn=logistic_loss,
-        x_train=torch.from_numpy(x),
-        y_train=torch.from_numpy(y),
-        engine=None,
-        ledger=ledger,
-        noise=noise or {},
-        noise_rng=torch.Generator().manual_seed(seed),
-        sampler_rng=torch.Generator().manual_seed(seed + 1),
-    )
 
 
 def _run(algo, ctx, steps=None):
@@ -109,9 +85,9 @@ def _reference_amd(x, y, *, iterations, eta, lam, clip, constraint, radius=1.0):
 
 @pytest.mark.parametrize("kw", SETS)
 def test_without_noise_equals_the_reference_recursion(kw):
-    x, y = _data(n=30, p=4, seed=1, scale=2.0)  # rows of norm 2: clipping at 0.6 binds
+    x, y = planted_data(n=30, p=4, seed=1, scale=2.0)  # rows of norm 2: clipping at 0.6 binds
     algo = DPAMD(iterations=12, step_size=1.5, l2=0.05, clip=0.6, **kw)
-    ctx = _ctx(x, y)
+    ctx = linear_ctx(x, y)
     out = _run(algo, ctx)
     ref = _reference_amd(x, y, iterations=12, eta=1.5, lam=0.05, clip=0.6, **kw)
     np.testing.assert_allclose(out, ref, rtol=1e-7, atol=1e-9)
@@ -121,11 +97,11 @@ def test_without_noise_equals_the_reference_recursion(kw):
 
 @pytest.mark.parametrize("kw", SETS)
 def test_without_noise_reaches_the_constrained_optimum(kw):
-    x, y = _data(n=200, p=6, seed=2)
+    x, y = planted_data(n=200, p=6, seed=2)
     prob = LogisticERM(features=x, labels=y)
     geo = DPAMD(**kw).config.geometry(6)
     _, f_star = prob.solve(constraint=geo, tol=1e-11)
-    out = _run(DPAMD(iterations=300, step_size=4.0, clip=10.0, **kw), _ctx(x, y))
+    out = _run(DPAMD(iterations=300, step_size=4.0, clip=10.0, **kw), linear_ctx(x, y))
     assert geo.contains(out)
     assert prob.objective(out) - f_star < 1e-6
 
@@ -133,11 +109,11 @@ def test_without_noise_reaches_the_constrained_optimum(kw):
 def test_released_statistic_sensitivity_on_neighbouring_datasets():
     """At the points the algorithm queries, the pre-noise clipped sum moves by at most C when one
     adversarial record is added (add/remove) and by at most 2C when one is replaced."""
-    x, y = _data(n=40, p=5, seed=3, scale=4.0)
+    x, y = planted_data(n=40, p=5, seed=3, scale=4.0)
     rng = np.random.default_rng(4)
     clip = 0.7
     algo = DPAMD(iterations=15, step_size=2.0, clip=clip, constraint="l1-ball", radius=3.0)
-    algo.setup(_ctx(x, y))
+    algo.setup(linear_ctx(x, y))
     points = []
     for t in range(15):
         points.append(algo.query_point(t))
@@ -151,7 +127,7 @@ def test_released_statistic_sensitivity_on_neighbouring_datasets():
         sums = {}
         for key, (xs, ys) in {"d": (x, y), "add": (xa, ya), "replace": (xr, yr)}.items():
             other = DPAMD(iterations=15, clip=clip, constraint="l1-ball", radius=3.0)
-            other.setup(_ctx(xs, ys))
+            other.setup(linear_ctx(xs, ys))
             s = other.gradient_sum(w, clip)
             assert s.bound == clip
             sums[key] = s.value.numpy()
@@ -162,12 +138,12 @@ def test_released_statistic_sensitivity_on_neighbouring_datasets():
 def test_private_run_noise_and_accounting():
     from privopt.privacy import PrivacyLedger, calibrate
 
-    x, y = _data(n=500, p=4, seed=5)
+    x, y = planted_data(n=500, p=4, seed=5)
     algo = DPAMD(iterations=40, step_size=2.0, clip=0.5, constraint="l1-ball", radius=2.0)
     cal = calibrate(algo.inventory(n=500), epsilon=1.0, delta=1e-5, accountant="rdp")
     ledger = PrivacyLedger(delta=1e-5, neighbouring="add_remove", accountant=cal.accountant)
     events, exact = [], []
-    algo.setup(_ctx(x, y, ledger=ledger, noise=cal.noise))
+    algo.setup(linear_ctx(x, y, ledger=ledger, noise=cal.noise))
     with observe_releases(events.append):
         for t in range(40):
             exact.append(algo.gradient_sum(algo.query_point(t), 0.5).value.numpy() / 500)
@@ -183,16 +159,16 @@ def test_private_run_noise_and_accounting():
 
 
 def test_state_dict_roundtrip_resumes_identically():
-    x, y = _data(n=30, p=3, seed=6)
+    x, y = planted_data(n=30, p=3, seed=6)
     kw = dict(iterations=8, step_size=1.0, constraint="l1-ball", radius=2.0)
-    full = _run(DPAMD(**kw), _ctx(x, y))
+    full = _run(DPAMD(**kw), linear_ctx(x, y))
     b = DPAMD(**kw)
-    b.setup(_ctx(x, y))
+    b.setup(linear_ctx(x, y))
     for t in range(3):
         b.step(t)
     state = json.loads(json.dumps(b.state_dict()))
     c = DPAMD(**kw)
-    c.setup(_ctx(x, y))
+    c.setup(linear_ctx(x, y))
     c.load_state_dict(state)
     for t in range(3, 8):
         c.step(t)
@@ -200,8 +176,8 @@ def test_state_dict_roundtrip_resumes_identically():
 
 
 def test_starts_inside_the_set_from_any_model_weight():
-    x, y = _data(n=20, p=3, seed=7)
-    ctx = _ctx(x, y)
+    x, y = planted_data(n=20, p=3, seed=7)
+    ctx = linear_ctx(x, y)
     with torch.no_grad():
         ctx.model.weight.copy_(torch.tensor([[5.0, -4.0, 1.0]], dtype=torch.float64))
     algo = DPAMD(iterations=1, constraint="l1-ball", radius=1.0)
