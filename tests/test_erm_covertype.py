@@ -2,6 +2,7 @@
 (tiny grids; the code path is the real one)."""
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -144,3 +145,33 @@ def test_bad_options_are_refused_before_any_output(shared_data, tmp_path):
         with pytest.raises(ConfigError):
             run_erm_covertype(data_dir=shared_data / "covtype", out_dir=out, **bad)
         assert not out.exists()
+
+
+def test_tuning_extends_the_run_length_while_the_best_is_the_longest(monkeypatch):
+    from privopt.experiments.erm_covertype_protocol import MethodSpec, Setting
+    from privopt.experiments.erm_covertype_runner import Runner
+
+    def fake_run(self, algo, problem, *, epsilon, curve):  # optimisation error 1/T plus noise ~ step * T
+        t, step = algo.config.iterations, algo.config.step_size
+        return {"gap": 1.0 / t + step * t / 1e4, "passes": float(t), "hyperparameters": {}}
+
+    monkeypatch.setattr(Runner, "run", fake_run)
+    rows = []
+    runner = Runner(
+        delta=1e-3, accountant="rdp", insecure_seed=0, curve_points=2, write=rows.append, log=lambda m: None
+    )
+    setting = Setting("unregularized", 2, 0.0, "dp-gd", ())
+
+    def method(cap):
+        grid = {"iterations": (10, 20), "step_size": (1.0, 0.5)}
+        return MethodSpec("dp-gd", "dp-gd-erm", {"l2": 0.0}, grid, "iterations", max_length=cap)
+
+    problem = SimpleNamespace(erm=SimpleNamespace(n=100))
+    sel = runner.tune(setting, method(100), problem, epsilon=1.0, runs=1)
+    assert [p[0] for p in sel.profile] == [10, 20, 40, 80, 100]  # ratio 2, capped at 100
+    assert sel.schedule == {"iterations": 100, "step_size": 0.5} and not sel.interior
+    extended = [r["schedule"] for r in rows if r["schedule"]["iterations"] > 20]
+    assert all(s["step_size"] == 0.5 for s in extended)  # only steps <= the best one are extended
+    rows.clear()
+    sel = runner.tune(setting, method(None), problem, epsilon=1.0, runs=1)
+    assert [p[0] for p in sel.profile] == [10, 20] and len(rows) == 4  # no cap: the grid only

@@ -10,7 +10,8 @@ Three settings, each comparing one of the paper's methods with DP-GD:
 
 Every method has a grid of schedules (run length × step size). The run length axis (``length``)
 is the one that trades optimisation error against noise: longer runs take more noisy queries, so
-each carries more noise. A schedule is chosen per method and epsilon on the held-out tuning set;
+each carries more noise. A schedule is chosen per method and epsilon on the held-out tuning set
+(the run length extended beyond the grid, up to ``max_length``, while the best is the longest);
 DP-GD's printed schedule for Fig. 2 (T = 1000, eta = 0.1) is run as a reference; DP-SVRG++'s printed
 one (15 epochs of 10·2^s steps, eta = 0.01) lies next to the grid (14 epochs, the same steps) and
 is not re-run (its 655,340 steps per run cost minutes here).
@@ -49,6 +50,8 @@ class MethodSpec:
         grid: schedule axes, e.g. ``{"iterations": (...), "step_size": (...)}``.
         length: the axis that sets the run length (checked for being interior after tuning).
         printed: the paper's printed schedule, run as a reference (``None``: the paper gives none).
+        max_length: how far tuning may extend the run length when the best is the longest tried
+            (``None``: not extended).
     """
 
     label: str
@@ -57,6 +60,7 @@ class MethodSpec:
     grid: dict[str, tuple]
     length: str
     printed: dict[str, Any] | None = None
+    max_length: int | None = None
 
     def schedules(self) -> list[dict[str, Any]]:
         """Every point of the grid, run length first."""
@@ -96,6 +100,7 @@ class Budget:
     accountant: str  # "rdp" (fast) or "pld" (tighter; calibration takes ~10-80 s each)
     curve_points: int
     grids: dict[str, dict[str, dict[str, tuple]]] = field(default_factory=dict)
+    max_lengths: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 _QUICK_GRIDS = {
@@ -127,9 +132,21 @@ _PAPER_GRIDS = {
     },
 }
 
+# How far tuning may extend a run length that is best at the grid's edge (the cost of the longest
+# runs sets these: a DP-SVRG(++) step is a Python-level step, a DP-GD one a vectorised pass).
+_MAX_LENGTHS = {
+    "regularized": {"dp-svrg": 40000, "dp-gd": 10000},
+    "unregularized": {"dp-svrg-pp": 15, "dp-gd": 10000},
+    "l1-constrained": {"dp-amd": 3000, "dp-gd": 3000},
+}
+
 BUDGETS = {
-    "quick": Budget(runs=3, tune_runs=1, accountant="rdp", curve_points=40, grids=_QUICK_GRIDS),
-    "paper": Budget(runs=10, tune_runs=3, accountant="pld", curve_points=100, grids=_PAPER_GRIDS),
+    "quick": Budget(
+        runs=3, tune_runs=1, accountant="rdp", curve_points=40, grids=_QUICK_GRIDS, max_lengths=_MAX_LENGTHS
+    ),
+    "paper": Budget(
+        runs=10, tune_runs=3, accountant="pld", curve_points=100, grids=_PAPER_GRIDS, max_lengths=_MAX_LENGTHS
+    ),
 }
 
 
@@ -138,7 +155,8 @@ def settings(budget: Budget) -> dict[str, Setting]:
     g = budget.grids
 
     def spec(setting, label, algorithm, fixed, length, printed=None):
-        return MethodSpec(label, algorithm, fixed, g[setting][label], length, printed)
+        cap = budget.max_lengths.get(setting, {}).get(label)
+        return MethodSpec(label, algorithm, fixed, g[setting][label], length, printed, cap)
 
     reg, unreg, l1 = {"l2": REG_L2}, {"l2": 0.0}, {"l2": 0.0, "constraint": "l1-ball", "radius": L1_RADIUS}
     return {

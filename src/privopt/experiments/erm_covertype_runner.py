@@ -75,6 +75,14 @@ class Selection:
     grid: list[dict[str, Any]] = field(default_factory=list)
 
 
+def _next_length(lengths: list, cap) -> Any | None:
+    """The run length after the grid's largest (same ratio as its last two, at most ``cap``), or None."""
+    if cap is None or len(lengths) < 2 or lengths[-1] >= cap:
+        return None
+    ratio = lengths[-1] / lengths[-2]
+    return min(cap, max(lengths[-1] + 1, round(lengths[-1] * ratio)))
+
+
 def _last_gain(profile: list[tuple[Any, float, float]]) -> float:
     if len(profile) < 2 or profile[-2][1] <= 0:
         return 0.0
@@ -162,20 +170,30 @@ class Runner:
 
     # ------------------------------------------------------------------ protocol steps
     def tune(self, setting: Setting, method: MethodSpec, problem: Problem, *, epsilon: float, runs: int) -> Selection:
-        """Run every schedule of the grid ``runs`` times on the tuning set; keep the best mean gap."""
-        grid = []
-        for schedule in method.schedules():
-            res = [self._tuning_run(setting, method, problem, schedule, epsilon, r) for r in range(runs)]
-            gaps = [x["gap"] for x in res]
-            grid.append(
+        """Run every schedule of the grid ``runs`` times on the tuning set and keep the best mean gap.
+
+        While the best run length is the largest tried (and below ``method.max_length``), the
+        length axis is extended by the grid's last ratio, with the best step size and the smaller
+        ones (longer runs want smaller steps), and the choice is made again.
+        """
+        grid = [self._grid_point(setting, method, problem, s, epsilon, runs) for s in method.schedules()]
+        best = min(grid, key=lambda g: g["gap_mean"])
+        while True:
+            lengths = sorted({g["schedule"][method.length] for g in grid})
+            longer = _next_length(lengths, method.max_length)
+            if best["schedule"][method.length] < lengths[-1] or longer is None:
+                break
+            steps = sorted(
                 {
-                    "schedule": schedule,
-                    "gap_mean": float(np.mean(gaps)),
-                    "gap_std": float(np.std(gaps)),
-                    "passes": res[0]["passes"],
+                    g["schedule"]["step_size"]
+                    for g in grid
+                    if g["schedule"]["step_size"] <= best["schedule"]["step_size"]
                 }
             )
-        best = min(grid, key=lambda g: g["gap_mean"])
+            for step in steps:
+                schedule = {**best["schedule"], method.length: longer, "step_size": step}
+                grid.append(self._grid_point(setting, method, problem, schedule, epsilon, runs))
+            best = min(grid, key=lambda g: g["gap_mean"])
         profile = []
         for length in sorted({g["schedule"][method.length] for g in grid}):
             at = min((g for g in grid if g["schedule"][method.length] == length), key=lambda g: g["gap_mean"])
@@ -188,6 +206,16 @@ class Runner:
         )
         interior = best["schedule"][method.length] < profile[-1][0]
         return Selection(best["schedule"], best["gap_mean"], profile, interior, _last_gain(profile), grid)
+
+    def _grid_point(self, setting, method, problem, schedule, epsilon, runs) -> dict[str, Any]:
+        res = [self._tuning_run(setting, method, problem, schedule, epsilon, r) for r in range(runs)]
+        gaps = [x["gap"] for x in res]
+        return {
+            "schedule": schedule,
+            "gap_mean": float(np.mean(gaps)),
+            "gap_std": float(np.std(gaps)),
+            "passes": res[0]["passes"],
+        }
 
     def _tuning_run(self, setting, method, problem, schedule, epsilon, r) -> dict[str, Any]:
         res = self.run(method.build(schedule), problem, epsilon=epsilon, curve=False)
