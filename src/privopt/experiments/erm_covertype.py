@@ -116,6 +116,16 @@ def _run_setting(
     return rows, selections
 
 
+def _meta(data, *, budget: str, b: Budget, runs: int, delta: float, accountant: str, insecure_seed) -> dict[str, Any]:
+    (x, labels), (x_tune, _) = data
+    meta: dict[str, Any] = {"n_train": int(x.shape[0]), "n_tune": int(x_tune.shape[0]), "dim": int(x.shape[1])}
+    meta.update(delta=delta, budget=budget, runs=runs, tune_runs=b.tune_runs, neighbouring=NEIGHBOURING)
+    meta.update(accountant=accountant, l1_radius=L1_RADIUS, positive_share=float((labels > 0).mean()))
+    meta.update(positive_class=f"Cover_Type == {POSITIVE_COVER_TYPE} (Lodgepole Pine)")
+    meta.update(randomness=randomness_section(insecure_seed=insecure_seed))
+    return meta
+
+
 def run_erm_covertype(
     *,
     data_dir,
@@ -151,11 +161,7 @@ def run_erm_covertype(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     log = (lambda msg: print(msg, flush=True)) if progress else (lambda msg: None)
-    labels = data[0][1]
-    meta: dict[str, Any] = {"n_train": n_train, "n_tune": n_tune, "dim": int(data[0][0].shape[1]), "delta": delta}
-    meta.update(budget=budget, runs=runs, tune_runs=b.tune_runs, neighbouring=NEIGHBOURING, accountant=accountant)
-    meta.update(positive_class=f"Cover_Type == {POSITIVE_COVER_TYPE} (Lodgepole Pine)", l1_radius=L1_RADIUS)
-    meta.update(positive_share=float((labels > 0).mean()), randomness=randomness_section(insecure_seed=insecure_seed))
+    meta = _meta(data, budget=budget, b=b, runs=runs, delta=delta, accountant=accountant, insecure_seed=insecure_seed)
     specs = {name: s for name, s in settings(b).items() if name in only}
     rows, selections = [], []
     t0, cpu0, load0 = time.perf_counter(), time.process_time(), list(os.getloadavg())  # the machine is shared
