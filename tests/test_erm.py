@@ -5,16 +5,9 @@ import numpy as np
 import pytest
 import torch
 
+from erm_helpers import linear_ctx, planted_data
 from privopt.errors import ConfigError, DataError, ModelError
 from privopt.objectives.erm import LogisticERM, logistic_loss, minmax_scale, normalize_rows
-
-
-def _data(n=60, p=7, seed=0, scale=1.0):
-    rng = np.random.default_rng(seed)
-    x = normalize_rows(rng.normal(size=(n, p))) * scale
-    w_true = rng.normal(size=p) * 3
-    y = np.where(rng.random(n) < 1 / (1 + np.exp(-x @ w_true)), 1.0, -1.0)
-    return x, y
 
 
 def _autograd_per_sample(x, y, w):
@@ -29,14 +22,14 @@ def _autograd_per_sample(x, y, w):
 
 
 def test_per_sample_gradients_match_autograd():
-    x, y = _data()
+    x, y = planted_data()
     w = np.random.default_rng(1).normal(size=x.shape[1]) * 2
     prob = LogisticERM(features=x, labels=y, l2=0.3)
     np.testing.assert_allclose(prob.per_sample_grads(w), _autograd_per_sample(x, y, w), rtol=1e-10, atol=1e-12)
 
 
 def test_objective_and_full_gradient_match_autograd():
-    x, y = _data(p=5, seed=3)
+    x, y = planted_data(p=5, seed=3)
     lam = 0.05
     w = np.random.default_rng(4).normal(size=5)
     prob = LogisticERM(features=x, labels=y, l2=lam)
@@ -48,7 +41,7 @@ def test_objective_and_full_gradient_match_autograd():
 
 
 def test_clipped_gradients_match_explicit_clipping():
-    x, y = _data(scale=5.0)  # rows of norm 5 so that clipping at 1 binds for many samples
+    x, y = planted_data(scale=5.0)  # rows of norm 5 so that clipping at 1 binds for many samples
     w = np.random.default_rng(2).normal(size=x.shape[1])
     prob = LogisticERM(features=x, labels=y)
     raw = _autograd_per_sample(x, y, w)
@@ -71,7 +64,7 @@ def test_losses_are_stable_at_extreme_margins():
 def test_solver_matches_sklearn_optimum():
     from sklearn.linear_model import LogisticRegression
 
-    x, y = _data(n=300, p=6, seed=5)
+    x, y = planted_data(n=300, p=6, seed=5)
     lam = 1e-2
     prob = LogisticERM(features=x, labels=y, l2=lam)
     w_star, f_star = prob.solve()
@@ -117,32 +110,15 @@ def test_zero_one_labels_are_mapped():
 
 
 # ------------------------------------------------------------------------------------ DP-GD-ERM
-def _ctx(x, y, *, ledger=None, noise=None, seed=0, model=None):
-    from privopt.algorithms.base import RunContext
-
-    if model is None:
-        model = torch.nn.Linear(x.shape[1], 1, bias=False, dtype=torch.float64)
-        torch.nn.init.zeros_(model.weight)
-    return RunContext(
-        model=model,
-        loss_fn=logistic_loss,
-        x_train=torch.from_numpy(x),
-        y_train=torch.from_numpy(y),
-        engine=None,
-        ledger=ledger,
-        noise=noise or {},
-        noise_rng=torch.Generator().manual_seed(seed),
-        sampler_rng=torch.Generator().manual_seed(seed + 1),
-    )
 
 
 def test_dp_gd_erm_without_noise_is_exact_proximal_gd():
     from privopt.algorithms.dp_gd_erm import DPGDERM
 
-    x, y = _data(n=50, p=4, seed=7)
+    x, y = planted_data(n=50, p=4, seed=7)
     lam, eta = 0.1, 0.7
     algo = DPGDERM(iterations=25, step_size=eta, l2=lam, clip=10.0)
-    ctx = _ctx(x, y)
+    ctx = linear_ctx(x, y)
     algo.setup(ctx)
     for t in range(algo.num_steps()):
         algo.step(t)
@@ -156,9 +132,54 @@ def test_dp_gd_erm_without_noise_is_exact_proximal_gd():
     assert algo.passes == pytest.approx(25.0)
 
 
+def test_projected_dp_gd_without_noise_is_exact_projected_gd():
+    from privopt.algorithms.dp_gd_erm import DPGDERM
+    from privopt.algorithms.mirror import project_l1_ball
+
+    x, y = planted_data(n=50, p=4, seed=11)
+    algo = DPGDERM(iterations=20, step_size=2.0, l2=0.05, clip=10.0, constraint="l1-ball", radius=0.7)
+    ctx = linear_ctx(x, y)
+    algo.setup(ctx)
+    for t in range(20):
+        algo.step(t)
+    w = np.zeros(4)
+    for _ in range(20):  # prox of (l2/2)||w||^2 + indicator of the ball = projection of the shrunk point
+        w = project_l1_ball((w - 2.0 * _autograd_per_sample(x, y, w).mean(axis=0)) / (1 + 2.0 * 0.05), radius=0.7)
+    assert np.abs(w).sum() == pytest.approx(0.7)  # the constraint binds
+    np.testing.assert_allclose(algo.output(), w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name, params", [("l1-ball", {"radius": 0.8}), ("l2-ball", {"radius": 0.5}), ("simplex", {})])
+def test_constrained_solver_matches_a_generic_solver_and_certifies_its_gap(name, params):
+    from scipy.optimize import minimize
+
+    from privopt.algorithms.mirror import get_geometry
+
+    x, y = planted_data(n=120, p=4, seed=12)
+    prob = LogisticERM(features=x, labels=y, l2=0.01)
+    geo = get_geometry(name, dim=4, **params)
+    w, f = prob.solve(constraint=geo, tol=1e-10)
+    assert geo.contains(w) and prob.frank_wolfe_gap(w, geo) <= 1e-10
+    # SLSQP on the split variables w = a - b (a, b >= 0) with the set's constraints
+    cons = {
+        "l1-ball": [{"type": "ineq", "fun": lambda ab: 0.8 - ab.sum()}],
+        "l2-ball": [{"type": "ineq", "fun": lambda ab: 0.25 - ((ab[:4] - ab[4:]) ** 2).sum()}],
+        "simplex": [{"type": "eq", "fun": lambda ab: ab[:4].sum() - 1.0}, {"type": "eq", "fun": lambda ab: ab[4:]}],
+    }[name]
+    res = minimize(
+        lambda ab: prob.objective(ab[:4] - ab[4:]),
+        np.full(8, 0.05),
+        method="SLSQP",
+        bounds=[(0, None)] * 8,
+        constraints=cons,
+        options={"ftol": 1e-13, "maxiter": 1000},
+    )
+    assert f <= prob.objective(res.x[:4] - res.x[4:]) + 1e-9
+
+
 def test_dp_gd_erm_full_gradient_sensitivity_add_remove():
     """The pre-noise clipped sum moves by at most C when one (adversarial) record is added."""
-    x, y = _data(n=40, p=5, seed=8, scale=4.0)
+    x, y = planted_data(n=40, p=5, seed=8, scale=4.0)
     rng = np.random.default_rng(9)
     clip = 0.8
     for _ in range(20):
@@ -174,11 +195,11 @@ def test_dp_gd_erm_private_run_records_planned_steps():
     from privopt.algorithms.dp_gd_erm import DPGDERM
     from privopt.privacy import PrivacyLedger, calibrate
 
-    x, y = _data(n=500, p=4, seed=10)
+    x, y = planted_data(n=500, p=4, seed=10)
     algo = DPGDERM(iterations=30, step_size=0.5, l2=0.01)
     cal = calibrate(algo.inventory(n=500), epsilon=1.0, delta=1e-5, accountant="rdp")
     ledger = PrivacyLedger(delta=1e-5, neighbouring="add_remove", accountant=cal.accountant)
-    algo.setup(_ctx(x, y, ledger=ledger, noise=cal.noise))
+    algo.setup(linear_ctx(x, y, ledger=ledger, noise=cal.noise))
     for t in range(30):
         algo.step(t)
     assert ledger.epsilon() == pytest.approx(1.0, abs=0.02)
@@ -188,29 +209,26 @@ def test_dp_gd_erm_private_run_records_planned_steps():
 def test_erm_algorithms_reject_non_linear_models():
     from privopt.algorithms.dp_gd_erm import DPGDERM
 
-    x, y = _data(n=20, p=3)
+    x, y = planted_data(n=20, p=3)
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
     with pytest.raises(ModelError, match="linear model"):
-        DPGDERM().setup(_ctx(x, y, model=model))
+        DPGDERM().setup(linear_ctx(x, y, model=model))
 
 
-@pytest.mark.parametrize("bad", [dict(iterations=0), dict(step_size=-1.0), dict(clip=0.0), dict(l2=float("nan"))])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(iterations=0),
+        dict(step_size=-1.0),
+        dict(clip=0.0),
+        dict(l2=float("nan")),
+        dict(constraint="l3-ball"),
+        dict(constraint="none", radius=2.0),
+        dict(constraint="l1-ball", radius=0.0),
+    ],
+)
 def test_dp_gd_erm_bad_hyperparameters(bad):
     from privopt.algorithms.dp_gd_erm import DPGDERM
 
     with pytest.raises(ConfigError):
         DPGDERM(**bad)
-
-
-# ------------------------------------------------------------------------------------ Covertype
-def test_covertype_binary_loader(shared_data):
-    from privopt.experiments.erm_covertype import load_covertype_binary
-
-    x, y = load_covertype_binary(data_dir=shared_data / "covtype")
-    assert x.shape == (20000, 54)
-    np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0)
-    assert int((y > 0).sum()) == 6022  # Cover_Type 2 count documented in the data README
-    x2, y2 = load_covertype_binary(data_dir=shared_data / "covtype", n_train=1000, seed=3)
-    assert x2.shape == (1000, 54) and set(np.unique(y2)) == {-1.0, 1.0}
-    with pytest.raises(ConfigError):
-        load_covertype_binary(data_dir=shared_data / "covtype", n_train=10**6)

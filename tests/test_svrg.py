@@ -1,5 +1,5 @@
 """DP-SVRG / DP-SVRG++: exact recursions without noise, sensitivity of each release, noise wiring,
-accounting (SPEC §8.11 reference values) and the Covertype experiment end to end."""
+accounting (the reference values of docs/algorithms/erm.md, "Privacy inventory")."""
 
 import json
 import math
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from privopt.algorithms.base import RunContext
+from erm_helpers import linear_ctx
 from privopt.algorithms.svrg import DPSVRG, DPSVRGPlusPlus
 from privopt.errors import ConfigError
 from privopt.objectives.erm import LogisticERM, logistic_loss, normalize_rows
@@ -21,22 +21,6 @@ def _data(n=40, p=5, seed=0, scale=1.0):
     return x, y
 
 
-def _ctx(x, y, *, ledger=None, noise=None, seed=0):
-    model = torch.nn.Linear(x.shape[1], 1, bias=False, dtype=torch.float64)
-    torch.nn.init.zeros_(model.weight)
-    return RunContext(
-        model=model,
-        loss_fn=logistic_loss,
-        x_train=torch.from_numpy(x),
-        y_train=torch.from_numpy(y),
-        engine=None,
-        ledger=ledger,
-        noise=noise or {},
-        noise_rng=torch.Generator().manual_seed(seed),
-        sampler_rng=torch.Generator().manual_seed(seed + 1),
-    )
-
-
 def _grad(x, y, w, i, clip):
     """Clipped per-sample gradient of record i by autograd (independent of the closed form)."""
     wt = torch.tensor(w, requires_grad=True)
@@ -46,7 +30,7 @@ def _grad(x, y, w, i, clip):
 
 
 def _reference_svrg(x, y, *, epochs, inner, eta, lam, clip, doubling, seed):
-    """Textbook (prox-)SVRG / SVRG++ recursion of SPEC §3.2–3.3 with autograd gradients.
+    """Textbook (prox-)SVRG / SVRG++ recursion (docs/algorithms/erm.md) with autograd gradients.
 
     Indices follow the algorithm's documented sampling: each epoch draws torch.randint(n, (m_s,))
     from the sampler generator (m_s <= 8192 here, one block).
@@ -80,7 +64,7 @@ def _run(algo, ctx):
 @pytest.mark.parametrize("clip", [10.0, 0.3])  # 0.3: clipping binds on rows of norm 2
 def test_dp_svrg_without_noise_equals_exact_recursion(clip):
     x, y = _data(n=30, p=4, seed=1, scale=2.0)
-    out = _run(DPSVRG(epochs=3, inner=25, step_size=0.4, l2=0.1, clip=clip), _ctx(x, y, seed=5))
+    out = _run(DPSVRG(epochs=3, inner=25, step_size=0.4, l2=0.1, clip=clip), linear_ctx(x, y, seed=5))
     ref = _reference_svrg(x, y, epochs=3, inner=25, eta=0.4, lam=0.1, clip=clip, doubling=False, seed=5)
     np.testing.assert_allclose(out, ref, rtol=1e-9, atol=1e-12)
 
@@ -88,7 +72,7 @@ def test_dp_svrg_without_noise_equals_exact_recursion(clip):
 def test_dp_svrg_pp_without_noise_equals_exact_recursion():
     x, y = _data(n=25, p=3, seed=2)
     algo = DPSVRGPlusPlus(epochs=3, inner=4, step_size=0.5, l2=0.0)
-    ctx = _ctx(x, y, seed=7)
+    ctx = linear_ctx(x, y, seed=7)
     out = _run(algo, ctx)
     ref = _reference_svrg(x, y, epochs=3, inner=4, eta=0.5, lam=0.0, clip=1.0, doubling=True, seed=7)
     np.testing.assert_allclose(out, ref, rtol=1e-9, atol=1e-12)
@@ -101,7 +85,7 @@ def test_svrg_without_noise_converges_to_the_optimum():
     x, y = _data(n=200, p=4, seed=3)
     prob = LogisticERM(features=x, labels=y, l2=0.05)
     _, f_star = prob.solve()
-    out = _run(DPSVRG(epochs=12, inner=400, step_size=0.5, l2=0.05), _ctx(x, y))
+    out = _run(DPSVRG(epochs=12, inner=400, step_size=0.5, l2=0.05), linear_ctx(x, y))
     assert prob.objective(out) - f_star < 1e-8
 
 
@@ -128,12 +112,12 @@ def test_inventory_counts_and_ratio():
     assert [s.count for s in inv.steps] == [75_000, 75_000]
     assert inv.ratios["snapshot"] / inv.ratios["diff"] == pytest.approx(2 * 200_000)
     pp = DPSVRGPlusPlus(epochs=15, inner=10)
-    assert pp.total_inner_steps() == 655_340  # sum_{s=1}^{15} 10 * 2^s (SPEC §3.7)
+    assert pp.total_inner_steps() == 655_340  # sum_{s=1}^{15} 10 * 2^s (Fig. 2's schedule)
 
 
 @pytest.mark.parametrize("eps, ref", [(0.2, 1.184), (0.5, 0.854), (1.0, 0.675)])
 def test_accounting_reference_values(eps, ref):
-    """SPEC §8.11: n = 200,000, Tm = 75,000, delta = 1e-3, RDP, equal noise split:
+    """docs/algorithms/erm.md reference: n = 200,000, Tm = 75,000, delta = 1e-3, RDP, equal noise split:
     total sigma / (2G) = 1.184, 0.854, 0.675."""
     from privopt.privacy import calibrate
 
@@ -168,7 +152,7 @@ def test_private_epoch_noise_has_declared_std(monkeypatch):
     ledger = PrivacyLedger(delta=1e-5)
     noise = {"diff": 0.3, "snapshot": 50.0}
     algo = DPSVRG(epochs=1, inner=4000, step_size=0.01, clip=0.5)
-    algo.setup(_ctx(x, y, ledger=ledger, noise=noise))
+    algo.setup(linear_ctx(x, y, ledger=ledger, noise=noise))
     algo.step(0)
     resid = captured["drift"] - captured["snap"]
     expect = math.hypot(2 * 0.5 * 0.3, 0.5 * 50.0 / 100)
@@ -186,7 +170,7 @@ def test_private_run_spends_at_most_target():
     ledger = PrivacyLedger(
         delta=1e-4, accountant=cal.accountant, target_epsilon=1.0, planned=algo.inventory(n=400).steps_for(cal.noise)
     )
-    _run(algo, _ctx(x, y, ledger=ledger, noise=cal.noise))
+    _run(algo, linear_ctx(x, y, ledger=ledger, noise=cal.noise))
     assert ledger.num_steps == 2 * 600
     assert 0.95 <= ledger.epsilon() <= 1.0 + 1e-9
 
@@ -200,55 +184,19 @@ def test_bad_hyperparameters(bad):
 def test_state_dict_roundtrip_resumes_identically():
     x, y = _data(n=30, p=3, seed=9)
     a = DPSVRGPlusPlus(epochs=4, inner=3, step_size=0.3)
-    ctx_a = _ctx(x, y, seed=3)
+    ctx_a = linear_ctx(x, y, seed=3)
     full = _run(a, ctx_a)
     b = DPSVRGPlusPlus(epochs=4, inner=3, step_size=0.3)
-    ctx_b = _ctx(x, y, seed=3)
+    ctx_b = linear_ctx(x, y, seed=3)
     b.setup(ctx_b)
     b.step(0)
     b.step(1)
     state, rng_state = json.loads(json.dumps(b.state_dict())), ctx_b.sampler_rng.state_dict()
     c = DPSVRGPlusPlus(epochs=4, inner=3, step_size=0.3)
-    ctx_c = _ctx(x, y, seed=11)
+    ctx_c = linear_ctx(x, y, seed=11)
     c.setup(ctx_c)
     c.load_state_dict(state)
     ctx_c.sampler_rng.load_state_dict(rng_state)
     c.step(2)
     c.step(3)
     np.testing.assert_allclose(c.output(), full, rtol=1e-12)
-
-
-# ------------------------------------------------------------------------------- the experiment
-def test_erm_covertype_experiment_end_to_end(shared_data, tmp_path, monkeypatch):
-    import privopt.experiments.erm_covertype as exp
-
-    # shrink the schedules so the test takes seconds; the code path is the real one
-    monkeypatch.setattr(exp, "SVRG", dict(epochs=3, inner=500))
-    monkeypatch.setattr(exp, "SVRG_PP", dict(epochs=4, inner=10, step_size=0.01))
-    monkeypatch.setattr(exp, "GD_REG_ITERATIONS", 40)
-    monkeypatch.setattr(exp, "GD_UNREG", dict(iterations=30, step_size=0.1))
-    rows = exp.run_erm_covertype(
-        data_dir=shared_data / "covtype",
-        n_train=2000,
-        epsilons=[0.5, 1.0],
-        delta=1e-3,
-        runs=2,
-        budget="quick",
-        out_dir=tmp_path,
-        progress=False,
-    )
-    lines = (tmp_path / "results.jsonl").read_text().splitlines()
-    assert (
-        len(lines)
-        == len(rows)
-        == 2 * 2 * (len(exp.BUDGETS["quick"].svrg_steps) + len(exp.BUDGETS["quick"].gd_steps) + 2)
-    )
-    for r in map(json.loads, lines):
-        assert {"method", "epsilon", "run", "gap", "wall_s", "epsilon_spent"} <= set(r)
-        assert r["gap"] >= -1e-9  # F* is the minimum
-        assert r["epsilon_spent"] <= r["epsilon"] + 1e-6
-    assert {r["method"] for r in rows} == {"dp-svrg", "dp-svrg-pp", "dp-gd"}
-    for name in ("fig1_gap_vs_time.png", "fig1_gap_vs_passes.png", "fig2_gap_vs_time.png", "fig2_gap_vs_passes.png"):
-        assert (tmp_path / name).stat().st_size > 1000
-    md = (tmp_path / "summary.md").read_text()
-    assert "| regularized | dp-svrg |" in md and "| unregularized | dp-svrg-pp |" in md

@@ -6,6 +6,7 @@ What each implements and its privacy inventory: ``docs/algorithms/``. Building b
 """
 
 from privopt.algorithms import (  # noqa: F401  (registers the built-ins)
+    dp_amd,
     dp_gd_erm,
     dpsgd,
     dro_baselines,

@@ -1,7 +1,9 @@
 """DP-GD for linear logistic ERM: full-batch noisy proximal gradient descent (Paper B's baseline).
 
 Each iteration releases ``(sum_i clip_C(g_i(w)) + N(0, (zC)^2 I)) / n`` (one ``FullBatch``
-Gaussian step) and takes ``w <- prox(w - eta * noisy_grad)`` with ``prox(v) = v / (1 + eta * l2)``.
+Gaussian step) and takes ``w <- prox(w - eta * noisy_grad)`` with
+``prox(v) = Proj_K(v / (1 + eta * l2))``, the exact proximal step of the L2 term plus the optional
+constraint set ``K`` (``constraint="l1-ball"``, ...; projected DP-GD).
 It is the same mechanism as the generic ``dp-gd`` algorithm (:mod:`privopt.algorithms.dpsgd`) but
 uses closed-form logistic gradients (hundreds of times faster than per-sample autograd on a linear
 model) and an exact proximal step for the regulariser. Output: the last iterate. See
@@ -20,20 +22,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from privopt.algorithms.base import register_algorithm
 from privopt.algorithms.config import param, positive, positive_int
-from privopt.algorithms.erm_common import LinearERMAlgorithm, LinearERMConfig, single_thread_blas
-from privopt.algorithms.releases import BatchPlan, Fixed, Phase, Query, ReleasePlan
-from privopt.grads.sums import BoundedSum
+from privopt.algorithms.erm_common import ConstrainedERMConfig, LinearERMAlgorithm, full_gradient_plan
+from privopt.algorithms.releases import ReleasePlan
 
 __all__ = ["DPGDERM", "DPGDERMConfig"]
 
 
 @dataclass(frozen=True)
-class DPGDERMConfig(LinearERMConfig):
-    """``iterations`` noisy full-gradient steps T of constant size ``step_size``."""
+class DPGDERMConfig(ConstrainedERMConfig):
+    """``iterations`` noisy full-gradient steps T of constant size ``step_size`` (optionally projected
+    onto ``constraint``)."""
 
     iterations: int = param(1000, positive_int)
     step_size: float = param(0.1, positive, role="lr")
@@ -52,30 +53,26 @@ class DPGDERM(LinearERMAlgorithm):
     def __init__(self, **kw: Any):
         super().__init__(**kw)
         self._w: np.ndarray | None = None
+        self._set = None
 
     def release_plan(self, n: int) -> ReleasePlan:
-        query = Query("grad", Fixed(self.config.clip), batch=BatchPlan(n, n))
-        return ReleasePlan(phases=(Phase("step", self.config.iterations, (query,)),))
+        return full_gradient_plan(n, clip=self.config.clip, iterations=self.config.iterations)
 
     def num_steps(self) -> int:
         return self.config.iterations
 
     def _start(self, w0: np.ndarray) -> None:
-        self._w = w0.copy()
+        self._set = self.config.geometry(w0.shape[0])
+        self._w = w0.copy() if self._set is None else self._set.project(w0)
 
     def output(self) -> np.ndarray:
         return self._w
 
     def step(self, t: int) -> dict[str, float]:
-        prob, c = self.problem, self.config
-
-        def grad_sum(idx: torch.Tensor, clip: float) -> BoundedSum:
-            with single_thread_blas():
-                return BoundedSum(torch.from_numpy(prob.grad_coefficients(self._w, clip=clip) @ prob.x), bound=clip)
-
-        g = self.releases.phase("step").release("grad", grad_sum).numpy()
-        self._grad_evals += prob.n
-        self._w = (self._w - c.step_size * g) / (1.0 + c.step_size * c.l2)
+        c = self.config
+        g = self.noisy_gradient(self._w)
+        w = (self._w - c.step_size * g) / (1.0 + c.step_size * c.l2)
+        self._w = w if self._set is None else self._set.project(w)
         self._sync_model()
         return {}
 

@@ -80,5 +80,5 @@ register_experiment(
 register_experiment(
     "erm-covertype",
     "privopt.experiments.erm_covertype",
-    "Paper B Figs 1-2: DP-SVRG / DP-SVRG++ vs DP-GD optimality gap on Covertype",
+    "Paper B Figs 1-2 + l1: DP-SVRG / DP-SVRG++ / DP-AMD vs DP-GD on Covertype, tuned schedules",
 )

@@ -1,212 +1,55 @@
-"""Paper B's Covertype experiment: DP-SVRG / DP-SVRG++ against DP-GD, optimality gap versus wall
-time and versus passes over the data (the paper's Figures 1–2; Paper B's page in ``docs/algorithms/``).
+"""Paper B's Covertype experiment with tuned schedules: DP-SVRG, DP-SVRG++ and DP-AMD against DP-GD,
+optimality gap versus passes and wall time (the paper's Figures 1–2 plus an ℓ1-constrained
+comparison; ``docs/algorithms/erm.md``, "The Covertype comparison").
 
-Two settings, each for every epsilon and run:
+Protocol, for each setting (:mod:`~privopt.experiments.erm_covertype_protocol`) and epsilon:
 
-* ``regularized`` (Fig. 1): ``F^r(w) = mean logistic loss + (1e-2 / 2) ||w||^2``, DP-SVRG
-  (T = 15 epochs, m = 5000 inner steps) against DP-GD (T = 1500). The paper's SVRG-BB step rule
-  reads exact full gradients at the snapshots and so is not private; both methods use constant
-  steps taken from a grid instead. The grid is searched NON-privately (the best mean final gap is
-  reported; tuning is not accounted, see "What is not accounted" in ``docs/privacy.md``), the same
-  rule for both methods so the comparison is fair.
-* ``unregularized`` (Fig. 2): plain logistic loss, DP-SVRG++ (T = 15, m = 10, eta = 0.01) against
-  DP-GD (T = 1000, eta = 0.1), all as printed.
+1. **tune** every method on the held-out tuning set (rows disjoint from the training set, treated as
+   public; :mod:`~privopt.experiments.erm_covertype_data`): each schedule of its grid (run length ×
+   step size) is run ``tune_runs`` times with the noise calibrated for the training set's size,
+   and the schedule with the smallest mean tuning-set gap is kept. The training set is not touched.
+2. **run** the kept schedule ``runs`` times on the training set (fresh noise) and report its gap
+   ``F(w) − F*`` on the training objective (``F*`` from a non-private solver: evaluation only).
+3. where the paper prints a schedule, run it too, as a reference.
 
-Data: Covertype as the binary task "Lodgepole Pine (Cover_Type 2) vs the other six types"
-(intended to match LIBSVM ``covtype.binary``; label +1 = type 2), rows scaled to unit L2 norm (so
-G = 1 and per-sample clipping at 1 is a no-op) as :func:`load_covertype_binary` documents;
-``n_train`` rows after a seeded shuffle.
+So every method is compared at a schedule chosen by the same rule, and a method whose gap is
+limited by its iteration count rather than by its noise shows it: its chosen run length sits at
+the edge of its grid ("interior: NO").
 
-Every run goes through the shared step loop (:func:`privopt.training.run_loop`) with the run
-randomness of :mod:`privopt.training`: secret noise and sampling by default, ``insecure_seed`` for
-reproducible (NOT private) research runs. Noise is calibrated exactly for each method's query
-inventory and target (epsilon, delta) with the project accountant (add/remove-one neighbours);
-``epsilon_spent`` is re-computed by the ledger from the steps actually recorded. The reference
-optimum ``F*`` comes from scipy L-BFGS. The reported gaps are training-set objective values: a
-research measurement of the optimiser, not a private release.
+Outputs in ``out_dir``: ``results.jsonl`` (one row per run: ``phase`` tune / final / printed),
+``summary.json``, ``summary.md`` and per setting ``fig{N}_{setting}.png`` (gap versus passes and
+versus wall time for the tuned and printed schedules, and the tuning profiles).
 
-Outputs in ``out_dir``: ``results.jsonl`` (one row per method, setting, epsilon, step size and
-run), ``summary.md``, ``summary.json`` and the PNG figures ``fig1_gap_vs_time.png``,
-``fig1_gap_vs_passes.png``, ``fig2_gap_vs_time.png``, ``fig2_gap_vs_passes.png``.
-
-Example (CLI, once wired by the lead):
-    privopt reproduce erm-covertype --data-dir ../shared/data/covtype --budget quick --out runs/erm
+Example (CLI):
+    privopt reproduce erm-covertype --data-dir ../shared/data --budget quick --out runs/erm
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
+import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
+from privopt.cliargs import non_negative_int, positive_int
+from privopt.errors import ConfigError
+from privopt.experiments.erm_covertype_data import POSITIVE_COVER_TYPE, load_covertype_binary, load_covertype_split
+from privopt.experiments.erm_covertype_plots import plot_results
+from privopt.experiments.erm_covertype_protocol import BUDGETS, L1_RADIUS, Budget, settings
+from privopt.experiments.erm_covertype_report import summarize, summary_markdown
+from privopt.experiments.erm_covertype_runner import NEIGHBOURING, Problem, Runner
+from privopt.training import randomness_section
 
-from privopt.algorithms.base import Algorithm, RunContext
-from privopt.algorithms.dp_gd_erm import DPGDERM
-from privopt.algorithms.erm_common import single_thread_blas
-from privopt.algorithms.svrg import DPSVRG, DPSVRGPlusPlus
-from privopt.cliargs import non_negative_int
-from privopt.errors import ConfigError, DataError
-from privopt.experiments.erm_covertype_report import plot_results, summarize, summary_markdown
-from privopt.objectives.erm import LogisticERM, logistic_loss, minmax_scale, normalize_rows
-from privopt.training import Every, LoopState, randomness_section, run_loop, run_sources
+__all__ = ["BUDGETS", "add_arguments", "load_covertype_binary", "main", "run_erm_covertype"]
 
-__all__ = ["load_covertype_binary", "run_erm_covertype", "add_arguments", "main", "BUDGETS", "summarize"]
-
-POSITIVE_COVER_TYPE = 2  # Lodgepole Pine
-NEIGHBOURING = "add_remove"
+SETTINGS = ("regularized", "unregularized", "l1-constrained")
 
 
-@dataclass(frozen=True)
-class Budget:
-    runs: int
-    accountant: str  # "rdp" (fast) or "pld" (tighter; calibration takes ~10-80 s each)
-    svrg_steps: tuple[float, ...]  # DP-SVRG step-size grid (Fig. 1)
-    gd_steps: tuple[float, ...]  # DP-GD step-size grid (Fig. 1)
-    curve_points: int  # evaluation points per DP-GD curve
-
-
-BUDGETS = {
-    "quick": Budget(
-        runs=3, accountant="rdp", svrg_steps=(0.0003, 0.001, 0.003), gd_steps=(0.05, 0.1, 0.5), curve_points=60
-    ),
-    "paper": Budget(
-        runs=10,
-        accountant="pld",
-        svrg_steps=(0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1),
-        gd_steps=(0.01, 0.05, 0.1, 0.5, 1.0),
-        curve_points=150,
-    ),
-}
-REG_L2 = 1e-2
-SVRG = dict(epochs=15, inner=5000)
-SVRG_PP = dict(epochs=15, inner=10, step_size=0.01)
-GD_REG_ITERATIONS = 1500
-GD_UNREG = dict(iterations=1000, step_size=0.1)
-
-
-# ------------------------------------------------------------------------------------------- data
-def _find_covtype_file(data_dir: Path) -> Path:
-    """The UCI file in ``data_dir`` or its ``covtype/`` sub-folder (the layout of every privopt data dir)."""
-    if data_dir.is_file():
-        return data_dir
-    for folder in (data_dir, data_dir / "covtype", data_dir / "covertype"):
-        cands = sorted(p for p in folder.glob("covtype*.data*") if p.is_file())
-        if cands:
-            return cands[0]
-    raise DataError(
-        f"no Covertype file (covtype*.data or covtype*.data.gz) found in {data_dir} or {data_dir / 'covtype'}"
-    )
-
-
-def load_covertype_binary(*, data_dir, n_train: int | None = None, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Covertype as ±1 logistic-regression data with unit-norm rows, scaled with public constants only.
-
-    Every feature is clipped into Covertype's public attribute range and min-max scaled with it
-    (``privopt.data.public.covtype_bounds``; sources in docs/data.md, "Covertype"), then each row is
-    scaled to unit L2 norm: no record's features depend on another record.
-
-    Args:
-        data_dir: a data folder with ``covtype/covtype*.data[.gz]`` (UCI format), the folder
-            holding that file, or the file itself.
-        n_train: rows to keep (default: all): the rows with the smallest keyed hash of their content
-            (``seed`` as key), in hash order, so one row added to or removed from the file changes
-            the kept set by at most one swap.
-        seed: key of that hash.
-
-    Returns:
-        ``(features [n, 54] float64 with ||x_i|| = 1, labels [n] in {-1, +1})``.
-    """
-    from privopt.data.formats import read_covtype
-    from privopt.data.public import covtype_bounds
-    from privopt.data.selection import record_uniforms, stage_index
-
-    raw_x, cover = read_covtype(_find_covtype_file(Path(data_dir)))
-    n_all = raw_x.shape[0]
-    if n_train is not None and not (isinstance(n_train, int) and 1 <= n_train <= n_all):
-        raise ConfigError(f"n_train must be an integer in [1, {n_all}] for this file, got {n_train!r}")
-    rank = record_uniforms(raw_x, cover, seed=seed)[:, stage_index("max_train")]
-    order = np.argsort(rank, kind="stable")[: n_train or n_all]
-    lower, upper = covtype_bounds()
-    x = normalize_rows(minmax_scale(raw_x[order], lower=lower, upper=upper))
-    y = np.where(cover[order] == POSITIVE_COVER_TYPE, 1.0, -1.0)
-    return x, y
-
-
-# ------------------------------------------------------------------------------------- one run
-def _calibrate(algo: Algorithm, *, n: int, epsilon: float, delta: float, accountant: str):
-    from privopt.privacy import calibrate
-
-    return calibrate(
-        algo.inventory(n=n), epsilon=epsilon, delta=delta, neighbouring=NEIGHBOURING, accountant=accountant
-    )
-
-
-def _sources(insecure_seed: int | None) -> dict:
-    srcs = run_sources(insecure_seed)  # secret unless the experiment opted into seeded randomness
-    return {"noise_rng": srcs["noise"], "sampler_rng": srcs["sampler"]}
-
-
-def _run_once(
-    algo: Algorithm,
-    *,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    problem: LogisticERM,
-    f_star: float,
-    noise: dict[str, float],
-    delta: float,
-    accountant: str,
-    insecure_seed: int | None,
-    eval_every: int,
-) -> dict[str, Any]:
-    """Run one private optimisation; returns final gap, algorithm wall time and the gap curve."""
-    from privopt.privacy import PrivacyLedger
-
-    ledger = PrivacyLedger(delta=delta, neighbouring=NEIGHBOURING, accountant=accountant)
-    model = torch.nn.Linear(x.shape[1], 1, bias=False, dtype=torch.float64)
-    torch.nn.init.zeros_(model.weight)
-    ctx = RunContext(
-        model=model,
-        loss_fn=logistic_loss,
-        x_train=x,
-        y_train=y,
-        engine=None,
-        ledger=ledger,
-        noise=dict(noise),
-        **_sources(insecure_seed),
-    )
-    algo.setup(ctx)
-
-    def gap() -> float:
-        with single_thread_blas():
-            return problem.objective(algo.output()) - f_star
-
-    curve = [{"wall_s": 0.0, "passes": 0.0, "gap": gap()}]
-
-    def point(state: LoopState, logs: dict) -> None:  # evaluation is not part of the algorithm's time
-        curve.append({"wall_s": state.algo_time_s, "passes": algo.passes, "gap": gap()})
-
-    state = run_loop(algo.step, LoopState(step=0, total=algo.num_steps()), [Every(eval_every, point)])
-    algo.finalize()
-    return {
-        "gap": curve[-1]["gap"],
-        "wall_s": state.algo_time_s,
-        "passes": algo.passes,
-        "epsilon_spent": float(ledger.epsilon()),
-        "curve": curve,
-    }
-
-
-# ------------------------------------------------------------------------------------ experiment
-def _check_options(budget: str, runs, accountant, epsilons, delta) -> tuple[Budget, int, str, list[float]]:
+def _check_options(budget: str, runs, accountant, epsilons, delta, chosen) -> tuple[Budget, int, str, list[float]]:
     if budget not in BUDGETS:
         raise ConfigError(f"unknown budget {budget!r}; use one of {sorted(BUDGETS)}")
     b = BUDGETS[budget]
@@ -221,81 +64,10 @@ def _check_options(budget: str, runs, accountant, epsilons, delta) -> tuple[Budg
         raise ConfigError(f"epsilons must be finite and > 0, got {eps_list}")
     if not (0 < delta < 1):
         raise ConfigError(f"delta must be in (0, 1), got {delta}")
+    unknown = sorted(set(chosen) - set(SETTINGS))
+    if not chosen or unknown:
+        raise ConfigError(f"settings must be a non-empty subset of {list(SETTINGS)}, got {list(chosen)}")
     return b, runs, accountant, eps_list
-
-
-def _settings(b: Budget) -> dict[str, dict[str, Any]]:
-    """Per setting: its L2 weight and the (method, algorithm factory, step size) configurations."""
-    return {
-        "regularized": {
-            "l2": REG_L2,
-            "methods": [
-                *[("dp-svrg", lambda s: DPSVRG(l2=REG_L2, step_size=s, **SVRG), s) for s in b.svrg_steps],
-                *[
-                    ("dp-gd", lambda s: DPGDERM(l2=REG_L2, iterations=GD_REG_ITERATIONS, step_size=s), s)
-                    for s in b.gd_steps
-                ],
-            ],
-        },
-        "unregularized": {
-            "l2": 0.0,
-            "methods": [
-                ("dp-svrg-pp", lambda s: DPSVRGPlusPlus(l2=0.0, **SVRG_PP), SVRG_PP["step_size"]),
-                ("dp-gd", lambda s: DPGDERM(l2=0.0, **GD_UNREG), GD_UNREG["step_size"]),
-            ],
-        },
-    }
-
-
-@dataclass
-class _Grid:
-    """What every run of the experiment shares."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-    delta: float
-    accountant: str
-    runs: int
-    curve_points: int
-    insecure_seed: int | None
-    write: Any  # one JSON row per run
-    log: Any
-
-
-def _run_configuration(
-    grid: _Grid, *, setting: str, l2: float, problem: LogisticERM, f_star: float, eps: float, method: str, make, step
-) -> list[dict]:
-    """All runs of one (setting, method, epsilon, step size); each row is written as soon as it is done."""
-    n = int(grid.x.shape[0])
-    cal = _calibrate(make(step), n=n, epsilon=eps, delta=grid.delta, accountant=grid.accountant)
-    rows = []
-    for r in range(grid.runs):
-        algo = make(step)
-        res = _run_once(
-            algo,
-            x=grid.x,
-            y=grid.y,
-            problem=problem,
-            f_star=f_star,
-            noise=cal.noise,
-            delta=grid.delta,
-            accountant=cal.accountant,
-            insecure_seed=None if grid.insecure_seed is None else grid.insecure_seed + r,
-            eval_every=max(1, algo.num_steps() // grid.curve_points),
-        )
-        row = {"setting": setting, "method": method, "algorithm": algo.name, "epsilon": eps, "delta": grid.delta}
-        row.update(run=r, step_size=step, gap=res["gap"], wall_s=res["wall_s"], passes=res["passes"])
-        row.update(epsilon_spent=res["epsilon_spent"], noise_multipliers=dict(cal.noise), accountant=cal.accountant)
-        row.update(f_star=f_star, n_train=n, l2=l2, hyperparameters=algo.hyperparameters(), curve=res["curve"])
-        grid.write(row)
-        rows.append(row)
-    gaps = [r["gap"] for r in rows]
-    grid.log(
-        f"[{setting}] {method:10s} eps={eps:g} step={step:g}: gap {np.mean(gaps):.4g} "
-        f"± {np.std(gaps):.2g}, wall {res['wall_s']:.2f}s, passes {res['passes']:.1f}, "
-        f"eps spent {res['epsilon_spent']:.4f}, z={ {k: round(v, 4) for k, v in cal.noise.items()} }"
-    )
-    return rows
 
 
 def _jsonl(fh):
@@ -306,32 +78,60 @@ def _jsonl(fh):
     return write
 
 
-def _run_setting(grid: _Grid, setting: str, spec: dict[str, Any], eps_list, meta: dict[str, Any]) -> list[dict]:
-    """Every (epsilon, method, step size) of one setting; records its F* in ``meta``."""
-    problem = LogisticERM(features=grid.x.numpy(), labels=grid.y.numpy(), l2=spec["l2"])
-    meta[f"f_star_{setting}"] = f_star = _optimum(problem, setting, grid.log)
-    rows = []
-    for eps, (method, make, step) in itertools.product(eps_list, spec["methods"]):
-        rows += _run_configuration(
-            grid, setting=setting, l2=spec["l2"], problem=problem, f_star=f_star, eps=eps,
-            method=method, make=make, step=step,
-        )  # fmt: skip
-    return rows
+def _run_setting(
+    runner: Runner, setting, data, *, eps_list, budget: Budget, runs: int, meta: dict
+) -> tuple[list, list]:
+    """Tune, run and (where printed) reference-run every method of one setting at every epsilon."""
+    (x_tr, y_tr), (x_tu, y_tu) = data
+    train, tune = Problem.build(x_tr, y_tr, setting), Problem.build(x_tu, y_tu, setting)
+    meta[f"f_star_{setting.name}"] = {
+        name: {"f_star": p.f_star, "certificate": p.certificate, "solve_s": p.solve_s}
+        for name, p in (("train", train), ("tune", tune))
+    }
+    runner.log(
+        f"[{setting.name}] F* = {train.f_star:.10f} (training; certificate {train.certificate:.2g}), "
+        f"{tune.f_star:.10f} (tuning)"
+    )
+    rows, selections = [], []
+    for eps in eps_list:
+        for method in setting.methods:
+            sel = runner.tune(setting, method, tune, epsilon=eps, runs=budget.tune_runs)
+            selections.append(
+                {
+                    "setting": setting.name,
+                    "method": method.label,
+                    "epsilon": eps,
+                    "schedule": sel.schedule,
+                    "tuning_gap": sel.tuning_gap,
+                    "interior": sel.interior,
+                    "last_gain": sel.last_gain,
+                    "profile": [list(p) for p in sel.profile],
+                    "grid": sel.grid,
+                }
+            )
+            rows += runner.final(setting, method, train, epsilon=eps, schedule=sel.schedule, runs=runs)
+            if method.printed is not None:
+                rows += runner.final(
+                    setting, method, train, epsilon=eps, schedule=method.printed, runs=runs, phase="printed"
+                )
+    return rows, selections
 
 
-def _optimum(problem: LogisticERM, setting: str, log) -> float:
-    """The reference optimum F* (scipy L-BFGS)."""
-    t0 = time.perf_counter()
-    with single_thread_blas():
-        _, f_star = problem.solve()
-    log(f"[{setting}] F* = {f_star:.10f} (L-BFGS, {time.perf_counter() - t0:.1f}s)")
-    return f_star
+def _meta(data, *, budget: str, b: Budget, runs: int, delta: float, accountant: str, insecure_seed) -> dict[str, Any]:
+    (x, labels), (x_tune, _) = data
+    meta: dict[str, Any] = {"n_train": int(x.shape[0]), "n_tune": int(x_tune.shape[0]), "dim": int(x.shape[1])}
+    meta.update(delta=delta, budget=budget, runs=runs, tune_runs=b.tune_runs, neighbouring=NEIGHBOURING)
+    meta.update(accountant=accountant, l1_radius=L1_RADIUS, positive_share=float((labels > 0).mean()))
+    meta.update(positive_class=f"Cover_Type == {POSITIVE_COVER_TYPE} (Lodgepole Pine)")
+    meta.update(randomness=randomness_section(insecure_seed=insecure_seed))
+    return meta
 
 
 def run_erm_covertype(
     *,
     data_dir,
-    n_train: int | None = None,
+    n_train: int = 10_000,
+    n_tune: int = 10_000,
     epsilons: Sequence[float] = (0.2, 0.5, 1.0),
     delta: float = 1e-3,
     runs: int | None = None,
@@ -341,46 +141,51 @@ def run_erm_covertype(
     seed: int = 0,
     accountant: str | None = None,
     insecure_seed: int | None = None,
-) -> list[dict]:
-    """Run both settings of Paper B's experiment and write results, plots and a summary.
+    only: Sequence[str] = SETTINGS,
+) -> dict[str, Any]:
+    """Run the comparison and write results, summary and figures; returns the summary.
 
     Args:
         data_dir: Covertype folder (``covtype*.data[.gz]``) or file.
-        n_train: training rows (default: all rows of the file).
-        epsilons: target epsilons.
-        delta: target delta.
-        runs: runs per (setting, method, epsilon, step size); default from the budget (quick 3, paper 10).
-        budget: ``"quick"`` (small step grids) or ``"paper"`` (the full grids, 10 runs).
-        out_dir: output folder (created); progress: one line per finished configuration.
-        seed: data shuffle seed (a public choice).
-        accountant: ``"rdp"`` or ``"pld"`` (default: the budget's, quick ``"rdp"``, paper ``"pld"``).
-        insecure_seed: seed the noise and sampling (run r uses ``insecure_seed + r``): reproducible
-            but NOT private; default secret randomness.
-
-    Returns:
-        The rows written to ``results.jsonl``.
+        n_train, n_tune: training rows and disjoint tuning rows (keyed-hash order, ``seed`` as key).
+        epsilons, delta: privacy targets.
+        runs: final runs per (setting, method, epsilon); default from the budget (quick 3, paper 10).
+        budget: ``"quick"`` or ``"paper"`` (:data:`BUDGETS`: runs, tuning runs, accountant, grids).
+        out_dir: output folder (created); progress: one line per tuned method and per final schedule.
+        seed: data selection key (a public choice).
+        accountant: ``"rdp"`` or ``"pld"`` (default: the budget's).
+        insecure_seed: seed the noise and sampling (reproducible but NOT private); default secret.
+        only: the settings to run (default all three).
     """
-    b, runs, accountant, eps_list = _check_options(budget, runs, accountant, epsilons, delta)
+    b, runs, accountant, eps_list = _check_options(budget, runs, accountant, epsilons, delta, only)
+    data = load_covertype_split(data_dir=data_dir, n_train=n_train, n_tune=n_tune, seed=seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    feats, labels = load_covertype_binary(data_dir=data_dir, n_train=n_train, seed=seed)
     log = (lambda msg: print(msg, flush=True)) if progress else (lambda msg: None)
-    meta: dict[str, Any] = {"n_train": feats.shape[0], "dim": int(feats.shape[1]), "delta": delta, "budget": budget}
-    meta.update(runs=runs, positive_class=f"Cover_Type == {POSITIVE_COVER_TYPE} (Lodgepole Pine)")
-    meta.update(positive_share=float((labels > 0).mean()), neighbouring=NEIGHBOURING, accountant=accountant)
-    meta.update(randomness=randomness_section(insecure_seed=insecure_seed))
-    x_t, y_t = torch.from_numpy(feats), torch.from_numpy(labels)
+    meta = _meta(data, budget=budget, b=b, runs=runs, delta=delta, accountant=accountant, insecure_seed=insecure_seed)
+    specs = {name: s for name, s in settings(b).items() if name in only}
+    rows, selections = [], []
+    t0, cpu0, load0 = time.perf_counter(), time.process_time(), list(os.getloadavg())  # the machine is shared
     with open(out / "results.jsonl", "w") as fh:
-        grid = _Grid(x_t, y_t, delta, accountant, runs, b.curve_points, insecure_seed, write=_jsonl(fh), log=log)
-        rows = [
-            row for setting, spec in _settings(b).items() for row in _run_setting(grid, setting, spec, eps_list, meta)
-        ]
-    summary = summarize(rows)
-    summary["meta"] = meta
+        runner = Runner(
+            delta=delta,
+            accountant=accountant,
+            insecure_seed=insecure_seed,
+            curve_points=b.curve_points,
+            write=_jsonl(fh),
+            log=log,
+        )
+        for setting in specs.values():
+            r, s = _run_setting(runner, setting, data, eps_list=eps_list, budget=b, runs=runs, meta=meta)
+            rows, selections = rows + r, selections + s
+    meta.update(total_wall_s=time.perf_counter() - t0, total_cpu_s=time.process_time() - cpu0)
+    meta.update(load_average_start=load0, load_average_end=list(os.getloadavg()))
+    summary = summarize(rows, selections, {name: s.proposed for name, s in specs.items()})
+    summary.update(meta=meta, selections=selections)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "summary.md").write_text(summary_markdown(summary))
-    plot_results(rows, summary, out)
-    return rows
+    plot_results(summary, out, {name: s.figure for name, s in specs.items()})
+    return summary
 
 
 # ------------------------------------------------------------------------------------------- CLI
@@ -394,36 +199,36 @@ def _float_list(s: str) -> list[float]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``privopt reproduce erm-covertype``."""
     parser.add_argument("--data-dir", required=True, help="folder with covtype*.data[.gz] (UCI format)")
-    parser.add_argument("--n-train", type=int, default=None, help="training rows (default: all rows of the file)")
+    parser.add_argument("--n-train", type=positive_int, default=10_000, help="training rows (default 10000)")
+    parser.add_argument("--n-tune", type=positive_int, default=10_000, help="disjoint tuning rows (default 10000)")
     parser.add_argument("--epsilons", type=_float_list, default=[0.2, 0.5, 1.0], help="e.g. 0.2,0.5,1")
     parser.add_argument("--delta", type=float, default=1e-3, help="target δ of every run (default 1e-3, below 1/n)")
-    parser.add_argument("--runs", type=int, default=None, help="runs per configuration (default: 3 quick, 10 paper)")
+    parser.add_argument(
+        "--runs", type=positive_int, default=None, help="final runs per method and ε (default: the budget's)"
+    )
     parser.add_argument(
         "--budget", choices=sorted(BUDGETS), default="quick", help="quick: short CPU schedule; paper: the paper's"
     )
-    parser.add_argument("--seed", type=non_negative_int, default=0, help="data shuffle seed (public)")
+    parser.add_argument("--settings", default=",".join(SETTINGS), help=f"subset of {','.join(SETTINGS)}")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="data selection key (public)")
     parser.add_argument(
         "--insecure-seed",
         type=int,
         default=None,
         metavar="N",
-        help="seed the noise and sampling (run r uses N + r): reproducible but NOT private; default: secret",
+        help="seed the noise and sampling: reproducible but NOT private; default: secret",
     )
-    parser.add_argument(
-        "--accountant",
-        choices=("rdp", "pld"),
-        default=None,
-        help="accountant for calibration (default: rdp for quick, pld for paper)",
-    )
+    parser.add_argument("--accountant", choices=("rdp", "pld"), default=None, help="default: the budget's")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
 def main(args: argparse.Namespace) -> int:
     """Entry point for the parsed arguments; prints the Markdown summary (or JSON with --json)."""
-    run_erm_covertype(
+    summary = run_erm_covertype(
         data_dir=args.data_dir,
         n_train=args.n_train,
+        n_tune=args.n_tune,
         epsilons=args.epsilons,
         delta=args.delta,
         runs=args.runs,
@@ -433,15 +238,15 @@ def main(args: argparse.Namespace) -> int:
         seed=args.seed,
         accountant=args.accountant,
         insecure_seed=args.insecure_seed,
+        only=[s.strip() for s in args.settings.split(",") if s.strip()],
     )
-    out = Path(args.out)
     if args.json:
-        summary = json.loads((out / "summary.json").read_text())
-        for e in summary["best"]:
+        for e in summary["methods"] + summary["printed"]:
             e.pop("curve", None)
+        summary.pop("selections")
         print(json.dumps(summary, indent=2))
     else:
-        print((out / "summary.md").read_text())
+        print((Path(args.out) / "summary.md").read_text())
     return 0
 
 

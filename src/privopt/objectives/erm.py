@@ -29,6 +29,7 @@ import warnings
 
 import numpy as np
 import torch
+from scipy.special import expit
 
 from privopt.errors import ConfigError, DataError
 
@@ -39,16 +40,6 @@ __all__ = [
     "minmax_scale",
     "prox_l2",
 ]
-
-
-def _sigmoid(t: np.ndarray) -> np.ndarray:
-    # exp of a negative argument only: stable for large |t|.
-    out = np.empty_like(t, dtype=np.float64)
-    pos = t >= 0
-    out[pos] = 1.0 / (1.0 + np.exp(-t[pos]))
-    e = np.exp(t[~pos])
-    out[~pos] = e / (1.0 + e)
-    return out
 
 
 def logistic_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -124,7 +115,6 @@ class LogisticERM:
         self.y = np.where(y == 0.0, -1.0, y)
         self.l2 = float(l2)
         self.row_norms = np.linalg.norm(x, axis=1)
-        self._yx = self.y[:, None] * x  # margins are yx @ w
 
     # ------------------------------------------------------------------ sizes and constants
     @property
@@ -146,7 +136,7 @@ class LogisticERM:
     # ------------------------------------------------------------------ values
     def losses(self, w: np.ndarray) -> np.ndarray:
         """Per-sample logistic losses ``[n]``."""
-        return np.logaddexp(0.0, -(self._yx @ w))
+        return np.logaddexp(0.0, -self.y * (self.x @ w))
 
     def objective(self, w: np.ndarray) -> float:
         """``F^r(w)``: mean logistic loss plus the L2 term."""
@@ -160,12 +150,13 @@ class LogisticERM:
         ``c_i = -y_i sigmoid(-y_i w^T x_i)``; with ``clip`` the coefficient is scaled by
         ``min(1, clip / ||g_i||)`` (the usual per-sample L2 clipping, in closed form).
         """
-        yx = self._yx if idx is None else self._yx[idx]
+        x = self.x if idx is None else self.x[idx]
         y = self.y if idx is None else self.y[idx]
-        coef = -y * _sigmoid(-(yx @ w))
+        s = expit(-y * (x @ w))  # sigmoid(-margin), stable at any margin; x, not y*x: one matrix in cache
+        coef = -y * s
         if clip is not None:
-            norms = np.abs(coef) * (self.row_norms if idx is None else self.row_norms[idx])
-            coef = coef * np.minimum(1.0, clip / np.maximum(norms, 1e-300))
+            norms = s * (self.row_norms if idx is None else self.row_norms[idx])  # ||g_i||, as |y_i| = 1
+            coef *= np.minimum(1.0, clip / np.maximum(norms, 1e-300))
         return coef
 
     def per_sample_grads(self, w: np.ndarray, idx=None, *, clip: float | None = None) -> np.ndarray:
@@ -183,13 +174,26 @@ class LogisticERM:
         return self.loss_gradient(w) + self.l2 * w
 
     # ------------------------------------------------------------------ reference optimum
-    def solve(self, *, tol: float = 1e-12, max_iter: int = 20000) -> tuple[np.ndarray, float]:
-        """Non-private minimiser by scipy L-BFGS; returns ``(w_star, F_star)``.
+    def solve(self, *, tol: float = 1e-12, max_iter: int = 20000, constraint=None) -> tuple[np.ndarray, float]:
+        """Non-private minimiser; returns ``(w_star, F_star)``.
 
         Used only to report optimality gaps ``F^r(w_private) - F*`` (evaluation, not training).
-        Without regularisation the optimum exists only for non-separable data; the returned value
-        is then the infimum reached to tolerance.
+        Unconstrained: scipy L-BFGS (``tol`` on the gradient). Without regularisation the optimum then
+        exists only for non-separable data; the returned value is the infimum reached to tolerance.
+
+        Args:
+            tol: unconstrained: gradient tolerance; constrained: the certified Frank-Wolfe gap
+                (``<grad F(w), w - s>`` with ``s`` the set's linear minimiser, an upper bound on
+                ``F(w) - F*``) to reach. That gap is first-order in the distance to the optimum, so
+                in float64 it stalls near 1e-9 while ``F(w) - F*`` is already at rounding level; the
+                solver stops there too (no projected step decreases ``F``).
+            max_iter: iteration cap.
+            constraint: a constraint set with ``project(x)`` and ``linear_minimizer(g)`` (e.g. a
+                :mod:`privopt.algorithms.mirror` geometry); solved by accelerated projected gradient
+                (FISTA with backtracking and adaptive restart).
         """
+        if constraint is not None:
+            return self._solve_constrained(constraint, tol=tol, max_iter=max_iter)
         from scipy.optimize import minimize
 
         res = minimize(
@@ -199,5 +203,53 @@ class LogisticERM:
             method="L-BFGS-B",
             options={"maxiter": max_iter, "maxfun": 2 * max_iter, "gtol": tol, "ftol": 1e-15, "maxcor": 30},
         )
-        w = np.asarray(res.x, dtype=np.float64)
+        w = self._newton_polish(np.asarray(res.x, dtype=np.float64))
+        return w, self.objective(w)
+
+    def _newton_polish(self, w: np.ndarray, steps: int = 10) -> np.ndarray:
+        """A few Newton steps after L-BFGS (p is small): the optimum to rounding, not to L-BFGS's tolerance."""
+        for _ in range(steps):
+            g = self.gradient(w)
+            s = expit(-self.y * (self.x @ w))
+            hessian = (self.x.T * (s * (1.0 - s))) @ self.x / self.n + self.l2 * np.eye(self.dim)
+            try:
+                w_new = w - np.linalg.solve(hessian, g)
+            except np.linalg.LinAlgError:
+                break
+            f, f_new = self.objective(w), self.objective(w_new)
+            if not (f_new <= f + 1e-14 * abs(f) and np.linalg.norm(self.gradient(w_new)) < np.linalg.norm(g)):
+                break
+            w = w_new
+        return w
+
+    def frank_wolfe_gap(self, w: np.ndarray, constraint) -> float:
+        """``max_{s in K} <grad F(w), w - s>``: an upper bound on ``F(w) - min_K F`` for ``w`` in ``K``."""
+        g = self.gradient(w)
+        return float(g @ (w - constraint.linear_minimizer(g)))
+
+    def _solve_constrained(self, constraint, *, tol: float, max_iter: int) -> tuple[np.ndarray, float]:
+        w = constraint.project(np.zeros(self.dim))
+        v, f_w, momentum = w.copy(), self.objective(w), 1.0
+        lip = self.smoothness() / 64.0  # backtracking raises it as needed
+        stalled = False
+        for _ in range(max_iter):
+            g_v, f_v = self.gradient(v), self.objective(v)
+            while True:
+                w_new = constraint.project(v - g_v / lip)
+                d = w_new - v
+                f_new = self.objective(w_new)
+                if f_new <= f_v + g_v @ d + 0.5 * lip * (d @ d) + 1e-15 * abs(f_v):
+                    break
+                lip *= 2.0
+            if f_new > f_w:  # adaptive restart: drop the momentum when the objective goes up
+                if stalled:  # a plain projected step from w cannot decrease F either: F(w) is F* to rounding
+                    break
+                v, momentum, stalled = w.copy(), 1.0, True
+                continue
+            stalled = False
+            nxt = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * momentum**2))
+            v = w_new + ((momentum - 1.0) / nxt) * (w_new - w)
+            w, f_w, momentum = w_new, f_new, nxt
+            if self.frank_wolfe_gap(w, constraint) <= tol:
+                break
         return w, self.objective(w)
