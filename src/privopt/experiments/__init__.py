@@ -40,3 +40,8 @@ register_experiment(
     "privopt.experiments.erm_covertype",
     "Paper B Figs 1-2: DP-SVRG / DP-SVRG++ vs DP-GD optimality gap on Covertype",
 )
+register_experiment(
+    "worst-group",
+    "privopt.experiments.worst_group",
+    "Paper D: DP worst-group risk minimisation (phased ERM, DP-OCO+EXP3, Noisy-SGD-MGR/AGS) vs DP-SGD",
+)
