@@ -188,7 +188,9 @@ def solve_ogd(
             gap = obj.gap(w_bar, lam_bar)
             if gap <= target_gap:
                 return SolveResult(w_bar, gap, t, obj.passes)
-    raise SolverNotCertified(_not_certified("ogd", max_iters, obj.gap(w_sum / max_iters, lam_sum / max_iters), target_gap))
+    raise SolverNotCertified(
+        _not_certified("ogd", max_iters, obj.gap(w_sum / max_iters, lam_sum / max_iters), target_gap)
+    )
 
 
 def _not_certified(name: str, iters: int, gap: float, target: float) -> str:

@@ -48,7 +48,9 @@ def worst_group_metrics(
         z = torch.stack([torch.zeros_like(z.reshape(-1)), z.reshape(-1)], dim=1)
     y, g = y.long().reshape(-1), groups.long().reshape(-1)
     if not (z.shape[0] == y.shape[0] == g.shape[0]) or z.shape[0] == 0:
-        raise DataError(f"logits, labels and groups must be non-empty and of equal length: {z.shape[0]}, {len(y)}, {len(g)}")
+        raise DataError(
+            f"logits, labels and groups must be non-empty and of equal length: {z.shape[0]}, {len(y)}, {len(g)}"
+        )
     losses = nn.functional.cross_entropy(z, y, reduction="none")
     acc = group_accuracies(z, y, g)
     names = list(group_names) if group_names else [f"group {i}" for i in range(num_groups)]
@@ -84,7 +86,9 @@ def evaluate_groups(model: nn.Module, x, y, groups, *, num_groups: int, group_na
     return worst_group_metrics(logits, y, groups, num_groups=num_groups, group_names=group_names)
 
 
-def group_accuracy_table(rows: Sequence[dict[str, Any]], *, group_names: Sequence[str], label_key: str = "label") -> str:
+def group_accuracy_table(
+    rows: Sequence[dict[str, Any]], *, group_names: Sequence[str], label_key: str = "label"
+) -> str:
     """A markdown table: one row per result (its ``per_group`` accuracies), one column per group.
 
     Example:

@@ -138,7 +138,8 @@ def _markdown(result: dict, rows, names) -> str:
         for e, c in result["rates"]["curves"].items():
             parts.append(
                 f"- rates, ε = {e}: measured slope {c['measured_slope']:.3f}, Theorem 2 {c['dominant_term']} term "
-                f"{c['theorem_slope']:g} (with its logs {c['theorem_slope_with_logs']:.3f}); within ±0.15: {c['within_0.15']}"
+                f"{c['theorem_slope']:g} (with its logs {c['theorem_slope_with_logs']:.3f}); "
+                f"within ±0.15: {c['within_0.15']}"
             )
     t = result["timing"]
     parts.append(f"\nwall {t['wall_s']:.0f} s, CPU {t['cpu_s']:.0f} s, load average {t['load_average']}")

@@ -87,7 +87,9 @@ def _excess(K: int, *, epsilon: float, seed: int, insecure_seed: int | None) -> 
     from privopt.training import LoopState, run_loop
     from privopt.training.builder import build_run
 
-    data = load_dataset("synthetic-groups", seed=seed, n_train=K, num_groups=P, dim=DIM, n_test_per_group=N_TEST_PER_GROUP)
+    data = load_dataset(
+        "synthetic-groups", seed=seed, n_train=K, num_groups=P, dim=DIM, n_test_per_group=N_TEST_PER_GROUP
+    )
     delta = K**-1.1
     eta = theorem2_eta(K=K, p=P, d=2 * (DIM + 1), epsilon=epsilon, delta=delta)
     params = {"eta": eta, "radius": RADIUS, "feature_norm": 1.0, "group_sizes": "public"}
@@ -118,7 +120,10 @@ def run_rates(
         for K in ks:
             vals = [_excess(K, epsilon=eps, seed=s, insecure_seed=insecure_seed) for s in range(seeds)]
             means.append(float(np.mean(vals)))
-            log(f"  rates eps={eps:g} K={K}: excess worst-group risk {means[-1]:.4f} (runs {np.round(vals, 4).tolist()})")
+            log(
+                f"  rates eps={eps:g} K={K}: excess worst-group risk {means[-1]:.4f} "
+                f"(runs {np.round(vals, 4).tolist()})"
+            )
         out["curves"][str(eps)] = _fit(ks, means, eps)
     return out
 

@@ -144,8 +144,8 @@ def plot_rates(rates: dict[str, Any], path: Path) -> None:
         y = np.array(curve["excess"])
         line = ax.loglog(ks, y, "o-", label=f"ε = {eps}: measured slope {curve['measured_slope']:.2f}")[0]
         ref = y[0] * (ks / ks[0]) ** curve["theorem_slope"]
-        ax.loglog(ks, ref, "--", color=line.get_color(), alpha=0.6,
-                  label=f"ε = {eps}: Theorem 2 {curve['dominant_term']} term, slope {curve['theorem_slope']:g}")  # fmt: skip
+        label = f"ε = {eps}: Theorem 2 {curve['dominant_term']} term, slope {curve['theorem_slope']:g}"
+        ax.loglog(ks, ref, "--", color=line.get_color(), alpha=0.6, label=label)
     ax.set_xlabel("K (samples, all groups)")
     ax.set_ylabel("excess worst-group risk")
     ax.set_title("Minimax Phased ERM on synthetic-groups (p = 4)")

@@ -26,8 +26,16 @@ from privopt.privacy.events import (
     step_from_dict,
 )
 
-__all__ = ["TreeShape", "LaplaceShape", "NoisyMaxShape", "PlannedStep", "Inventory", "tree_family", "laplace_family",
-           "noisy_max_family"]
+__all__ = [
+    "TreeShape",
+    "LaplaceShape",
+    "NoisyMaxShape",
+    "PlannedStep",
+    "Inventory",
+    "tree_family",
+    "laplace_family",
+    "noisy_max_family",
+]
 
 _FIXED = (Gaussian, Laplace, PureDP, TreeAggregation)
 
