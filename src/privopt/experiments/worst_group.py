@@ -26,6 +26,7 @@ from typing import Any
 
 from privopt.checkpoint import atomic_write_json
 from privopt.errors import ConfigError
+from privopt.experiments.dro import _floats  # the comma-separated ε parser of the DRO reproduction
 from privopt.experiments.dro_runner import single_threaded
 from privopt.experiments.worst_group_protocol import BASELINES, DATASETS, EPSILONS, PAPER_D, load_group_dataset
 from privopt.experiments.worst_group_report import (
@@ -146,13 +147,6 @@ def _markdown(result: dict, rows, names) -> str:
     t = result["timing"]
     parts.append(f"\nwall {t['wall_s']:.0f} s, CPU {t['cpu_s']:.0f} s, load average {t['load_average']}")
     return "\n".join(parts)
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
