@@ -13,7 +13,11 @@ from privopt.algorithms import (  # noqa: F401  (registers the built-ins)
     dro_double_spider,
     dro_primal_dual,
     dro_recursive_spider,
+    group_dro,
     svrg,
+    worst_group_oco,
+    worst_group_phased,
+    worst_group_sgd,
 )
 from privopt.algorithms.base import Algorithm, RunContext, available_algorithms, get_algorithm, register_algorithm
 from privopt.algorithms.config import AlgorithmConfig

@@ -82,3 +82,8 @@ register_experiment(
     "privopt.experiments.erm_covertype",
     "Paper B Figs 1-2 + l1: DP-SVRG / DP-SVRG++ / DP-AMD vs DP-GD on Covertype, tuned schedules",
 )
+register_experiment(
+    "worst-group",
+    "privopt.experiments.worst_group",
+    "Paper D: DP worst-group risk minimisation (phased ERM, DP-OCO+EXP3, Noisy-SGD-MGR/AGS) vs DP-SGD",
+)

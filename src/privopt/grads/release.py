@@ -52,6 +52,7 @@ __all__ = [
     "ReleaseEvent",
     "gaussian_noise_like",
     "draw_gaussian_noise",
+    "draw_laplace_noise",
     "observe_releases",
     "notify_release",
     "insecure_scale_noise_for_testing",
@@ -131,6 +132,19 @@ def draw_gaussian_noise(
     noise = rng.normal(shape, dtype=dtype, device=device) * std
     scale = _NOISE_SCALE.get()
     return noise if scale == 1.0 else noise * scale
+
+
+def draw_laplace_noise(
+    shape, *, scale: float, rng: RandomSource, dtype: torch.dtype = torch.float64, device=None
+) -> torch.Tensor:
+    """Laplace noise (density ``exp(-|y|/scale) / (2 scale)``) of ``shape`` from the privacy-noise
+    source, as the difference of two standard exponentials (``-log1p(-u)`` is finite for every
+    uniform ``u`` in ``[0, 1)``). Under the test-only noise switch it is scaled like every noise."""
+    u = rng.uniform((2, *tuple(int(s) for s in ((shape,) if isinstance(shape, int) else shape))))
+    e = -torch.log1p(-u.to(torch.float64))
+    noise = ((e[0] - e[1]) * float(scale)).to(dtype=dtype, device=device or "cpu")
+    factor = _NOISE_SCALE.get()
+    return noise if factor == 1.0 else noise * factor
 
 
 def gaussian_noise_like(t: torch.Tensor, *, std: float, rng: RandomSource) -> torch.Tensor:

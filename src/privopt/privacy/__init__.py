@@ -41,7 +41,16 @@ from privopt.privacy.events import (
     step_from_dict,
 )
 from privopt.privacy.filter import RdpFilter
-from privopt.privacy.inventory import Inventory, PlannedStep, TreeShape, tree_family
+from privopt.privacy.inventory import (
+    Inventory,
+    LaplaceShape,
+    NoisyMaxShape,
+    PlannedStep,
+    TreeShape,
+    laplace_family,
+    noisy_max_family,
+    tree_family,
+)
 from privopt.privacy.ledger import PrivacyLedger
 from privopt.privacy.mechanisms import (
     gaussian_noise,
@@ -86,6 +95,10 @@ __all__ = [
     "Inventory",
     "TreeShape",
     "tree_family",
+    "LaplaceShape",
+    "NoisyMaxShape",
+    "laplace_family",
+    "noisy_max_family",
     "Calibration",
     "CalibrationProgress",
     "DEFAULT_TIME_LIMIT",

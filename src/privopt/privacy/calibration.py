@@ -94,7 +94,7 @@ def _merged_ratios(inventory: Inventory, ratios) -> dict[str, float]:
             raise ConfigError(f"ratios names unknown family {name!r}; inventory families are {inventory.names}")
         merged[name] = check_ratio(name, r)
     if not merged:
-        raise ConfigError("the inventory has no calibrated (named) Gaussian family")
+        raise ConfigError("the inventory has no calibrated (named) family")
     return merged
 
 

@@ -26,7 +26,16 @@ from privopt.privacy.events import (
     step_from_dict,
 )
 
-__all__ = ["TreeShape", "PlannedStep", "Inventory", "tree_family"]
+__all__ = [
+    "TreeShape",
+    "LaplaceShape",
+    "NoisyMaxShape",
+    "PlannedStep",
+    "Inventory",
+    "tree_family",
+    "laplace_family",
+    "noisy_max_family",
+]
 
 _FIXED = (Gaussian, Laplace, PureDP, TreeAggregation)
 
@@ -40,6 +49,45 @@ class TreeShape:
 
     def __post_init__(self):
         object.__setattr__(self, "steps", TreeAggregation(1.0, steps=self.steps).steps)
+
+
+@dataclass(frozen=True)
+class LaplaceShape:
+    """Marks a calibrated family as Laplace noise: its multiplier ``b`` is the Laplace scale per
+    unit of the release's per-record L1 bound (:class:`~privopt.privacy.Laplace`)."""
+
+
+@dataclass(frozen=True)
+class NoisyMaxShape:
+    """Marks a calibrated family as report-noisy-max with Laplace scale ``b·Δ`` over values one
+    record moves by at most ``Δ`` in one direction: an ``1/b``-DP release (:class:`~privopt.privacy.PureDP`)."""
+
+
+def laplace_family(name: str, *, ratio: float = 1.0) -> tuple:
+    """A calibrated Laplace family (its scale multiplier is ``scale · ratio``).
+
+    Example:
+        >>> from privopt.privacy import FullBatch, Inventory, PlannedStep, laplace_family
+        >>> inv = Inventory((PlannedStep(FullBatch(), (laplace_family("losses"),), 10),))
+        >>> list(inv.steps_for({"losses": 50.0}))[0].mechanisms
+        (Laplace(scale_multiplier=50.0, name='losses', kind='laplace'),)
+    """
+    return (name, ratio, LaplaceShape())
+
+
+def noisy_max_family(name: str, *, ratio: float = 1.0) -> tuple:
+    """A calibrated report-noisy-max family: multiplier ``b`` is charged as ``PureDP(1/b)``.
+
+    Example:
+        >>> from privopt.privacy import FullBatch, Inventory, PlannedStep, noisy_max_family
+        >>> inv = Inventory((PlannedStep(FullBatch(), (noisy_max_family("pick"),), 10),))
+        >>> list(inv.steps_for({"pick": 4.0}))[0].mechanisms
+        (PureDP(epsilon=0.25, name='pick', kind='pure'),)
+    """
+    return (name, ratio, NoisyMaxShape())
+
+
+_SHAPES = (TreeShape, LaplaceShape, NoisyMaxShape)
 
 
 def tree_family(name: str, *, steps, ratio: float = 1.0) -> tuple:
@@ -62,8 +110,8 @@ def _family(m) -> tuple:
         raise ConfigError(f"planned mechanism must be ('name', ratio) or a Mechanism, got {m!r}") from None
     if not isinstance(name, str) or not name:
         raise ConfigError(f"planned mechanism name must be a non-empty string, got {name!r}")
-    if len(shape) > 1 or (shape and not isinstance(shape[0], TreeShape)):
-        raise ConfigError(f"a calibrated family is ('name', ratio) or ('name', ratio, TreeShape), got {m!r}")
+    if len(shape) > 1 or (shape and not isinstance(shape[0], _SHAPES)):
+        raise ConfigError(f"a calibrated family is ('name', ratio) or ('name', ratio, <shape>), got {m!r}")
     return (name, check_ratio(name, ratio), *shape)
 
 
@@ -74,8 +122,9 @@ class PlannedStep:
     Args:
         sampling: How its batch is drawn (Poisson, WithoutReplacement, FullBatch, SingleRecord).
         mechanisms: Releases on that batch: ``("name", ratio)`` pairs for calibrated Gaussian
-            families (``z_name = scale * ratio``), :func:`tree_family` entries for calibrated tree
-            aggregation, or fixed mechanism objects that are accounted but not calibrated.
+            families (``z_name = scale * ratio``), :func:`tree_family`, :func:`laplace_family` or
+            :func:`noisy_max_family` entries for calibrated tree aggregation, Laplace or
+            report-noisy-max releases, or fixed mechanism objects that are accounted but not calibrated.
         count: Planned (maximum) number of executions, an integer >= 0.
     """
 
@@ -93,7 +142,7 @@ class PlannedStep:
             raise ConfigError(
                 f"unknown sampling {self.sampling!r}; use Poisson, WithoutReplacement, FullBatch or SingleRecord"
             )
-        trees = any(isinstance(m, TreeAggregation) or (isinstance(m, tuple) and len(m) > 2) for m in mechs)
+        trees = any(isinstance(m, TreeAggregation) or (isinstance(m, tuple) and _shape(m) is TreeShape) for m in mechs)
         if trees and not isinstance(self.sampling, FullBatch):
             raise ConfigError(f"tree aggregation covers a whole pass; plan it with FullBatch(), got {self.sampling!r}")
 
@@ -102,7 +151,10 @@ class PlannedStep:
             if not isinstance(m, tuple):
                 return {"fixed": asdict(m)}
             out = {"name": m[0], "ratio": m[1]}
-            return {**out, "tree_steps": list(m[2].steps)} if len(m) > 2 else out
+            kind = _shape(m)
+            if kind is TreeShape:
+                return {**out, "tree_steps": list(m[2].steps)}
+            return {**out, "kind": _KIND_NAMES[kind]} if kind is not None else out
 
         mechanisms = [entry(m) for m in self.mechanisms]
         return {"sampling": asdict(self.sampling), "mechanisms": mechanisms, "count": self.count}
@@ -119,16 +171,32 @@ class PlannedStep:
                 mechs.append(next(decoded))
             elif "tree_steps" in m:
                 mechs.append((m["name"], m["ratio"], TreeShape(tuple(m["tree_steps"]))))
+            elif "kind" in m:
+                mechs.append((m["name"], m["ratio"], _KINDS[m["kind"]]()))
             else:
                 mechs.append((m["name"], m["ratio"]))
         return cls(sampling=probe.sampling, mechanisms=tuple(mechs), count=d["count"])
 
 
+_KIND_NAMES = {LaplaceShape: "laplace", NoisyMaxShape: "noisy_max"}
+_KINDS = {v: k for k, v in _KIND_NAMES.items()}
+
+
+def _shape(m: tuple):
+    return type(m[2]) if len(m) > 2 else None
+
+
 def _instantiate(m, noise: dict[str, float]):
     if not isinstance(m, tuple):
         return m
-    z = float(noise[m[0]])
-    return TreeAggregation(z, steps=m[2].steps, name=m[0]) if len(m) > 2 else Gaussian(z, name=m[0])
+    z, kind = float(noise[m[0]]), _shape(m)
+    if kind is TreeShape:
+        return TreeAggregation(z, steps=m[2].steps, name=m[0])
+    if kind is LaplaceShape:
+        return Laplace(z, name=m[0])
+    if kind is NoisyMaxShape:
+        return PureDP(1.0 / z, name=m[0])
+    return Gaussian(z, name=m[0])
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,11 @@ def _rr_event(epsilon: float) -> dpa.DpEvent:
     # Binary randomized response with log-likelihood ratio epsilon: P(true bucket) = 1 - p/2 and
     # (2 - p) / p = e^eps. (LaplaceDpEvent(1/eps) would NOT be safe: Laplace's RDP is strictly
     # smaller than randomized response's at small orders.)
-    return dpa.RandomizedResponseDpEvent(noise_parameter=2.0 / (1.0 + math.exp(epsilon)), num_buckets=2)
+    # 2 / (1 + e^eps) written with e^-eps: no overflow for huge eps (a calibration search may probe
+    # them); beyond eps ~ 745 it is 0, which dp_accounting charges as infinite epsilon.
+    return dpa.RandomizedResponseDpEvent(
+        noise_parameter=2.0 * math.exp(-epsilon) / (1.0 + math.exp(-epsilon)), num_buckets=2
+    )
 
 
 def _coin_event(epsilon: float) -> dpa.DpEvent:

@@ -1,0 +1,113 @@
+"""Worst-group metrics, the reproduction's outputs and its verdict logic."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from privopt.errors import ConfigError
+from privopt.eval.worst_group import evaluate_groups, worst_group_metrics
+from privopt.experiments import worst_group_protocol as protocol
+from privopt.experiments.worst_group import run_worst_group
+from privopt.experiments.worst_group_rates import _fit, theorem2_terms
+from privopt.experiments.worst_group_report import summarize, verdict
+
+
+def test_worst_group_metrics_by_hand():
+    logits = torch.tensor([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0], [0.0, 1.0], [3.0, 0.0]])
+    y = torch.tensor([0, 1, 1, 1, 0])
+    g = torch.tensor([0, 0, 1, 1, 2])
+    m = worst_group_metrics(logits, y, g, num_groups=4, group_names=["a", "b", "c", "d"])
+    assert m["per_group"]["b"]["accuracy"] == 0.5 and m["per_group"]["d"]["n"] == 0
+    assert m["worst_group_accuracy"] == 0.5 and m["average_accuracy"] == pytest.approx(0.8)
+    ce = torch.nn.functional.cross_entropy(logits, y, reduction="none")
+    assert m["worst_group_loss"] == pytest.approx(float(ce[2:4].mean()))
+    assert m["mean_group_accuracy"] == pytest.approx((1.0 + 0.5 + 1.0) / 3)
+
+
+def test_evaluate_groups_matches_the_metrics_of_the_logits():
+    model = torch.nn.Linear(3, 2)
+    x, y, g = torch.randn(50, 3), torch.randint(0, 2, (50,)), torch.randint(0, 3, (50,))
+    direct = worst_group_metrics(model(x), y, g, num_groups=3)
+    assert evaluate_groups(model, x, y, g, num_groups=3, chunk=7)["per_group"] == direct["per_group"]
+
+
+def _row(method, eps, wg, avg, seed=0):
+    metrics = {"worst_group_accuracy": wg, "average_accuracy": avg, "worst_group_loss": 0.5, "epsilon_spent": eps}
+    return {"method": method, "label": method, "epsilon": eps, "seed": seed, **metrics, "wall_s": 1.0, "per_group": {}}
+
+
+def test_verdict_compares_the_best_paper_d_method_with_dp_sgd_at_each_epsilon():
+    rows = [
+        _row("dp-sgd", 1.0, 0.60, 0.9),
+        _row("noisy-sgd-ags", 1.0, 0.70, 0.8),
+        _row("noisy-sgd-ags", 1.0, 0.50, 0.8, seed=1),
+        _row("noisy-sgd-mgr", 1.0, 0.65, 0.85),
+        _row("dp-sgd", 2.0, 0.80, 0.9),
+        _row("dp-double-spider", 2.0, 0.95, 0.9),  # a baseline, not a Paper D method
+        _row("dp-oco-exp3", 2.0, 0.70, 0.9),
+    ]
+    v = {x["epsilon"]: x for x in verdict(summarize(rows), epsilons=(1.0, 2.0))}
+    assert v[1.0]["best_method"] == "noisy-sgd-mgr" and v[1.0]["higher"]  # AGS averages 0.60 over seeds
+    assert v[2.0]["best_method"] == "dp-oco-exp3" and not v[2.0]["higher"]
+
+
+def test_rate_fit_recovers_a_power_law_and_names_the_dominant_term():
+    ks = [1000, 4000, 16000, 64000]
+    curve = _fit(ks, [3.0 * k**-0.5 for k in ks], 20.0)
+    assert curve["measured_slope"] == pytest.approx(-0.5, abs=1e-9)
+    assert curve["dominant_term"] == "statistical" and curve["within_0.15"]
+    t = theorem2_terms(1000.0, p=4, d=22, epsilon=0.01)
+    assert t["privacy"] > t["statistical"]  # at tiny ε the privacy term dominates
+
+
+@pytest.fixture
+def small_protocol(monkeypatch):
+    options = {"num_groups": 3, "dim": 4, "n_train": 600, "n_test_per_group": 200, "group_fractions": [0.6, 0.3, 0.1]}
+    tiny = protocol.Schedule(epochs=1, batch=50, group_batch=100, oco_batch=10, options=options)
+    monkeypatch.setitem(protocol.DATASETS, "synthetic", ("synthetic-groups", tiny))
+
+
+@pytest.mark.slow
+def test_reproduction_writes_every_output(tmp_path, small_protocol):
+    methods = ["noisy-sgd-ags", "minimax-phased-erm", "dp-sgd", "group-dro"]
+    res = run_worst_group(
+        dataset="synthetic", epsilons=[2.0], seeds=1, out_dir=tmp_path, methods=methods, tune_grid=False,
+        rates=False, insecure_seed=0, log=lambda s: None,
+    )  # fmt: skip
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert {r["method"] for r in rows} == set(methods) and len(rows) == 4
+    keys = {"dataset", "method", "epsilon", "epsilon_spent", "seed", "worst_group_accuracy", "average_accuracy",
+            "worst_group_loss", "per_group", "wall_s"}  # fmt: skip
+    assert all(keys <= set(r) for r in rows)
+    private = [r for r in rows if r["private"]]
+    assert all(r["epsilon_spent"] <= 2.0 + 1e-9 and math.isfinite(r["worst_group_accuracy"]) for r in private)
+    for name in ("summary.md", "summary.json", "tuning.json", "worst_group_vs_epsilon.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert res["verdict"] and "Per-group test accuracy" in res["markdown"]
+    with pytest.raises(ConfigError, match="already holds"):
+        run_worst_group(dataset="synthetic", epsilons=[2.0], seeds=1, out_dir=tmp_path, methods=methods)
+
+
+def test_bad_arguments_fail_before_writing(tmp_path):
+    with pytest.raises(ConfigError, match="unknown dataset"):
+        run_worst_group(dataset="mnist", out_dir=tmp_path / "a")
+    with pytest.raises(ConfigError, match="epsilons"):
+        run_worst_group(dataset="synthetic", epsilons=[0.0], out_dir=tmp_path / "b")
+    with pytest.raises(ConfigError, match="unknown method"):
+        run_worst_group(dataset="synthetic", methods=["nope"], out_dir=tmp_path / "c")
+    assert not any(tmp_path.iterdir())
+
+
+def test_every_method_has_a_grid_of_the_same_size():
+    sizes = {m: len(protocol.grid(m)) for m in protocol.PAPER_D + protocol.BASELINES}
+    assert set(sizes.values()) == {6}
+    for m in protocol.PAPER_D + protocol.BASELINES:
+        for point in protocol.grid(m):
+            params = protocol.method_params(m, protocol.DATASETS["adult"][1], point)
+            from privopt.algorithms import get_algorithm
+
+            get_algorithm(m, **params)  # every grid point is a valid config
+    assert np.isclose(protocol.TUNE_EPSILON, 2.0)
