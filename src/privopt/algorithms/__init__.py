@@ -12,6 +12,9 @@ from privopt.algorithms import (  # noqa: F401  (registers the built-ins)
     dro_double_spider,
     dro_primal_dual,
     dro_recursive_spider,
+    gauss_psgd,
+    sosp_baseline,
+    sosp_common,
     svrg,
 )
 from privopt.algorithms.base import Algorithm, RunContext, available_algorithms, get_algorithm, register_algorithm

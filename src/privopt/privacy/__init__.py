@@ -41,7 +41,7 @@ from privopt.privacy.events import (
     step_from_dict,
 )
 from privopt.privacy.filter import RdpFilter
-from privopt.privacy.inventory import Inventory, PlannedStep, TreeShape, tree_family
+from privopt.privacy.inventory import COMPOSITIONS, Inventory, PlannedStep, TreeShape, tree_family
 from privopt.privacy.ledger import PrivacyLedger
 from privopt.privacy.mechanisms import (
     gaussian_noise,
@@ -50,6 +50,7 @@ from privopt.privacy.mechanisms import (
     report_noisy_max,
     report_noisy_max_epsilon,
 )
+from privopt.privacy.parallel import ParallelLedger, ledger_from_dict, make_ledger
 from privopt.privacy.translate import dp_relation_for, to_dp_event
 
 __all__ = [
@@ -95,6 +96,10 @@ __all__ = [
     # ledger and adaptive filter
     "PrivacyLedger",
     "RdpFilter",
+    "ParallelLedger",
+    "COMPOSITIONS",
+    "make_ledger",
+    "ledger_from_dict",
     # numpy mechanisms
     "gaussian_noise",
     "laplace_noise",
