@@ -94,8 +94,7 @@ def hessian_vector_product(
         v = v.to(w.dtype)
         total = torch.zeros_like(w)
         for s in range(0, n, chunk):
-            xb, yb = x[s : s + chunk], y[s : s + chunk]
-            total += jvp(lambda p: g(p, xb, yb), (w,), (v,))[1]
+            total += jvp(lambda p, xb=x[s : s + chunk], yb=y[s : s + chunk]: g(p, xb, yb), (w,), (v,))[1]
         return total / n
 
     return hvp
