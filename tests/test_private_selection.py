@@ -3,6 +3,7 @@ the accounting, and that it picks the minimum over the saddle."""
 
 import pytest
 import torch
+from tests.test_gauss_psgd import DoubleWell, _identity_loss
 from torch import nn
 
 from privopt.algorithms.federation import Client, Federation
@@ -11,7 +12,6 @@ from privopt.distributed import LocalComm
 from privopt.grads.flat import flat_params
 from privopt.privacy import calibrate, make_ledger
 from privopt.rng import TorchSource
-from tests.test_gauss_psgd import DoubleWell, _identity_loss
 
 
 def _ce(out, y):

@@ -188,6 +188,8 @@ class FederatedOptimizer(Algorithm):
         logs = {"epochs_used": o.epochs_used, "o1": o.counts["o1"], "o2": o.counts["o2"], "drift": o.drift}
         if g is not None:
             logs["est_norm"] = float(g.norm())
+        if self.done:  # 1: certified SOSP, 0: not certified, -1: the method does not certify
+            logs["certified"] = -1.0 if self.certified is None else float(self.certified)
         return logs
 
     def descend(self) -> dict[str, float]:

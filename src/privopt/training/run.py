@@ -192,6 +192,8 @@ class _Session:
                     guard,
                 ]
                 run_loop(run.algo.step, self.state, callbacks)
+                if self.state.stop == "done":  # the algorithm returned early: its last logs close the curve
+                    self._on_eval(self.state, self.state.logs)
                 if self.state.stop == "interrupted":
                     self.commit("interrupted")
                     raise RunInterrupted(
