@@ -24,7 +24,7 @@ def test_per_record_hvp_matches_an_autograd_loop():
     x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
     w, v = flat_params(model), torch.randn(flat_params(model).numel())
     rows = per_record_hvp(model, _ce, x, y, w, v)
-    params = [p for p in model.parameters()]
+    params = list(model.parameters())
     for i in range(6):
         loss = _ce(model(x[i : i + 1]), y[i : i + 1]).sum()
         g = torch.cat([t.reshape(-1) for t in torch.autograd.grad(loss, params, create_graph=True)])

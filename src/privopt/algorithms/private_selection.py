@@ -174,9 +174,8 @@ class PrivateModelSelection:
         tail = math.sqrt(2 * math.log(2 * candidates * (1 + self.k) / self.omega))
         r_g = noise["sel-grad"] * self.grad_clip / (n * math.sqrt(m))
         r_h = noise["sel-curv"] * self.hvp_clip / (n * math.sqrt(m))
-        return self.alpha + r_g * (math.sqrt(dim) + tail), -(
-            math.sqrt(self.rho * self.alpha) + r_h * (2 * math.sqrt(dim) + tail)
-        )
+        grad_threshold = self.alpha + r_g * (math.sqrt(dim) + tail)
+        return grad_threshold, -(math.sqrt(self.rho * self.alpha) + r_h * (2 * math.sqrt(dim) + tail))
 
     def select(self, candidates, *, federation, model, loss_fn, noise: dict, private: bool = True) -> SelectionResult:
         """Examine ``candidates`` (flat parameter vectors) in order; the clients' ``x``/``y`` are their

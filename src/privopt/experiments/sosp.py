@@ -189,8 +189,9 @@ def run_sosp(
         raise ConfigError(f"output directory {out} is not empty")
     out.mkdir(parents=True, exist_ok=True)
     plan = BUDGETS[budget]
-    jobs = _jobs(dataset=dataset, data_dir=data_dir, clients=clients, epsilons=epsilons, seeds=seeds, methods=methods,
-                 budget=plan, out=out, launcher=launcher, split=split, trust=trust, insecure_seed=insecure_seed)  # fmt: skip
+    grid = dict(clients=clients, epsilons=epsilons, seeds=seeds, methods=methods, split=split, trust=trust)
+    jobs = _jobs(dataset=dataset, data_dir=data_dir, budget=plan, out=out, launcher=launcher,
+                 insecure_seed=insecure_seed, **grid)  # fmt: skip
     t0, cpu0 = time.perf_counter(), _cpu_seconds()
     rows: list[dict[str, Any]] = []
     with _LoadSampler() as load, (out / "results.jsonl").open("w") as sink:
@@ -201,8 +202,7 @@ def run_sosp(
                 rows.append(row)
                 sink.write(json.dumps(row) + "\n")
                 sink.flush()
-                log(f"{row['method']:15s} m={row['clients']:<2d} eps={row['epsilon']:<4g} seed={row['seed']} "
-                    f"acc={row['test_accuracy']:.4f} eps_spent={row['epsilon_spent']:.3f} {row['wall_s']:.1f}s")  # fmt: skip
+                log(_progress_line(row))
     timing = {
         "wall_s": time.perf_counter() - t0,
         "cpu_s": _cpu_seconds() - cpu0,
@@ -211,6 +211,13 @@ def run_sosp(
         "workers": pool_size,
     }
     return _report(rows, out=out, dataset=dataset, plan=plan, timing=timing, launcher=launcher)
+
+
+def _progress_line(row: dict[str, Any]) -> str:
+    return (
+        f"{row['method']:15s} m={row['clients']:<2d} eps={row['epsilon']:<4g} seed={row['seed']} "
+        f"acc={row['test_accuracy']:.4f} eps_spent={row['epsilon_spent']:.3f} {row['wall_s']:.1f}s"
+    )
 
 
 def _report(rows, *, out: Path, dataset: str, plan, timing: dict, launcher: str) -> dict[str, Any]:

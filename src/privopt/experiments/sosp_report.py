@@ -81,10 +81,10 @@ def _yes(flag: bool) -> str:
 
 def format_claims(claims: dict[str, Any]) -> str:
     """The closing note: where the paper's claims and the issue's bars hold and where not."""
+    won, lost = claims["beats_baseline_in"], claims["loses_to_baseline_in"]
     lines = [
         f"* Gauss-PSGD beats the baseline in every configuration: {_yes(claims['beats_baseline_everywhere'])} "
-        f"({len(claims['beats_baseline_in'])} of {len(claims['beats_baseline_in']) + len(claims['loses_to_baseline_in'])}"
-        f" configurations; not in (m, ε) = {[tuple(s) for s in claims['loses_to_baseline_in']]}).",
+        f"({len(won)} of {len(won) + len(lost)} configurations; not in (m, ε) = {[tuple(s) for s in lost]}).",
         "* The gap widens with m: "
         + _yes(claims["gap_widens_with_m"])
         + " (mean gap over ε, accuracy points: "

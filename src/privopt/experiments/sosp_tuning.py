@@ -75,7 +75,10 @@ def run_tuning(*, data_dir, budget: str, methods=METHODS, out_dir, workers: int 
             rows.append(row)
             log(f"{row['method']:15s} {json.dumps(row['params'])} val_acc={row['val_accuracy']:.4f}")
     best = {m: max((r for r in rows if r["method"] == m), key=lambda r: r["val_accuracy"]) for m in methods}
-    result = {"best": {m: r["params"] for m, r in best.items()}, "scores": {m: r["val_accuracy"] for m, r in best.items()},
-              "rows": rows}  # fmt: skip
+    result = {
+        "best": {m: r["params"] for m, r in best.items()},
+        "scores": {m: r["val_accuracy"] for m, r in best.items()},
+        "rows": rows,
+    }
     (out / "tuning.json").write_text(json.dumps(result, indent=2))
     return result
