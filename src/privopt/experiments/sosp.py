@@ -76,7 +76,7 @@ def _diagnostics(cfg: dict[str, Any], out: Path, *, records: int, tol: float) ->
     model = build_model("mlp", input_shape=data.input_shape, num_classes=data.num_classes, **cfg["model_params"])
     model.load_state_dict(torch.load(out / "model.pt"))
     x, y = data.x_train[:records], data.y_train[:records]
-    return sosp_report(model, build_loss("cross_entropy"), x, y, tol=tol, maxiter=60)
+    return sosp_report(model, build_loss("cross_entropy"), x, y, tol=tol, ncv=16, maxiter=12)
 
 
 def run_one(job: dict[str, Any]) -> dict[str, Any]:

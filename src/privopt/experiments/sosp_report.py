@@ -63,7 +63,10 @@ def check_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "beats_baseline_in": [list(s) for s in wins],
         "loses_to_baseline_in": [list(s) for s in settings if s not in wins],
         "gap_by_clients": gaps,
-        "gap_widens_with_m": len(ms) > 1 and all(gaps[a] < gaps[b] for a, b in zip(ms, ms[1:])),
+        # Gauss-PSGD ahead at every m, and further ahead the more clients there are.
+        "gap_widens_with_m": len(ms) > 1
+        and all(g > 0 for g in gaps.values())
+        and all(gaps[a] < gaps[b] for a, b in zip(ms, ms[1:])),
     }
     if (GAUSS, 1, 1.0) in agg and (DPSGD, 1, 1.0) in agg:
         out["gauss_vs_dpsgd_eps1_m1"] = [agg[(GAUSS, 1, 1.0)], agg[(DPSGD, 1, 1.0)]]
