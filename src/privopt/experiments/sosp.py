@@ -26,7 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from privopt.errors import ConfigError
-from privopt.experiments.sosp_protocol import BUDGETS, CLIENTS, DATASETS, EPSILONS, METHODS, N_TRAIN, run_config
+from privopt.experiments.sosp_protocol import (
+    BUDGETS,
+    CLIENTS,
+    DATASETS,
+    EPSILONS,
+    METHODS,
+    Budget,
+    run_config,
+)
 from privopt.experiments.sosp_report import check_claims, format_claims, format_table, plot_curves
 
 __all__ = ["add_arguments", "main", "run_sosp", "run_one"]
@@ -155,6 +163,7 @@ def _jobs(*, dataset, data_dir, clients, epsilons, seeds, methods, budget, out, 
                     cfg = run_config(
                         method, dataset=dataset, data_dir=data_dir, epsilon=eps, seed=s, clients=m, budget=budget,
                         split=split, trust=trust, insecure_seed=None if insecure_seed is None else insecure_seed + s,
+                        n_train=budget.n_train,
                     )  # fmt: skip
                     run_dir = out / "runs" / method / f"m{m}" / f"eps{eps:g}" / f"seed{s}"
                     jobs.append({"config": cfg, "out": str(run_dir), "launcher": launcher,
@@ -169,7 +178,7 @@ def run_sosp(
     clients=CLIENTS,
     epsilons=EPSILONS,
     seeds: int = 3,
-    budget: str = "quick",
+    budget: str | Budget = "quick",
     out_dir: str | Path,
     launcher: str = "simulate",
     methods=METHODS,
@@ -188,7 +197,7 @@ def run_sosp(
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"output directory {out} is not empty")
     out.mkdir(parents=True, exist_ok=True)
-    plan = BUDGETS[budget]
+    plan = budget if isinstance(budget, Budget) else BUDGETS[budget]
     grid = dict(clients=clients, epsilons=epsilons, seeds=seeds, methods=methods, split=split, trust=trust)
     jobs = _jobs(dataset=dataset, data_dir=data_dir, budget=plan, out=out, launcher=launcher,
                  insecure_seed=insecure_seed, **grid)  # fmt: skip
@@ -224,7 +233,7 @@ def _report(rows, *, out: Path, dataset: str, plan, timing: dict, launcher: str)
     claims = check_claims(rows)
     table = format_table(rows)
     loss_table = format_table(rows, key="test_loss", scale=1.0)
-    n = N_TRAIN if dataset == "mnist" else "up to 6000"
+    n = plan.n_train if dataset == "mnist" else f"up to {plan.n_train}"
     markdown = (
         f"Test accuracy (%) on {dataset}, n = {n}, MLP-128, δ = 1e-5, budget {plan.name!r} "
         f"({plan.epochs:g} epochs, {plan.sampling} sampling), launcher {launcher}; mean ± std over seeds.\n\n"

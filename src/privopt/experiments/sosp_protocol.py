@@ -61,6 +61,7 @@ class Budget:
         params: per method, hyper-parameters at m = 1 (batch sizes are totals over the clients).
         diag_records, diag_tol: training records and Lanczos tolerance of the SOSP diagnostics.
         evals: evaluations of the test split per run (the curves).
+        n_train: training records (per-record keyed selection).
     """
 
     name: str
@@ -70,6 +71,7 @@ class Budget:
     diag_records: int = 1000
     diag_tol: float = 1e-2
     evals: int = 12
+    n_train: int = N_TRAIN
 
 
 _SPIDER = {"gamma": 3.0, "clip_diff_cap": 0.1, "clip": 1.0, "refresh_share": 0.4}
