@@ -23,6 +23,7 @@ from privopt.algorithms.config import (
     AlgorithmConfig,
     flag,
     one_of,
+    optional_int,
     optional_positive,
     param,
     positive,
@@ -31,7 +32,7 @@ from privopt.algorithms.config import (
 )
 from privopt.algorithms.federation import TRUST_MODES, build_federation
 from privopt.errors import ConfigError
-from privopt.grads.flat import flat_params, trainable_parameters
+from privopt.grads.flat import flat_params, set_flat_params
 
 __all__ = [
     "FederatedConfig",
@@ -41,10 +42,6 @@ __all__ = [
     "AdaDPSpiderSGD",
     "FedDPSGD",
 ]
-
-
-def _optional_int(name: str, value: Any) -> int | None:
-    return None if value is None else positive_int(name, value)
 
 
 @dataclass(frozen=True)
@@ -70,7 +67,7 @@ class FederatedConfig(AlgorithmConfig):
     clients: int = param(1, positive_int)
     split: str = param("label", one_of("label", "iid"))
     trust: str = param("local", one_of(*TRUST_MODES))
-    max_steps: int | None = param(None, _optional_int)
+    max_steps: int | None = param(None, optional_int)
     chunk_size: int = param(1024, positive_int)
     private: bool = param(True, flag)
 
@@ -170,12 +167,7 @@ class FederatedOptimizer(Algorithm):
 
     # ------------------------------------------------------------------ the model as a vector
     def set_model(self, flat: torch.Tensor) -> None:
-        with torch.no_grad():
-            offset = 0
-            for p in trainable_parameters(self._ctx.model):
-                k = p.numel()
-                p.copy_(flat[offset : offset + k].view_as(p).to(p.dtype))
-                offset += k
+        set_flat_params(self._ctx.model, flat)
 
     def finish(self, output: torch.Tensor, *, certified: bool | None) -> None:
         """End the run with ``output`` as the released model."""

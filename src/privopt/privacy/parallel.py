@@ -44,6 +44,7 @@ from privopt.errors import ConfigError, PrivacyBudgetExceeded
 from privopt.privacy import accountant as _acc
 from privopt.privacy.checks import check_accountant, check_delta, check_epsilon
 from privopt.privacy.events import ADD_REMOVE, FullBatch, Gaussian, Step, check_neighbouring, step_from_dict
+from privopt.privacy.ledger import PrivacyLedger, release_counts
 
 __all__ = ["ParallelLedger", "make_ledger", "ledger_from_dict"]
 
@@ -233,10 +234,7 @@ class ParallelLedger:
     # ---------------------------------------------------------------- records
     def summary(self) -> dict:
         """JSON-safe summary: epsilon, passes, and part releases per mechanism name."""
-        releases: dict[str, int] = {}
-        for step, count in self._parts.items():
-            for name in step.names:
-                releases[name] = releases.get(name, 0) + count
+        releases = release_counts(self._parts)
         spent = self.spent()
         return {
             "epsilon": spent.epsilon,
@@ -321,8 +319,6 @@ def make_ledger(
         >>> make_ledger(inv, {"pass": 10.0}, delta=1e-5, target_epsilon=2.0).mode
         'parallel'
     """
-    from privopt.privacy.ledger import PrivacyLedger
-
     planned = inventory.steps_for(dict(noise))
     kw = dict(delta=delta, neighbouring=neighbouring, accountant=accountant, target_epsilon=target_epsilon)
     if inventory.composition == "parallel":
@@ -332,8 +328,6 @@ def make_ledger(
 
 def ledger_from_dict(d: Mapping):
     """Restore a ledger of either kind from its ``to_dict()`` record (e.g. from a checkpoint)."""
-    from privopt.privacy.ledger import PrivacyLedger
-
     if isinstance(d, Mapping) and d.get("mode") == ParallelLedger.mode:
         return ParallelLedger.from_dict(d)
     return PrivacyLedger.from_dict(d)
