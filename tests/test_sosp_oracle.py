@@ -129,3 +129,17 @@ def test_label_split_gives_clients_few_classes():
     assert max(classes) <= 2
     iid = build("ada-dp-spider", {**SPIDER, "clients": 3, "b1": 30, "b2": 10, "split": "iid"})
     assert all(len(set(c.y.tolist())) == 3 for c in iid.algo.fed.clients)
+
+
+def test_a_simulated_federated_run_resumes_to_the_same_model(tmp_path):
+    from privopt.training import train
+    from tests.sosp_helpers import config
+
+    cfg = config("gauss-psgd", {**SPIDER, "clients": 3, "b1": 30, "b2": 10, "kappa": 0.2, "epochs": 2}, plots=False)
+    straight = train(cfg, out_dir=tmp_path / "a", progress=False, dataset=make_dataset())
+    paused = train(cfg, out_dir=tmp_path / "b", progress=False, dataset=make_dataset(), max_steps=7)
+    assert paused["status"] == "paused"
+    resumed = train(None, out_dir=tmp_path / "b", resume=True, progress=False, dataset=make_dataset())
+    a, b = torch.load(tmp_path / "a" / "model.pt"), torch.load(tmp_path / "b" / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # every client's randomness and ledger came back
+    assert resumed["privacy"]["epsilon_spent"] == straight["privacy"]["epsilon_spent"]

@@ -205,13 +205,11 @@ def run_sosp(
     rows: list[dict[str, Any]] = []
     with _LoadSampler() as load, (out / "results.jsonl").open("w") as sink:
         pool_size = 1 if launcher == "torchrun" else max(1, workers)
-        ctx = get_context("spawn")
-        with ProcessPoolExecutor(max_workers=pool_size, mp_context=ctx) as pool:
-            for row in pool.map(run_one, jobs):
-                rows.append(row)
-                sink.write(json.dumps(row) + "\n")
-                sink.flush()
-                log(_progress_line(row))
+        for row in _execute(jobs, pool_size):
+            rows.append(row)
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+            log(_progress_line(row))
     timing = {
         "wall_s": time.perf_counter() - t0,
         "cpu_s": _cpu_seconds() - cpu0,
@@ -220,6 +218,15 @@ def run_sosp(
         "workers": pool_size,
     }
     return _report(rows, out=out, dataset=dataset, plan=plan, timing=timing, launcher=launcher)
+
+
+def _execute(jobs: list[dict[str, Any]], workers: int):
+    """Rows of the jobs, in order: in this process (one worker) or in a pool of spawned processes."""
+    if workers == 1:
+        yield from map(run_one, jobs)
+        return
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        yield from pool.map(run_one, jobs)
 
 
 def _progress_line(row: dict[str, Any]) -> str:
