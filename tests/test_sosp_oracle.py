@@ -3,7 +3,8 @@ data-dependent number of refreshes, exactness without noise, local and central n
 
 import pytest
 import torch
-from tests.sosp_helpers import build, make_dataset, run_to_end
+from privopt.training import train
+from tests.sosp_helpers import build, config, make_dataset, run_to_end
 
 from privopt.algorithms.federation import Client
 from privopt.eval.sosp import full_gradient
@@ -132,9 +133,6 @@ def test_label_split_gives_clients_few_classes():
 
 
 def test_a_simulated_federated_run_resumes_to_the_same_model(tmp_path):
-    from privopt.training import train
-    from tests.sosp_helpers import config
-
     cfg = config("gauss-psgd", {**SPIDER, "clients": 3, "b1": 30, "b2": 10, "kappa": 0.2, "epochs": 2}, plots=False)
     straight = train(cfg, out_dir=tmp_path / "a", progress=False, dataset=make_dataset())
     paused = train(cfg, out_dir=tmp_path / "b", progress=False, dataset=make_dataset(), max_steps=7)

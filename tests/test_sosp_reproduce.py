@@ -90,3 +90,15 @@ def test_a_tiny_reproduction_writes_its_outputs(shared_data, tmp_path):
         assert (tmp_path / "out" / f"fig_mnist_m{m}.png").stat().st_size > 10_000
     assert "Gauss-PSGD" in (tmp_path / "out" / "table.md").read_text()
     assert res["summary"]["timing"]["cpu_s"] > 0
+
+
+@pytest.mark.parametrize("budget", sorted(BUDGETS))
+@pytest.mark.parametrize("clients", [1, 10])
+def test_every_budget_builds_valid_algorithms(budget, clients):
+    for method in ("gauss-psgd", "dp-spider-sosp", "fed-dp-sgd"):
+        params = method_params(method, BUDGETS[budget], clients=clients, split="label", trust="local")
+        inv = get_algorithm(method, **params).inventory(n=BUDGETS[budget].n_train)
+        expected = (
+            "parallel" if BUDGETS[budget].sampling == "disjoint" else ("plan" if method == "fed-dp-sgd" else "filter")
+        )
+        assert inv.composition == expected
