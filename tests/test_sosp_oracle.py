@@ -3,7 +3,6 @@ data-dependent number of refreshes, exactness without noise, local and central n
 
 import pytest
 import torch
-from privopt.training import train
 from tests.sosp_helpers import build, config, make_dataset, run_to_end
 
 from privopt.algorithms.federation import Client
@@ -11,6 +10,7 @@ from privopt.eval.sosp import full_gradient
 from privopt.grads.flat import flat_params
 from privopt.grads.release import observe_releases
 from privopt.privacy import ParallelLedger
+from privopt.training import train
 
 SPIDER = {"b1": 60, "b2": 12, "lr": 0.3, "epochs": 1, "gamma": 5.0, "clip": 1.0}
 
