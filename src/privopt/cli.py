@@ -59,6 +59,8 @@ def _cmd_train(args) -> int:
             overrides.append(f"insecure_seed={args.insecure_seed}")
         cfg, out = load_config(args.config, overrides), args.out
     record = train(cfg, out_dir=out, resume=bool(args.resume), progress=not args.quiet)
+    if record.get("role") == "client":  # a torchrun process other than rank 0: rank 0 reports
+        return 0
     _print_train_result(args, record, out)
     return 0
 

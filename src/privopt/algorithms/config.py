@@ -44,6 +44,7 @@ __all__ = [
     "auto_or_positive",
     "unit_interval",
     "flag",
+    "optional_int",
     "finite_or_none",
     "non_negative",
     "momentum_value",
@@ -81,6 +82,11 @@ def param(default: Any, check: Check | None = None, *, role: str | None = None) 
 
 
 # ----------------------------------------------------------------------------- checks
+def optional_int(name: str, value: Any) -> int | None:
+    """``None`` or an integer >= 1."""
+    return None if value is None else positive_int(name, value)
+
+
 def flag(name: str, value: Any) -> bool:
     """A boolean."""
     if not isinstance(value, bool):

@@ -26,7 +26,11 @@ __all__ = [
     "balance_exact",
     "label_histogram",
     "shard_by_label",
+    "client_shards",
+    "CLIENT_SPLITS",
 ]
+
+CLIENT_SPLITS = ("label", "iid")
 
 
 def uniforms(part: Part, *, seed: int, stage: str) -> np.ndarray:
@@ -105,3 +109,22 @@ def shard_by_label(y: np.ndarray, num_shards: int, *, rng: np.random.Generator, 
     if not iid:
         perm = perm[np.argsort(np.asarray(y)[perm], kind="stable")]
     return [np.sort(s) for s in np.array_split(perm, num_shards)]
+
+
+def client_shards(y, *, clients: int, split: str, seed: int) -> list:
+    """Disjoint index shards (int64 tensors) of a federated run's ``clients`` clients, from the public ``seed``:
+    ``split="label"`` (label-sorted, heterogeneous clients) or ``"iid"`` (:func:`shard_by_label`).
+
+    Example:
+        >>> import torch
+        >>> y = torch.tensor([0, 1, 0, 1, 2, 2])
+        >>> [sorted(y[s].tolist()) for s in client_shards(y, clients=3, split="label", seed=0)]
+        [[0, 0], [1, 1], [2, 2]]
+    """
+    import torch
+
+    if split not in CLIENT_SPLITS:
+        raise ConfigError(f"client split must be one of {CLIENT_SPLITS}, got {split!r}")
+    rng = np.random.default_rng([int(seed), 0x5050])
+    shards = shard_by_label(np.asarray(y), clients, rng=rng, iid=split == "iid")
+    return [torch.as_tensor(s, dtype=torch.int64) for s in shards]

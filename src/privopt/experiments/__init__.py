@@ -78,6 +78,11 @@ register_experiment(
     "Paper A Table 2: membership-inference AUC of the DP SPIDER methods vs the DP cap",
 )
 register_experiment(
+    "sosp",
+    "privopt.experiments.sosp",
+    "Paper C Figs 1-2: Gauss-PSGD vs the Liu et al. baseline and DP-SGD on 1-10 clients (MNIST / CIFAR-10)",
+)
+register_experiment(
     "erm-covertype",
     "privopt.experiments.erm_covertype",
     "Paper B Figs 1-2 + l1: DP-SVRG / DP-SVRG++ / DP-AMD vs DP-GD on Covertype, tuned schedules",

@@ -5,7 +5,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["trainable_parameters", "num_trainable", "set_flat_grad", "flat_params", "params_from_flat"]
+__all__ = [
+    "trainable_parameters",
+    "num_trainable",
+    "set_flat_grad",
+    "flat_params",
+    "params_from_flat",
+    "set_flat_params",
+]
 
 
 def trainable_parameters(model: nn.Module) -> list[torch.nn.Parameter]:
@@ -43,3 +50,13 @@ def params_from_flat(model: nn.Module, flat: torch.Tensor) -> dict[str, torch.Te
             out[name] = flat[offset : offset + p.numel()].view_as(p)
             offset += p.numel()
     return out
+
+
+@torch.no_grad()
+def set_flat_params(model: nn.Module, flat: torch.Tensor) -> None:
+    """Copy a flat vector (engine order) into the model's trainable parameters, in place."""
+    offset = 0
+    for p in trainable_parameters(model):
+        k = p.numel()
+        p.copy_(flat[offset : offset + k].view_as(p).to(p.dtype))
+        offset += k

@@ -42,6 +42,7 @@ from privopt.privacy.events import (
 )
 from privopt.privacy.filter import RdpFilter
 from privopt.privacy.inventory import (
+    COMPOSITIONS,
     Inventory,
     LaplaceShape,
     NoisyMaxShape,
@@ -59,6 +60,7 @@ from privopt.privacy.mechanisms import (
     report_noisy_max,
     report_noisy_max_epsilon,
 )
+from privopt.privacy.parallel import ParallelLedger, ledger_from_dict, make_ledger
 from privopt.privacy.translate import dp_relation_for, to_dp_event
 
 __all__ = [
@@ -108,6 +110,10 @@ __all__ = [
     # ledger and adaptive filter
     "PrivacyLedger",
     "RdpFilter",
+    "ParallelLedger",
+    "COMPOSITIONS",
+    "make_ledger",
+    "ledger_from_dict",
     # numpy mechanisms
     "gaussian_noise",
     "laplace_noise",

@@ -35,9 +35,13 @@ __all__ = [
     "tree_family",
     "laplace_family",
     "noisy_max_family",
+    "COMPOSITIONS",
 ]
 
 _FIXED = (Gaussian, Laplace, PureDP, TreeAggregation)
+# How the planned steps compose, i.e. which ledger certifies them: "plan" (a fixed schedule),
+# "filter" (adaptively chosen steps, RDP filter), "parallel" (passes over disjoint parts).
+COMPOSITIONS = ("plan", "filter", "parallel")
 
 
 @dataclass(frozen=True)
@@ -203,6 +207,12 @@ def _instantiate(m, noise: dict[str, float]):
 class Inventory:
     """The planned privacy-relevant steps of one run (docs/accounting.md, "Calibration").
 
+    ``composition`` says how the planned steps compose and so which ledger certifies a run:
+    ``"plan"`` (default; a fixed schedule, :class:`~privopt.privacy.PrivacyLedger`), ``"filter"``
+    (the steps are chosen adaptively; the planned schedule is nominal and fixes an RDP filter's
+    order) or ``"parallel"`` (one planned step = one pass over disjoint parts, each record in at
+    most one release per pass; :class:`~privopt.privacy.ParallelLedger`).
+
     A family name may appear in several planned steps (e.g. the same query on batches of two
     sizes); it then gets one noise multiplier, so its ratio (and kind) must agree everywhere.
 
@@ -216,8 +226,11 @@ class Inventory:
     """
 
     steps: tuple[PlannedStep, ...]
+    composition: str = "plan"
 
     def __post_init__(self):
+        if self.composition not in COMPOSITIONS:
+            raise ConfigError(f"unknown composition {self.composition!r}; use one of {COMPOSITIONS}")
         steps = tuple(self.steps)
         for s in steps:
             if not isinstance(s, PlannedStep):
@@ -258,8 +271,11 @@ class Inventory:
         return out
 
     def to_dict(self) -> dict:
-        return {"steps": [s.to_dict() for s in self.steps]}
+        out: dict = {"steps": [s.to_dict() for s in self.steps]}
+        if self.composition != "plan":
+            out["composition"] = self.composition
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> Inventory:
-        return cls(tuple(PlannedStep.from_dict(s) for s in d["steps"]))
+        return cls(tuple(PlannedStep.from_dict(s) for s in d["steps"]), composition=d.get("composition", "plan"))

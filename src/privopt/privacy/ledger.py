@@ -29,10 +29,19 @@ from privopt.privacy.events import ADD_REMOVE, Step, check_neighbouring, step_fr
 from privopt.privacy.filter import RdpFilter
 from privopt.privacy.translate import rdp_parts
 
-__all__ = ["MODES", "PrivacyLedger"]
+__all__ = ["MODES", "PrivacyLedger", "release_counts"]
 
 _FORMAT_VERSION = 1
 MODES = ("plan", "filter")
+
+
+def release_counts(counts: Mapping[Step, int]) -> dict[str, int]:
+    """How many times each named release was made, from executed step counts."""
+    releases: dict[str, int] = {}
+    for step, count in counts.items():
+        for name in step.names:
+            releases[name] = releases.get(name, 0) + count
+    return releases
 
 
 def _counts_to_list(counts: Mapping[Step, int]) -> list[dict]:
@@ -242,10 +251,7 @@ class PrivacyLedger:
 
     def summary(self) -> dict:
         """JSON-safe summary for run records: spent epsilon and release counts per mechanism name."""
-        releases: dict[str, int] = {}
-        for step, count in self._counts.items():
-            for name in step.names:
-                releases[name] = releases.get(name, 0) + count
+        releases = release_counts(self._counts)
         spent = self.spent()
         return {
             "epsilon": spent.epsilon,

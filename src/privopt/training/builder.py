@@ -19,7 +19,7 @@ from privopt.algorithms.base import Algorithm, RunContext, get_algorithm
 from privopt.config import PrivacyConfig, RunConfig
 from privopt.errors import ConfigError, DataError, ModelError
 from privopt.grads import get_engine, validate_model
-from privopt.privacy import PrivacyLedger, calibrate
+from privopt.privacy import PrivacyLedger, calibrate, ledger_from_dict, make_ledger
 from privopt.rng import RandomSource, make_sources
 from privopt.training.metrics import RunMetric, build_loss, get_run_metrics
 
@@ -96,8 +96,13 @@ def randomness_section(*, insecure_seed: int | None, public_seed: int | None = N
     return out
 
 
-def run_sources(insecure_seed: int | None) -> dict[str, RandomSource]:
-    """The noise and sampler sources of a run: secret unless ``insecure_seed`` is given."""
+def run_sources(insecure_seed: int | None, *, client: int = 0) -> dict[str, RandomSource]:
+    """The noise and sampler sources of a run: secret unless ``insecure_seed`` is given. Under
+    torchrun, process ``client`` draws its own (:func:`privopt.distributed.client_sources`)."""
+    if client:
+        from privopt.distributed import client_sources
+
+        return client_sources(insecure_seed, client)
     return make_sources(insecure_seed=insecure_seed)
 
 
@@ -197,29 +202,51 @@ def _privacy(cfg: RunConfig, algo: Algorithm, n: int, ledger_state) -> tuple[Any
         return None, None, None
     p = cfg.privacy
     check_delta(p, n)
+    # An adaptive schedule is certified by an RDP filter: its nominal plan must fit under RDP.
+    accountant = "rdp" if inventory.composition == "filter" else p.accountant
     calibration = calibrate(
-        inventory, epsilon=p.epsilon, delta=p.delta, neighbouring=p.neighbouring, accountant=p.accountant
+        inventory, epsilon=p.epsilon, delta=p.delta, neighbouring=p.neighbouring, accountant=accountant
     )
     if ledger_state is not None:  # a resumed run: the ledger as it was checkpointed
-        return inventory, calibration, PrivacyLedger.from_dict(ledger_state)
-    ledger = PrivacyLedger(
+        return inventory, calibration, ledger_from_dict(ledger_state)
+    ledger = make_ledger(
+        inventory,
+        calibration.noise,
         delta=p.delta,
         neighbouring=p.neighbouring,
         accountant=p.accountant,
         target_epsilon=p.epsilon,
-        planned=inventory.steps_for(dict(calibration.noise)),
     )
     return inventory, calibration, ledger
 
 
+def _extra(cfg: RunConfig, data: Any, comm: Any) -> dict[str, Any]:
+    """What federated algorithms read from the context: the public seed of the client split, the
+    split itself (the data layer's), the communicator and how to seed the clients' randomness."""
+    from privopt.data.splits import client_shards
+
+    extra = {"dataset": data, "seed": cfg.seed, "insecure_seed": cfg.insecure_seed, "client_split": client_shards}
+    if comm is not None:
+        extra["comm"] = comm
+    return extra
+
+
 def build_run(
-    cfg: RunConfig, *, dataset: Any = None, model: Any = None, loss: Any = None, ledger_state: Any = None
+    cfg: RunConfig,
+    *,
+    dataset: Any = None,
+    model: Any = None,
+    loss: Any = None,
+    ledger_state: Any = None,
+    comm: Any = None,
 ) -> Run:
     """Everything a run needs, validated, from ``cfg`` (and your own ``dataset``/``model``/``loss``).
 
     ``loss`` is a per-sample loss ``(outputs, targets) -> [B]``; the run's config then says
     ``loss: custom``. ``ledger_state`` (a :meth:`PrivacyLedger.to_dict`) restores a checkpointed
-    ledger instead of a new one, so the algorithm is set up with the ledger it will record into."""
+    ledger instead of a new one, so the algorithm is set up with the ledger it will record into. ``comm`` (a
+    :class:`privopt.distributed.Communicator`, under torchrun) makes this process one client of a
+    federated run (algorithms with ``clients``; docs/algorithms/sosp.md)."""
     if not isinstance(cfg, RunConfig):
         raise ConfigError(f"expected a privopt.config.RunConfig, got {type(cfg).__name__}")
     cfg.validate()
@@ -250,7 +277,7 @@ def build_run(
     )
     n = int(data.y_train.shape[0])
     inventory, calibration, ledger = _privacy(cfg, algo, n, ledger_state)
-    sources = run_sources(cfg.insecure_seed)
+    sources = run_sources(cfg.insecure_seed, client=comm.rank if comm is not None else 0)
     ctx = RunContext(
         model=net,
         loss_fn=loss_fn,
@@ -261,7 +288,7 @@ def build_run(
         noise=dict(calibration.noise) if calibration is not None else {},
         noise_rng=sources["noise"],
         sampler_rng=sources["sampler"],
-        extra={"dataset": data},
+        extra=_extra(cfg, data, comm),
     )
     algo.setup(ctx)
     return Run(

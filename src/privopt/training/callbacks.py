@@ -18,13 +18,25 @@ from torch import nn
 from privopt.errors import PrivoptError
 from privopt.training.loop import Callback, LoopState
 
-__all__ = ["DivergenceGuard", "ProgressCallback", "RunDiverged", "SignalGuard"]
+__all__ = ["AlgorithmDone", "DivergenceGuard", "ProgressCallback", "RunDiverged", "SignalGuard"]
 
 
 class RunDiverged(PrivoptError, ArithmeticError):
     """The loss or the parameters became non-finite (NaN/inf): the run stopped, its record says so."""
 
     exit_code = 4  # the CLI's exit code for a run that failed
+
+
+class AlgorithmDone(Callback):
+    """End the loop (``state.stop = "done"``) once the algorithm says it has returned (``algo.done``:
+    e.g. Gauss-PSGD certified its point, or its oracle's budget is spent) before the step schedule."""
+
+    def __init__(self, algo: Any):
+        self.algo = algo
+
+    def on_step_end(self, state: LoopState, logs: dict[str, float]) -> None:
+        if getattr(self.algo, "done", False) and state.step < state.total:
+            state.stop = state.stop or "done"
 
 
 class DivergenceGuard(Callback):

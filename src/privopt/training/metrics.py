@@ -109,13 +109,19 @@ def register_run_metric(
     _RUN_METRICS[name] = RunMetric(name, fn, when, reads_private_data)
 
 
+def _ensure_builtin() -> None:
+    import privopt.eval.sosp  # noqa: F401  (registers "sosp" and "sosp_train")
+
+
 def available_run_metrics() -> list[str]:
     """Names of the registered run metrics."""
+    _ensure_builtin()
     return sorted(_RUN_METRICS)
 
 
 def get_run_metrics(names: Sequence[str]) -> list[RunMetric]:
     """The registered metrics named in a config; unknown names fail with the list of known ones."""
+    _ensure_builtin()
     unknown = sorted(set(names) - set(_RUN_METRICS))
     if unknown:
         raise ConfigError(f"unknown run metric(s) {unknown}; available: {available_run_metrics()}")

@@ -19,9 +19,10 @@ import torch
 
 from privopt.checkpoint import load_checkpoint, save_checkpoint
 from privopt.config import RunConfig
+from privopt.distributed import torchrun_comm
 from privopt.errors import ConfigError, DataError, PrivacyBudgetExceeded, PrivoptError
 from privopt.training.builder import Run, build_run
-from privopt.training.callbacks import DivergenceGuard, ProgressCallback, RunDiverged, SignalGuard
+from privopt.training.callbacks import AlgorithmDone, DivergenceGuard, ProgressCallback, RunDiverged, SignalGuard
 from privopt.training.loop import Every, LoopState, StepLimit, run_loop
 from privopt.training.metrics import compute_run_metrics, evaluate
 from privopt.training.outputs import base_record, diagnostics_header, privacy_section, write_outputs
@@ -45,8 +46,10 @@ class RunInterrupted(KeyboardInterrupt):
 class _Session:
     """One call of :func:`train` on a built run: evaluation rows, commits, the loop."""
 
-    def __init__(self, run: Run, out: Path, *, ckpt: dict[str, Any] | None = None):
+    def __init__(self, run: Run, out: Path, *, ckpt: dict[str, Any] | None = None, checkpoints: bool = True):
         self.run, self.out = run, out
+        # Under torchrun this process holds one client's secrets only: no resumable checkpoint.
+        self.checkpoints = checkpoints
         self.state = LoopState(step=ckpt["step"] if ckpt else 0, total=run.total)
         self.history: list[dict[str, Any]] = list(ckpt["history"]) if ckpt else []
         self.diag_history: list[dict[str, Any]] = list(ckpt["diag_history"]) if ckpt else []
@@ -153,7 +156,7 @@ class _Session:
         """Checkpoint (the commit point), then the record, then the files derived from it."""
         record = self._record(status, reason, final)
         diagnostics = self._diagnostics(status, diag_final)
-        if checkpoint:
+        if checkpoint and self.checkpoints:
             save_checkpoint(self.out, self._checkpoint(status, record, diagnostics))
         model_state = self.run.model.state_dict() if status == "finished" else None
         write_outputs(
@@ -185,6 +188,7 @@ class _Session:
                 if fresh:
                     self.commit("running")  # resumable from step 0 on
                 callbacks = [
+                    AlgorithmDone(run.algo),
                     DivergenceGuard(run.model),
                     Every(run.eval_every, self._on_eval),
                     ProgressCallback(desc=run.cfg.algorithm, summary=self._summary, enabled=progress),
@@ -193,6 +197,8 @@ class _Session:
                     guard,
                 ]
                 run_loop(run.algo.step, self.state, callbacks)
+                if self.state.stop == "done":  # the algorithm returned early: its last logs close the curve
+                    self._on_eval(self.state, self.state.logs)
                 if self.state.stop == "interrupted":
                     self.commit("interrupted")
                     raise RunInterrupted(
@@ -255,15 +261,30 @@ def train(
         RunInterrupted: on SIGINT/SIGTERM, after saving a checkpoint and the record.
     """
     out = Path(out_dir)
+    comm = torchrun_comm()
     if resume:
+        if comm is not None:
+            raise ConfigError("runs launched by torchrun are not resumable (each process holds one client's secrets)")
         return _resume(cfg, out, dataset=dataset, model=model, loss=loss, progress=progress, max_steps=max_steps)
     if cfg is None:
         raise ConfigError("train() needs a RunConfig (cfg=None is only for resume=True)")
+    if comm is not None and not comm.is_server:
+        return _follow(cfg, comm, dataset=dataset, model=model, loss=loss)
     check_new_run_dir(out)  # before any work: a file, an unwritable folder or another run fail now
-    run = build_run(cfg, dataset=dataset, model=model, loss=loss)
+    run = build_run(cfg, dataset=dataset, model=model, loss=loss, comm=comm)
     with RunDirLock(out):
         check_new_run_dir(out)  # again under the lock: another run may have started meanwhile
-        return _Session(run, out).execute(fresh=True, progress=progress, max_steps=max_steps)
+        session = _Session(run, out, checkpoints=comm is None)
+        return session.execute(fresh=True, progress=progress, max_steps=max_steps)
+
+
+def _follow(cfg: RunConfig, comm, *, dataset, model, loss) -> dict[str, Any]:
+    """A torchrun process other than rank 0: one client of the run. It steps in lockstep with the
+    server and writes nothing (rank 0 evaluates and writes the run's outputs)."""
+    run = build_run(cfg, dataset=dataset, model=model, loss=loss, comm=comm)
+    run_loop(run.algo.step, LoopState(step=0, total=run.total), [AlgorithmDone(run.algo)])
+    run.algo.finalize()
+    return {"role": "client", "rank": comm.rank, "algorithm": cfg.algorithm, "status": "finished"}
 
 
 def _resume(cfg, out: Path, *, dataset, model, loss, progress: bool, max_steps: int | None) -> dict[str, Any]:

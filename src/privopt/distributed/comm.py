@@ -1,0 +1,117 @@
+"""Communicators: the sum of every client's message and the server's broadcast.
+
+* :class:`LocalComm` — all clients live in this process (the single-process simulator, and
+  single-machine runs): the sum is taken in client order.
+* :class:`TorchComm` — one client per process, started by ``torchrun``: ``all_reduce`` (SUM) of
+  the messages and ``broadcast`` from rank 0, the server (gloo on CPU).
+
+For two clients the sum is bitwise the same either way (floating-point addition of two numbers is
+commutative), which is what the equivalence test of the simulator and ``torchrun`` relies on; for
+more clients the all-reduce may add in another order (last-bit differences).
+
+Example:
+    >>> import torch
+    >>> comm = LocalComm()
+    >>> comm.sum([torch.ones(2), torch.ones(2)]).tolist(), comm.rank, comm.world_size
+    ([2.0, 2.0], 0, 1)
+"""
+
+from __future__ import annotations
+
+import abc
+import datetime
+import os
+
+import torch
+
+from privopt.errors import ConfigError
+
+__all__ = ["Communicator", "LocalComm", "TorchComm", "torchrun_comm", "torchrun_world_size"]
+
+# Collectives wait at most this long for a peer (e.g. while rank 0 evaluates the model).
+DEFAULT_TIMEOUT_S = 900
+
+
+class Communicator(abc.ABC):
+    """What a federated algorithm needs from the transport."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    @abc.abstractmethod
+    def sum(self, messages: list[torch.Tensor]) -> torch.Tensor:
+        """The sum over ALL clients of their messages; ``messages`` are this process's clients' ones."""
+
+    @abc.abstractmethod
+    def broadcast(self, value: torch.Tensor) -> torch.Tensor:
+        """Rank 0's ``value`` on every rank (the server's decision)."""
+
+    @property
+    def is_server(self) -> bool:
+        """Whether this process acts as the server (and, in central-noise mode, the aggregator)."""
+        return self.rank == 0
+
+
+class LocalComm(Communicator):
+    """Every client in this process."""
+
+    def sum(self, messages: list[torch.Tensor]) -> torch.Tensor:
+        if not messages:
+            raise ConfigError("nothing to sum: no local client")
+        total = messages[0].clone()
+        for m in messages[1:]:
+            total = total + m
+        return total
+
+    def broadcast(self, value: torch.Tensor) -> torch.Tensor:
+        return value
+
+
+class TorchComm(Communicator):
+    """One client per process over an initialised ``torch.distributed`` process group."""
+
+    def __init__(self):
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise ConfigError("torch.distributed is not initialised (launch with torchrun)")
+        self._dist = dist
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+
+    def sum(self, messages: list[torch.Tensor]) -> torch.Tensor:
+        if len(messages) != 1:
+            raise ConfigError(f"a torch.distributed process holds one client, got {len(messages)} messages")
+        total = messages[0].detach().clone().contiguous()
+        self._dist.all_reduce(total, op=self._dist.ReduceOp.SUM)
+        return total
+
+    def broadcast(self, value: torch.Tensor) -> torch.Tensor:
+        out = value.detach().clone().contiguous()
+        self._dist.broadcast(out, src=0)
+        return out
+
+
+def torchrun_world_size() -> int:
+    """``WORLD_SIZE`` as set by ``torchrun`` (1 when not launched by it)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise ConfigError(f"WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} is not an integer") from None
+
+
+def torchrun_comm(*, timeout_s: float = DEFAULT_TIMEOUT_S) -> TorchComm | None:
+    """The communicator of a ``torchrun`` launch with several processes (``None`` otherwise).
+
+    Initialises the default process group from torchrun's environment (gloo on CPU, NCCL when
+    CUDA is available) and gives each process an equal share of the CPU threads.
+    """
+    world = torchrun_world_size()
+    if world <= 1:
+        return None
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    return TorchComm()

@@ -1,0 +1,151 @@
+"""Tables, claim checks and figures of Paper C's reproduction (``privopt reproduce sosp``).
+
+Everything here reads the rows of ``results.jsonl`` (one per run); nothing is copied from the paper,
+which prints no numbers: its claims are checked against the measured means.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from privopt.experiments.sosp_protocol import METHOD_LABELS
+
+__all__ = ["aggregate", "format_table", "check_claims", "format_claims", "plot_curves"]
+
+GAUSS, BASELINE, DPSGD = "gauss-psgd", "dp-spider-sosp", "fed-dp-sgd"
+
+
+def aggregate(rows: list[dict[str, Any]], key: str = "test_accuracy") -> dict[tuple, tuple[float, float, int]]:
+    """``{(method, clients, epsilon): (mean, std, runs)}`` of ``key`` (std over seeds; 0 for one run)."""
+    groups: dict[tuple, list[float]] = defaultdict(list)
+    for r in rows:
+        groups[(r["method"], r["clients"], r["epsilon"])].append(float(r[key]))
+    return {
+        k: (statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v)) for k, v in sorted(groups.items())
+    }
+
+
+def format_table(rows: list[dict[str, Any]], key: str = "test_accuracy", scale: float = 100.0) -> str:
+    """A markdown table: one line per (m, ε), one column per method, ``mean ± std`` of ``key`` (× scale)."""
+    agg = aggregate(rows, key)
+    methods = [m for m in METHOD_LABELS if any(k[0] == m for k in agg)]
+    settings = sorted({(k[1], k[2]) for k in agg})
+    head = "| m | ε | " + " | ".join(METHOD_LABELS[m] for m in methods) + " |"
+    lines = [head, "|" + "---|" * (2 + len(methods))]
+    for clients, eps in settings:
+        cells = []
+        for m in methods:
+            if (m, clients, eps) in agg:
+                mean, std, _ = agg[(m, clients, eps)]
+                cells.append(f"{scale * mean:.1f} ± {scale * std:.1f}")
+            else:
+                cells.append("—")
+        lines.append(f"| {clients} | {eps:g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def check_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The paper's claims and the issue's bars, from the mean test accuracies."""
+    agg = {k: v[0] for k, v in aggregate(rows).items()}
+    settings = sorted({(k[1], k[2]) for k in agg if k[0] == GAUSS and (BASELINE, k[1], k[2]) in agg})
+    wins = [(m, e) for m, e in settings if agg[(GAUSS, m, e)] > agg[(BASELINE, m, e)]]
+    gaps = {}
+    for m in sorted({s[0] for s in settings}):
+        gaps[m] = statistics.fmean(agg[(GAUSS, m, e)] - agg[(BASELINE, m, e)] for mm, e in settings if mm == m)
+    ms = sorted(gaps)
+    out: dict[str, Any] = {
+        "beats_baseline_everywhere": bool(settings) and len(wins) == len(settings),
+        "beats_baseline_in": [list(s) for s in wins],
+        "loses_to_baseline_in": [list(s) for s in settings if s not in wins],
+        "gap_by_clients": gaps,
+        # Gauss-PSGD ahead at every m, and further ahead the more clients there are.
+        "gap_widens_with_m": len(ms) > 1
+        and all(g > 0 for g in gaps.values())
+        and all(gaps[a] < gaps[b] for a, b in zip(ms, ms[1:])),
+    }
+    if (GAUSS, 1, 1.0) in agg and (DPSGD, 1, 1.0) in agg:
+        out["gauss_vs_dpsgd_eps1_m1"] = [agg[(GAUSS, 1, 1.0)], agg[(DPSGD, 1, 1.0)]]
+        out["gauss_at_least_dpsgd_eps1_m1"] = agg[(GAUSS, 1, 1.0)] >= agg[(DPSGD, 1, 1.0)]
+    if (GAUSS, 1, 1.0) in agg and (GAUSS, 10, 1.0) in agg:
+        ratio = agg[(GAUSS, 10, 1.0)] / agg[(GAUSS, 1, 1.0)]
+        out["gauss_m10_over_m1_eps1"] = ratio
+        out["gauss_m10_at_least_80pct"] = ratio >= 0.8
+    return out
+
+
+def _yes(flag: bool) -> str:
+    return "holds" if flag else "does NOT hold"
+
+
+def format_claims(claims: dict[str, Any]) -> str:
+    """The closing note: where the paper's claims and the issue's bars hold and where not."""
+    won, lost = claims["beats_baseline_in"], claims["loses_to_baseline_in"]
+    lines = [
+        f"* Gauss-PSGD beats the baseline in every configuration: {_yes(claims['beats_baseline_everywhere'])} "
+        f"({len(won)} of {len(won) + len(lost)} configurations; not in (m, ε) = {[tuple(s) for s in lost]}).",
+        "* The gap widens with m: "
+        + _yes(claims["gap_widens_with_m"])
+        + " (mean gap over ε, accuracy points: "
+        + ", ".join(f"m={m}: {100 * g:+.1f}" for m, g in claims["gap_by_clients"].items())
+        + ").",
+    ]
+    if "gauss_at_least_dpsgd_eps1_m1" in claims:
+        g, d = claims["gauss_vs_dpsgd_eps1_m1"]
+        lines.append(
+            f"* Gauss-PSGD ≥ DP-SGD at ε = 1, m = 1: {_yes(claims['gauss_at_least_dpsgd_eps1_m1'])} "
+            f"({100 * g:.1f} vs {100 * d:.1f})."
+        )
+    if "gauss_m10_at_least_80pct" in claims:
+        lines.append(
+            f"* Gauss-PSGD at m = 10 (local noise) ≥ 80 % of m = 1 at ε = 1: {_yes(claims['gauss_m10_at_least_80pct'])}"
+            f" (ratio {claims['gauss_m10_over_m1_eps1']:.3f})."
+        )
+    return "\n".join(lines)
+
+
+def _mean_curve(curves: list[list[list[float]]], grid: np.ndarray, col: int) -> np.ndarray:
+    ys = []
+    for c in curves:
+        arr = np.asarray(c, dtype=float)
+        if arr.size:
+            ys.append(np.interp(grid, arr[:, 0], arr[:, col], left=np.nan, right=arr[-1, col]))
+    return np.nanmean(np.vstack(ys), axis=0) if ys else np.full_like(grid, np.nan)
+
+
+def plot_curves(rows: list[dict[str, Any]], out_dir: Path, *, dataset: str) -> list[Path]:
+    """One PNG per number of clients (the paper's Figures 1-2 layout): test accuracy (top) and
+    test loss (bottom) against epochs, one panel per ε, one line per method (mean over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for clients in sorted({r["clients"] for r in rows}):
+        sub = [r for r in rows if r["clients"] == clients]
+        eps = sorted({r["epsilon"] for r in sub})
+        fig, axes = plt.subplots(2, len(eps), figsize=(4 * len(eps), 6), squeeze=False)
+        top = max(max((p[0] for p in r["curve"]), default=1.0) for r in sub)
+        grid = np.linspace(0.0, top, 60)
+        for j, e in enumerate(eps):
+            for method, label in METHOD_LABELS.items():
+                curves = [r["curve"] for r in sub if r["epsilon"] == e and r["method"] == method]
+                if curves:
+                    axes[0, j].plot(grid, 100 * _mean_curve(curves, grid, 1), label=label)
+                    axes[1, j].plot(grid, _mean_curve(curves, grid, 2), label=label)
+            axes[0, j].set_title(f"ε = {e:g}, m = {clients}")
+            axes[1, j].set_xlabel("epochs")
+        axes[0, 0].set_ylabel("test accuracy (%)")
+        axes[1, 0].set_ylabel("test loss")
+        axes[0, 0].legend(fontsize=8)
+        fig.tight_layout()
+        path = Path(out_dir) / f"fig_{dataset}_m{clients}.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        paths.append(path)
+    return paths
