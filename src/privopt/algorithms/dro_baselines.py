@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from privopt.algorithms.base import register_algorithm
-from privopt.algorithms.config import finite_or_none, mapping, optional_positive, param, positive, positive_int, text
+from privopt.algorithms.config import finite_or_none, mapping, param, positive, positive_int, text
 from privopt.algorithms.dpsgd import SGD, DPSGDConfig, SGDConfig, _BatchAlgorithm
 from privopt.algorithms.dro_common import dual_objective, weight_cap_value
 from privopt.algorithms.dro_primal_dual import DPSGDA, PrivateDiff, project_mean_one

@@ -226,6 +226,10 @@ class DROAlgorithm(Algorithm):
             weights_prev=weights_prev,
         )
 
+    def _zeros(self) -> torch.Tensor:
+        """A zero flat gradient on the data's device."""
+        return torch.zeros(num_trainable(self._ctx.model), device=self._ctx.x_train.device)
+
     def _clip_factors(self, xb, yb, *, clip: float, params) -> tuple[torch.Tensor, torch.Tensor]:
         """(per-sample losses, per-sample factors ``min(1, C/‖∇ℓ_i‖)``) of a chunk (one engine pass)."""
         ctx = self._ctx
@@ -241,7 +245,7 @@ class DROAlgorithm(Algorithm):
     ) -> BoundedSum:
         """``Σ_{i∈idx} w_i·Clip(∇ℓ_i(x), C)`` with ``w_i = weights(ℓ_i)`` clamped to ``[0, cap]``:
         per-record bound ``cap·C``. Two engine passes: norms, then the re-weighted sum."""
-        ctx, total, params = self._ctx, torch.zeros(num_trainable(self._ctx.model)), self._params(x)
+        ctx, total, params = self._ctx, self._zeros(), self._params(x)
         for s in range(0, idx.numel(), self.config.chunk_size):
             xb, yb = self._data(idx[s : s + self.config.chunk_size])
             losses, factors = self._clip_factors(xb, yb, clip=clip, params=params)
@@ -265,7 +269,7 @@ class DROAlgorithm(Algorithm):
         """``Σ Clip(f_i(x) − f'_i(x_prev), C_t)`` with ``f_i(x) = w_i·Clip(∇ℓ_i(x), C)`` (the per-record
         term of :meth:`_weighted_grad_sum`, so a SPIDER correction tracks the same quantity as its
         refresh): per-record bound ``C_t`` (``clip``)."""
-        ctx, total = self._ctx, torch.zeros(num_trainable(self._ctx.model))
+        ctx, total = self._ctx, self._zeros()
         params, params_prev = self._params(x), self._params(x_prev)
         for s in range(0, idx.numel(), self.config.chunk_size):
             xb, yb = self._data(idx[s : s + self.config.chunk_size])
@@ -274,7 +278,14 @@ class DROAlgorithm(Algorithm):
             w = (self._capped_weights(weights, losses, cap) * factors.to(torch.float64)).to(losses.dtype)
             w_p = (self._capped_weights(weights_prev, losses_p, cap) * factors_p.to(torch.float64)).to(losses.dtype)
             res = ctx.engine.clipped_sum(
-                ctx.model, ctx.loss_fn, xb, yb, clip=clip, params=params, weights=w, params_prev=params_prev,
+                ctx.model,
+                ctx.loss_fn,
+                xb,
+                yb,
+                clip=clip,
+                params=params,
+                weights=w,
+                params_prev=params_prev,
                 weights_prev=w_p,
             )
             total = total + res.total.to(total.dtype)

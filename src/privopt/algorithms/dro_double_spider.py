@@ -74,6 +74,9 @@ class DPDoubleSPIDERConfig(DROConfig):
         gamma_eta, gamma_x: step-proportional factors of C2_t, C4_t (None: fixed thresholds).
         clip_eta_diff, clip_x_diff: caps of C2_t, C4_t (the fixed thresholds when γ is None);
             ``"auto"``: twice the refresh bound (the largest difference of two bounded terms).
+        scalar_noise_ratio: noise multiplier of the 1-dimensional η-queries relative to the x-queries
+            (calibrated jointly): a scalar estimate tolerates more noise, and with equal multipliers
+            the η-queries cost as much privacy as the d-dimensional x-queries.
         loss_bound: public clamp B of the losses.
         share_batches: one batch for the η- and x-queries of an iteration when sizes agree.
         private: ``False`` runs the same clipped updates without noise (reference runs).
@@ -100,6 +103,7 @@ class DPDoubleSPIDERConfig(DROConfig):
     clip_x: float = param(1.0, positive, role="clip")
     gamma_x: float | None = param(10.0, optional_positive, role="gamma")
     clip_x_diff: str | float | None = param("auto", auto_or_positive)
+    scalar_noise_ratio: float = param(4.0, positive)
     loss_bound: float = param(10.0, positive)
     share_batches: bool = param(True, flag)
     private: bool = param(True, flag)
@@ -161,7 +165,7 @@ class DPDoubleSPIDER(DROAlgorithm):
                     "refresh",
                     refreshes,
                     (
-                        Query("eta-refresh", Fixed(c.eta_clip), batch=BatchPlan(c.N1, n)),
+                        Query("eta-refresh", Fixed(c.eta_clip), batch=BatchPlan(c.N1, n), ratio=c.scalar_noise_ratio),
                         # a_i·Clip(∇ℓ_i, C) with a_i ≤ A: a record contributes at most A·C.
                         Query("x-refresh", Fixed(c.clip_x, factor=c.weight_cap), batch=BatchPlan(c.N3, n)),
                     ),
@@ -170,7 +174,12 @@ class DPDoubleSPIDER(DROAlgorithm):
                     "diff",
                     T - refreshes,
                     (
-                        Query("eta-diff", StepProportional(c.gamma_eta, c.diff_cap("eta")), batch=BatchPlan(c.N2, n)),
+                        Query(
+                            "eta-diff",
+                            StepProportional(c.gamma_eta, c.diff_cap("eta")),
+                            batch=BatchPlan(c.N2, n),
+                            ratio=c.scalar_noise_ratio,
+                        ),
                         Query("x-diff", StepProportional(c.gamma_x, c.diff_cap("x")), batch=BatchPlan(c.N4, n)),
                     ),
                 ),

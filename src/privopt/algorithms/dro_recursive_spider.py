@@ -44,6 +44,7 @@ from privopt.objectives.compositional import KLCompositional
 
 __all__ = ["DPRecursiveSPIDER", "DPRecursiveSPIDERConfig", "SCDRO", "SCDROConfig"]
 
+
 def _optional_int(name: str, value: Any) -> int | None:
     return None if value is None else positive_int(name, value)
 
@@ -104,12 +105,15 @@ class DPRecursiveSPIDERConfig(RecursiveSpiderConfig):
         clip_v: threshold C on each record's loss gradient (the v-query's per-record term
             ``w_i·Clip(∇ℓ_i, C)`` is at most C). clip_u, clip_s: thresholds of the scalar u- and
             s-queries (``"auto"``: 1/e and 1, the largest values their terms take, so they never bind).
+        scalar_noise_ratio: noise multiplier of the scalar u- and s-queries relative to the v-queries
+            (calibrated jointly; a scalar estimate tolerates more noise than a d-dimensional one).
         gamma_v, gamma_u: step-proportional factors of C2_t, C4_t (None: fixed thresholds).
         clip_v_diff, clip_u_diff: caps of C2_t, C4_t (``"auto"``: twice the refresh threshold).
         private: ``False`` runs the same clipped updates without noise (reference runs).
     """
 
     clip_v: float = param(1.0, positive, role="clip")
+    scalar_noise_ratio: float = param(4.0, positive)
     clip_u: str | float = param("auto", auto_or_positive)
     clip_s: str | float = param("auto", auto_or_positive)
     gamma_v: float | None = param(10.0, optional_positive, role="gamma")
@@ -190,6 +194,7 @@ class DPRecursiveSPIDER(DROAlgorithm):
         """Each refresh releases v, u and a fresh s on one batch (ceil(T/q) times); in between the
         v/u corrections and the STORM s update (T − ceil(T/q) times each)."""
         c, (T, refreshes), sens = self.config, self._schedule(n), self._sensitivities()
+        r = getattr(c, "scalar_noise_ratio", 1.0)
         return ReleasePlan(
             share=c.share_batches,
             phases=(
@@ -198,8 +203,8 @@ class DPRecursiveSPIDER(DROAlgorithm):
                     refreshes,
                     (
                         Query("v-refresh", sens["v-refresh"], batch=BatchPlan(c.b1, n)),
-                        Query("u-refresh", sens["u-refresh"], batch=BatchPlan(c.b3, n)),
-                        Query("s-init", sens["s-init"], on="v-refresh"),
+                        Query("u-refresh", sens["u-refresh"], batch=BatchPlan(c.b3, n), ratio=r),
+                        Query("s-init", sens["s-init"], on="v-refresh", ratio=r),
                     ),
                 ),
                 Phase(
@@ -207,10 +212,10 @@ class DPRecursiveSPIDER(DROAlgorithm):
                     T - refreshes,
                     (
                         Query("v-diff", sens["v-diff"], batch=BatchPlan(c.b2, n)),
-                        Query("u-diff", sens["u-diff"], batch=BatchPlan(c.b4, n)),
+                        Query("u-diff", sens["u-diff"], batch=BatchPlan(c.b4, n), ratio=r),
                     ),
                 ),
-                Phase("s", T - refreshes, (Query("s", sens["s"], batch=BatchPlan(self.s_batch, n)),)),
+                Phase("s", T - refreshes, (Query("s", sens["s"], batch=BatchPlan(self.s_batch, n), ratio=r),)),
             ),
         )
 
@@ -285,7 +290,7 @@ class DPRecursiveSPIDER(DROAlgorithm):
 
     def _scalar(self, idx, x, lam, fn) -> torch.Tensor:
         if idx.numel() == 0:
-            return torch.zeros(0, dtype=torch.float64)
+            return torch.zeros(0, dtype=torch.float64, device=self._ctx.x_train.device)
         return fn(self._losses(idx, x), lam, shift=self._shift)
 
     def u_grad_sum(self, idx, *, x, lam, clip) -> BoundedSum:

@@ -134,6 +134,23 @@ def _model(cfg: RunConfig, data: Any, model: Any) -> nn.Module:
     return model
 
 
+def _place(cfg: RunConfig, data: Any, net: nn.Module) -> tuple[Any, nn.Module]:
+    """Model and data on ``cfg.device`` (a no-op on the CPU); fails early when CUDA is missing."""
+    import dataclasses
+
+    from privopt.config import resolve_device
+
+    device = resolve_device(cfg.device)
+    if device.type == "cpu":
+        return data, net
+    moved = {
+        f.name: getattr(data, f.name).to(device)
+        for f in dataclasses.fields(data)
+        if isinstance(getattr(data, f.name), torch.Tensor)
+    }
+    return dataclasses.replace(data, **moved), net.to(device)
+
+
 def _check_model_fits(model: nn.Module, data: Any, loss_fn: Any) -> None:
     """One forward pass on two training inputs (nothing is kept): shapes and dtypes must match."""
     x, y = data.x_train[:2], data.y_train[:2]
@@ -214,6 +231,7 @@ def build_run(cfg: RunConfig, *, dataset: Any = None, model: Any = None, ledger_
         raise ConfigError("eval_split 'val' needs a validation split: set dataset_params.val_fraction > 0")
     net = _model(cfg, data, model)
     validate_model(net)
+    data, net = _place(cfg, data, net)
     loss_fn = build_loss(cfg.loss)
     _check_model_fits(net, data, loss_fn)
     n = int(data.y_train.shape[0])
