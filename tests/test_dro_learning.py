@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from dro_helpers import BIG, loss_fn, make_ctx
+from dro_helpers import BIG, make_ctx
 from privopt.algorithms import get_algorithm
 from privopt.eval.metrics import classification_metrics
 
