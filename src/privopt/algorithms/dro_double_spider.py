@@ -140,7 +140,7 @@ class DPDoubleSPIDER(DROAlgorithm):
         >>> from privopt.algorithms import get_algorithm
         >>> algo = get_algorithm("dp-double-spider", steps=64, q=16, N1=500, N2=50, N3=500, N4=50)
         >>> [(s.mechanisms, s.count) for s in algo.inventory(n=1000).steps]
-        [((('eta-refresh', 1.0), ('x-refresh', 1.0)), 4), ((('eta-diff', 1.0), ('x-diff', 1.0)), 60)]
+        [((('eta-refresh', 4.0), ('x-refresh', 1.0)), 4), ((('eta-diff', 4.0), ('x-diff', 1.0)), 60)]
     """
 
     name = "dp-double-spider"

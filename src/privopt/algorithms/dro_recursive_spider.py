@@ -154,7 +154,7 @@ class DPRecursiveSPIDER(DROAlgorithm):
         >>> from privopt.algorithms import get_algorithm
         >>> algo = get_algorithm("dp-recursive-spider", steps=64, q=16, b1=500, b3=500, b2=50, b4=50)
         >>> sorted((s.mechanisms, s.count) for s in algo.inventory(n=1000).steps)[0]
-        ((('s', 1.0),), 60)
+        ((('s', 4.0),), 60)
     """
 
     name = "dp-recursive-spider"
