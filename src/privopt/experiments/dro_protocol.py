@@ -16,7 +16,7 @@ Everything a reproduction decides before it runs anything lives here (see
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from privopt.errors import ConfigError
@@ -155,6 +155,8 @@ class Budget:
         weight_cap: the public cap A on the DRO weights of every DRO method (a record's weighted
             gradient is at most A·clip; ``docs/algorithms/dro.md``).
         gamma: the factor of the step-proportional difference thresholds of the SPIDER methods.
+        features, feature_params: a fixed feature map applied to image data before training
+            (``None``: raw pixels; ``privopt.data.features``), the same for every method.
     """
 
     name: str
@@ -175,6 +177,12 @@ class Budget:
     ds_lam: float = 1.0
     weight_cap: float = 4.0
     gamma: float = 10.0
+    features: str | None = None
+    feature_params: dict[str, Any] = field(default_factory=dict)
+
+    def data_options(self) -> dict[str, Any]:
+        """The dataset options of this budget (for :func:`load_dro_dataset`)."""
+        return {"max_train": self.max_train, "features": self.features, "feature_params": dict(self.feature_params)}
 
     def grid(self) -> list[dict[str, float]]:
         return [{"lr": lr, "clip": c} for lr in self.lrs for c in self.clips]
@@ -223,9 +231,19 @@ BUDGETS: dict[str, Budget] = {
 
 # ------------------------------------------------------------------------------------ data
 def load_dro_dataset(
-    name: str, *, data_dir=None, seed: int = 0, val_fraction: float = 0.0, max_train: int | None = None
+    name: str,
+    *,
+    data_dir=None,
+    seed: int = 0,
+    val_fraction: float = 0.0,
+    max_train: int | None = None,
+    features: str | None = None,
+    feature_params: dict[str, Any] | None = None,
 ):
     """Load one of :data:`DRO_DATASETS` with the reproduction's options.
+
+    ``features`` names a fixed feature map applied to every split (image data only; e.g.
+    ``"scattering"``, see :func:`privopt.data.features.apply_features`); tabular data is unchanged.
 
     Example:
         >>> ds = load_dro_dataset("digits-st", seed=0)
@@ -237,7 +255,12 @@ def load_dro_dataset(
     if name not in DRO_DATASETS:
         raise ConfigError(f"unknown DRO dataset {name!r}; choose from {', '.join(DRO_DATASETS)}")
     reg, opts = DRO_DATASETS[name]
-    return load_dataset(reg, data_dir=data_dir, seed=seed, val_fraction=val_fraction, max_train=max_train, **opts)
+    data = load_dataset(reg, data_dir=data_dir, seed=seed, val_fraction=val_fraction, max_train=max_train, **opts)
+    if features is None or len(data.input_shape) != 3:
+        return data
+    from privopt.data.features import apply_features
+
+    return apply_features(data, features, **(feature_params or {}))
 
 
 def paper_delta(n: int) -> float:

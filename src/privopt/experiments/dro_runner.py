@@ -240,7 +240,7 @@ def _finite(x: Any) -> bool:
 def _tuning_data(dataset: Any, data_dir, budget: Budget):
     if isinstance(dataset, str):
         return load_dro_dataset(
-            dataset, data_dir=data_dir, seed=0, val_fraction=budget.val_fraction, max_train=budget.max_train
+            dataset, data_dir=data_dir, seed=0, val_fraction=budget.val_fraction, **budget.data_options()
         )
     if dataset.x_val is None or dataset.x_val.shape[0] == 0:
         raise ConfigError(
@@ -352,7 +352,7 @@ def _final_runs(kind, spec: RunSpec, *, dataset, data_dir, methods, eps_list, se
     rows, b = [], spec.budget
     for seed in range(seeds):
         data = (
-            load_dro_dataset(dataset, data_dir=data_dir, seed=seed, max_train=b.max_train)
+            load_dro_dataset(dataset, data_dir=data_dir, seed=seed, **b.data_options())
             if isinstance(dataset, str)
             else dataset
         )
