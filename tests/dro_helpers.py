@@ -74,6 +74,6 @@ def started(name, *, ledger=None, noise=None, **params):
 
 # Full batches and thresholds that never bind: the estimators then equal exact full-data quantities.
 FULL_DS = dict(N1=N, N2=N, N3=N, N4=N)
-NO_CLIP_DS = dict(clip_eta=BIG, clip_x=BIG, gamma_eta=BIG, gamma_x=BIG)
+NO_CLIP_DS = dict(clip_eta=BIG, clip_x=BIG, gamma_eta=BIG, gamma_x=BIG, weight_cap=BIG)
 FULL_RS = dict(b1=N, b2=N, b3=N, b4=N, s_batch=N)
-NO_CLIP_RS = dict(clip_v=BIG, clip_u=BIG, clip_s=BIG, gamma_v=BIG, gamma_u=BIG)
+NO_CLIP_RS = dict(clip_v=BIG, clip_u=BIG, clip_s=BIG, gamma_v=BIG, gamma_u=BIG, weight_cap=1e6)

@@ -37,7 +37,8 @@ def test_roles_tell_experiments_what_fields_mean():
     from privopt.algorithms.dro_double_spider import DPDoubleSPIDERConfig
     from privopt.algorithms.dro_recursive_spider import DPRecursiveSPIDERConfig, SCDROConfig
 
-    assert DPDoubleSPIDERConfig.fields_with_role("clip") == ("clip_eta", "clip_x")
+    # the scalar η-query has its own threshold ("auto": never binds), outside the tuning grid's clip
+    assert DPDoubleSPIDERConfig.fields_with_role("clip") == ("clip_x",)
     assert DPDoubleSPIDERConfig.fields_with_role("refresh_batch") == ("N1", "N3")
     assert DPRecursiveSPIDERConfig.fields_with_role("batch") == ("b2", "b4", "s_batch")
     assert SCDROConfig.fields_with_role("clip") == ()  # no clipping in the non-private reference

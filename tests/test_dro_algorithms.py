@@ -123,21 +123,28 @@ def test_double_spider_minibatch_recursion_is_exact_spider():
 
 @pytest.mark.parametrize("name", ["dp-recursive-spider", "scdro"])
 def test_recursive_spider_full_batch_equals_exact_inner_means(name):
+    # With a weight cap that never binds, the capped inner function is w = exp((ℓ − c)/λ) = h, and
+    # the estimators are v = mean w·∇ℓ = λ∇_x h2, u = mean λ∂_λ w = λ∂_λ h2, s = h2 (at the shift c).
     model = fresh_model()
     ctx = make_ctx(model)
-    kw = dict(steps=8, q=3, b1=N, b2=N, b3=N, b4=N, s_batch=N, lr=0.05, beta=0.5, shift=3.0, loss_bound=10.0)
+    kw = dict(steps=8, q=3, b1=N, b2=N, b3=N, b4=N, s_batch=N, lr=0.05, beta=0.5, loss_bound=10.0, weight_cap=1e6)
     if name == "dp-recursive-spider":
-        kw.update(clip_v=BIG, clip_u=BIG, clip_s=BIG, gamma_v=BIG, gamma_u=BIG)
+        kw.update(NO_CLIP_RS)
     algo = get_algorithm(name, **kw)
     algo.setup(ctx)
     for t in range(8):
         lam_t = algo.lam
-        v, u, h2 = exact_inner(model, ctx.x_train, ctx.y_train, lam_t, 3.0)
+        before = [p.detach().clone() for p in model.parameters()]
         algo.step(t)
+        probe = fresh_model()
+        with torch.no_grad():
+            for p, q in zip(probe.parameters(), before):
+                p.copy_(q)
+        v, u, h2 = exact_inner(probe, ctx.x_train, ctx.y_train, lam_t, algo.current_shift)
         est = algo.estimates
-        torch.testing.assert_close(est["v"], v, rtol=1e-4, atol=1e-7)
-        assert est["u"] == pytest.approx(u, rel=1e-6)
-        # STORM with a full batch and an exact s_0 tracks h2 exactly.
+        torch.testing.assert_close(est["v"], lam_t * v, rtol=1e-4, atol=1e-9)
+        assert est["u"] == pytest.approx(lam_t * u, rel=1e-5)
+        # STORM with a full batch and an exact refresh tracks h2 exactly.
         assert est["s"] == pytest.approx(h2, rel=1e-6)
 
 
@@ -227,13 +234,12 @@ DESCENT = {
             b4=60,
             s_batch=60,
             lr=0.05,
-            shift=3.0,
             loss_bound=10.0,
             **NO_CLIP_RS,
         ),
         "kl",
     ),
-    "scdro": (dict(steps=30, q=5, b1=N, b2=60, b3=N, b4=60, s_batch=60, lr=0.05, shift=3.0, loss_bound=10.0), "kl"),
+    "scdro": (dict(steps=30, q=5, b1=N, b2=60, b3=N, b4=60, s_batch=60, lr=0.05, loss_bound=10.0), "kl"),
     "dp-sgda": (dict(steps=30, batch_size=40, lam=1.0, lr=0.5, dual_lr=0.05, clip_x=BIG), "dual"),
     "private-diff": (
         dict(steps=30, q=5, refresh_batch=N, batch_size=40, lam=1.0, lr=0.5, dual_lr=0.05, clip_x=BIG, gamma_x=BIG),
@@ -324,7 +330,9 @@ def test_bad_hyperparameters_fail_clearly():
     with pytest.raises(ConfigError, match="q"):
         get_algorithm("dp-double-spider", q=0)
     with pytest.raises(ConfigError, match="clip_eta_diff"):
-        get_algorithm("dp-double-spider", gamma_eta=None)
+        get_algorithm("dp-double-spider", gamma_eta=None, clip_eta_diff=None)
+    with pytest.raises(ConfigError, match="weight_cap"):
+        get_algorithm("dp-double-spider", weight_cap=0.5)
     with pytest.raises(ConfigError, match="lam_init"):
         get_algorithm("dp-recursive-spider", lam0=0.1, lam_init=0.01)
     with pytest.raises(ConfigError, match="beta"):

@@ -6,10 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from dro_helpers import FULL_RS, NO_CLIP_RS, D, N, exact_inner, fresh_model, loss_fn, make_ctx, started
+from dro_helpers import FULL_RS, NO_CLIP_RS, D, N, fresh_model, loss_fn, make_ctx, started
 from privopt.algorithms import get_algorithm
 from privopt.grads import get_engine
-from privopt.objectives.dual import DualObjective
 from privopt.privacy import PrivacyLedger
 
 # ---------------------------------------------------------------------------- robustness safeguards
@@ -23,7 +22,7 @@ def test_double_spider_default_eta_starts_at_the_uniform_prediction_loss():
 
 def test_double_spider_caps_eta_and_x_moves():
     # Tiny clips and big steps: every η move is capped at eta_lr·clip_eta, η stays in [−B, B] and
-    # every x move at lr·clip_x (the default normalised step), whatever the noise does.
+    # every x move at lr (the default normalised step: ‖v‖ is capped at 1), whatever the noise does.
     model = fresh_model()
     kw = dict(
         steps=12,
@@ -48,41 +47,26 @@ def test_double_spider_caps_eta_and_x_moves():
         algo.step(t)
         assert abs(algo.eta - eta0) <= 3.0 * 0.1 + 1e-9
         assert -2.0 <= algo.eta <= 2.0
-        assert float((algo._x() - x0).norm()) <= 5.0 * 0.05 * (1 + 1e-5)
+        assert float((algo._x() - x0).norm()) <= 5.0 * (1 + 1e-5)
     # The constant-step option is still available.
     assert get_algorithm("dp-double-spider", lr_norm=None)._beta(1e6) == pytest.approx(0.1)
 
 
-def test_recursive_spider_adaptive_shift_keeps_the_estimators_exact():
-    # Full batches, no clipping: after every re-centring of c, v/u/s equal the exact inner means
-    # at the shift in use (the rescaling of s is exact post-processing).
-    algo, model, ctx = started(
-        "dp-recursive-spider",
-        steps=9,
-        q=3,
-        **FULL_RS,
-        lr=0.05,
-        beta=0.5,
-        loss_bound=10.0,
-        **NO_CLIP_RS,
+def test_recursive_spider_shift_recentres_the_mean_weight_at_refreshes():
+    # Full batches, no clipping: c starts at log K + λ log A (initial weights near 1/A), moves only
+    # at refreshes, and each re-centring brings the mean capped weight s toward 1/A.
+    algo_cap = 4.0
+    algo2, _, _ = started(
+        "dp-recursive-spider", steps=9, q=3, **FULL_RS, lr=0.05, **{**NO_CLIP_RS, "weight_cap": algo_cap}
     )
-    assert algo.current_shift == pytest.approx(math.log(2))
-    shifts = set()
+    assert algo2.current_shift == pytest.approx(math.log(2) + 1.0 * math.log(algo_cap))
+    shifts = []
     for t in range(9):
-        before = fresh_model()
-        before.load_state_dict(model.state_dict())
-        lam_t = algo.lam
-        algo.step(t)
-        c = algo.current_shift
-        shifts.add(round(c, 9))
-        v, u, h2 = exact_inner(before, ctx.x_train, ctx.y_train, lam_t, c)
-        est = algo.estimates
-        torch.testing.assert_close(est["v"], v, rtol=1e-4, atol=1e-7)
-        assert est["u"] == pytest.approx(u, rel=1e-5)
-        assert est["s"] == pytest.approx(h2, rel=1e-6)
-        if t % 3 == 0 and t > 0:  # re-centred at this refresh: s ≈ e^{−shift_offset}
-            assert h2 == pytest.approx(math.exp(-1.0), rel=0.5)
-    assert len(shifts) >= 3  # c really moved
+        algo2.step(t)
+        shifts.append(algo2.current_shift)
+        if t % 3 == 0 and t > 0:  # re-centred at this refresh
+            assert algo2.estimates["s"] == pytest.approx(1 / algo_cap, rel=0.5)
+    assert shifts[0] == shifts[1] == shifts[2] != shifts[3]  # c moves only at refreshes
 
 
 def test_recursive_spider_lambda_trust_region():
@@ -96,7 +80,7 @@ def test_recursive_spider_lambda_trust_region():
         lam0 = algo.lam
         algo.step(t)
         assert 1e-3 <= algo.lam <= lam_max + 1e-12
-        assert abs(algo.lam - lam0) <= 0.5 * lam0 + 1e-12
+        assert abs(algo.lam - lam0) <= 0.1 * lam0 + 1e-12  # lam_step_frac
         assert math.isfinite(float(model.weight.detach().sum()))
 
 
@@ -104,7 +88,7 @@ def test_recursive_spider_default_s_batch_is_the_correction_batch():
     algo = get_algorithm("dp-recursive-spider", steps=10, q=5, b1=60, b2=25, b3=60, b4=25)
     assert algo.s_batch == 25
     rates = {s.mechanisms: s.sampling for s in algo.inventory(n=N).steps}
-    assert rates[(("s", 1.0),)].rate == pytest.approx(25 / N)
+    assert rates[(("s", 4.0),)].rate == pytest.approx(25 / N)  # scalar queries: noise ratio 4
 
 
 @pytest.mark.parametrize("name", ["dp-double-spider", "dp-recursive-spider", "dp-sgda", "private-diff"])
@@ -133,12 +117,10 @@ def test_private_false_runs_the_same_updates_without_noise_or_events(name):
 
 
 def test_recursive_spider_x_step_is_capped_and_lambda_gradient_projected():
-    # ‖x_{t+1} − x_t‖ ≤ lr·x_step_cap, and the λ move never exceeds lam_lr·max(ρ, log n − ρ),
+    # ‖x_{t+1} − x_t‖ ≤ lr (normalised step), and the λ move never exceeds lam_lr·max(ρ, log n − ρ),
     # the range of the true ∂_λΨ = ρ − KL(π‖uniform), even with large noise.
     model = fresh_model()
-    kw = dict(
-        steps=12, q=4, b1=60, b2=20, b3=60, b4=20, lr=0.3, lam_lr=0.01, x_step_cap=0.5, rho=0.5, lam_step_frac=None
-    )
+    kw = dict(steps=12, q=4, b1=60, b2=20, b3=60, b4=20, lr=0.3, lam_lr=0.01, rho=0.5, lam_step_frac=None)
     algo = get_algorithm("dp-recursive-spider", **kw)
     noise = dict.fromkeys(algo.inventory(n=N).names, 5.0)
     algo.setup(make_ctx(model, ledger=PrivacyLedger(delta=1e-5), noise=noise))
@@ -147,21 +129,19 @@ def test_recursive_spider_x_step_is_capped_and_lambda_gradient_projected():
         lam0 = algo.lam
         logs = algo.step(t)
         x1 = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-        assert float((x1 - x0).norm()) <= 0.3 * 0.5 + 1e-6
+        assert float((x1 - x0).norm()) <= 0.3 + 1e-6
         assert 0.5 - math.log(N) - 1e-12 <= logs["z_lam"] <= 0.5 + 1e-12
         assert abs(algo.lam - lam0) <= 0.01 * max(0.5, math.log(N) - 0.5) + 1e-12
 
 
-@pytest.mark.parametrize("exp_cap", [None, 20.0])
-def test_recursive_spider_exp_cap_keeps_queries_finite(exp_cap):
+def test_recursive_spider_capped_weights_keep_queries_finite():
     """Regression (mnist-st failures): small λ and a shift far below the losses gave weights
-    h/λ ≈ 1e34+ that overflow float32 per-sample gradients (inf norms → nan sums, then s = nan).
-    The default exponent cap keeps those samples finite; without it the engines now drop the
-    samples whose norms are not finite. Either way every pre-noise statistic stays finite."""
+    h/λ ≈ 1e34+ that overflowed float32 per-sample gradients. The capped inner function
+    w = min(exp((ℓ − c)/λ), 1) keeps every pre-noise statistic finite and within n·C."""
     model = fresh_model()
     with torch.no_grad():
         model.weight.mul_(50.0)  # confident, often wrong predictions: losses up to the bound
-    algo = get_algorithm("dp-recursive-spider", steps=4, q=2, b1=N, b2=N, b3=N, b4=N, exp_cap=exp_cap)
+    algo = get_algorithm("dp-recursive-spider", steps=4, q=2, b1=N, b2=N, b3=N, b4=N)
     algo.setup(make_ctx(model))
     algo._shift = 0.0
     idx = torch.arange(N)
@@ -172,9 +152,9 @@ def test_recursive_spider_exp_cap_keeps_queries_finite(exp_cap):
         algo.u_diff_sum(idx, x=None, lam=0.05, x_prev=x_prev, lam_prev=0.1, clip=1.0),
         algo.s_storm_sum(idx, x=None, lam=0.05, x_prev=x_prev, lam_prev=0.1, beta=0.5, clip=1.0),
     ]
-    stats = [s.value for s in stats]
-    assert all(bool(torch.isfinite(s).all()) for s in stats)
-    assert all(float(s.norm()) <= N * 1.5 + 1e-6 for s in stats)  # per-record clipping: at most n·C
+    for s in stats:
+        assert bool(torch.isfinite(s.value).all())
+        assert float(s.value.norm()) <= N * 1.5 + 1e-6
 
 
 @pytest.mark.parametrize("engine", ["vmap", "ghost"])
@@ -193,7 +173,7 @@ def test_joint_grad_sum_equals_materialised_joint_clipping(engine):
     got = algo.joint_grad_sum(idx, eta=eta, clip=0.3)
     assert got.bound == 0.3
     got = got.value
-    obj = DualObjective(divergence="kl", lam=0.5, a_max=algo.config.exp_cap, loss_bound=algo.config.loss_bound)
+    obj = algo._objective
     losses, g = get_engine("vmap").per_sample_grads(model, loss_fn, ctx.x_train[idx], ctx.y_train[idx])
     a, b = obj.x_weights(losses, eta).double(), obj.eta_grads(losses, eta).double()
     joint = torch.cat([g.double() * a[:, None], b[:, None]], dim=1)

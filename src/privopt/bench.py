@@ -128,12 +128,15 @@ def _make_step(method: str, base: nn.Module, x: torch.Tensor, y: torch.Tensor) -
         prev = None
         if method == "clipped-difference":
             g = torch.Generator().manual_seed(1)
-            prev = {n: p.detach() + 0.01 * torch.randn(p.shape, generator=g) for n, p in model.named_parameters()}
+            prev = {
+                n: p.detach() + 0.01 * torch.randn(p.shape, generator=g).to(p.device)
+                for n, p in model.named_parameters()
+            }
         gen = torch.Generator().manual_seed(2)
 
         def step():
             res = engine.clipped_sum(model, _per_sample_ce, x, y, clip=_CLIP, params_prev=prev)
-            noisy = res.total + torch.randn(d, generator=gen) * (_SIGMA * _CLIP)
+            noisy = res.total + torch.randn(d, generator=gen).to(x.device) * (_SIGMA * _CLIP)
             _apply_flat(model, noisy / B, _LR)
 
         return step
@@ -142,7 +145,7 @@ def _make_step(method: str, base: nn.Module, x: torch.Tensor, y: torch.Tensor) -
         gen = torch.Generator().manual_seed(2)
 
         def step():
-            _apply_flat(model, torch.randn(d, generator=gen) * (_SIGMA * _CLIP) / B, _LR)
+            _apply_flat(model, torch.randn(d, generator=gen).to(x.device) * (_SIGMA * _CLIP) / B, _LR)
 
         return step
     if method in ("opacus-hooks", "opacus-ghost"):
@@ -308,6 +311,7 @@ def run_bench(
     progress: bool = True,
     methods: Iterable[str] = METHODS,
     memory: bool = True,
+    device: str = "cpu",
 ) -> list[dict]:
     """Time one optimiser step of each method (median of ``repeats``) and measure its peak memory.
 
@@ -318,7 +322,8 @@ def run_bench(
         threads: ``torch.set_num_threads`` value (``None``: leave PyTorch's setting).
         progress: print one line per finished row to stderr.
         methods: subset of :data:`METHODS`.
-        memory: also measure ``peak_mb`` (one subprocess per row; ``None`` when off).
+        memory: also measure ``peak_mb`` (one subprocess per row; ``None`` when off; CPU only).
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (model, batch and noise on that device).
 
     Returns:
         One dict per (model, batch size, method) with keys ``model``, ``batch_size``, ``method``,
@@ -331,6 +336,10 @@ def run_bench(
         >>> [r["method"] for r in rows]
         ['nonprivate', 'dp-sgd']
     """
+    from privopt.config import resolve_device
+
+    dev = resolve_device(device)
+    memory = memory and dev.type == "cpu"  # the peak-RSS probe measures host memory only
     methods = list(methods)
     _check_args(models=models, batch_sizes=batch_sizes, repeats=repeats, threads=threads, methods=methods)
     if "nonprivate" not in methods:  # every ratio needs the baseline
@@ -342,8 +351,8 @@ def run_bench(
     try:
         for name in models:
             for bs in batch_sizes:
-                base = build_bench_model(name)
-                x, y = _data(name, int(bs))
+                base = build_bench_model(name).to(dev)
+                x, y = (t.to(dev) for t in _data(name, int(bs)))
                 steps = {m: _make_step(m, base, x, y) for m in methods}
                 times: dict[str, list[float]] = {m: [] for m in methods if steps[m] is not None}
                 with warnings.catch_warnings():

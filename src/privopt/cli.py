@@ -25,6 +25,8 @@ def _resume_conflicts(args) -> list[str]:
         out.append(f"--out {args.out}")
     if args.insecure_seed is not None:
         out.append(f"--insecure-seed {args.insecure_seed}")
+    if args.device is not None:
+        out.append(f"--device {args.device}")
     return out
 
 
@@ -55,6 +57,8 @@ def _cmd_train(args) -> int:
         if args.out is None:
             raise PrivoptError("privopt train needs --out DIR (or --resume RUN_DIR)")
         overrides = list(args.set)
+        if args.device is not None:
+            overrides.append(f"device={args.device}")
         if args.insecure_seed is not None:
             overrides.append(f"insecure_seed={args.insecure_seed}")
         cfg, out = load_config(args.config, overrides), args.out
@@ -162,6 +166,7 @@ def _cmd_bench(args) -> int:
         repeats=args.repeats,
         threads=args.threads,
         progress=not (args.quiet or args.json),
+        device=args.device,
     )
     print(json.dumps(rows) if args.json else format_table(rows))
     return 0
@@ -269,6 +274,12 @@ def _add_train_parser(sub) -> None:
         help="seed the privacy noise and batch sampling (reproducible, but anyone who reads the "
         "seed can replay the noise: NOT private; default: secret OS-entropy randomness)",
     )
+    t.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=None,
+        help="run on cpu or cuda (config key `device`; default: the config's)",
+    )
     t.add_argument("--quiet", action="store_true", help="no progress output and no summary line")
     t.add_argument("--json", action="store_true", help="print the result as JSON")
     t.set_defaults(func=_cmd_train)
@@ -363,6 +374,7 @@ def _add_bench_parser(sub) -> None:
     b.add_argument(
         "--threads", type=positive_int, default=None, help="torch threads for every method (default: torch's)"
     )
+    b.add_argument("--device", choices=DEVICES, default="cpu", help="time the steps on cpu or cuda (default cpu)")
     b.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     b.add_argument("--quiet", action="store_true", help="no progress line per finished row")
     b.set_defaults(func=_cmd_bench)
@@ -407,6 +419,8 @@ def _add_reproduce_parser(sub) -> None:
     for name, exp in experiment_entries().items():
         rsub.add_parser(name, help=exp.help_text, description=exp.help_text, experiment=exp)
 
+
+DEVICES = ("cpu", "cuda")
 
 EXIT_CODES = """exit codes: 0 done; 2 a user error (one-line message, nothing half-written); 3 privacy budget
 exhausted; 4 the run failed (e.g. diverged; its record holds the epsilon spent); 130 interrupted (resumable)."""

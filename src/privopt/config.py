@@ -27,7 +27,28 @@ import yaml
 
 from privopt.errors import ConfigError
 
-__all__ = ["RunConfig", "PrivacyConfig", "load_config", "apply_overrides", "yaml_load"]
+__all__ = ["RunConfig", "PrivacyConfig", "load_config", "apply_overrides", "resolve_device", "yaml_load"]
+
+
+def resolve_device(name: Any) -> Any:
+    """A ``torch.device`` for ``"cpu"``, ``"cuda"`` or ``"cuda:N"``; a clear error when the name is
+    unknown or CUDA is not available on this machine.
+
+    Example:
+        >>> resolve_device("cpu")
+        device(type='cpu')
+    """
+    import torch
+
+    if not isinstance(name, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", name):
+        raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {name!r}")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {name!r} requested but CUDA is not available on this machine (use 'cpu')")
+        index = int(name.split(":")[1]) if ":" in name else 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) available")
+    return torch.device(name)
 
 
 class _Loader(yaml.SafeLoader):
@@ -88,6 +109,7 @@ class RunConfig:
     loss: str = "cross_entropy"
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     engine: str = "auto"
+    device: str = "cpu"  # "cuda" / "cuda:N": model, data and noise on a GPU (e.g. --budget paper)
     seed: int = 0  # public randomness: data splits, model initialisation
     insecure_seed: int | None = None  # opt-in: seed privacy noise and sampling (NOT private)
     eval_split: str = "test"  # "val" for hyper-parameter tuning (needs dataset_params.val_fraction)
@@ -124,6 +146,8 @@ class RunConfig:
         v = self.insecure_seed
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise ConfigError(f"insecure_seed must be null or an integer >= 0, got {v!r}")
+        if not isinstance(self.device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.eval_split not in ("test", "val"):
             raise ConfigError(f"eval_split must be 'test' or 'val', got {self.eval_split!r}")
         if not isinstance(self.metrics, list):

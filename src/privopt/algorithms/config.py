@@ -66,6 +66,8 @@ ROLES = (
     "rho",  # the KL radius of KL-constrained DRO
     "lam0",  # the lower bound of the KL dual variable
     "penalty",  # the penalty λ of ψ-penalised DRO
+    "weight_cap",  # the public cap on DRO weights (a record's weighted gradient is at most cap·clip)
+    "gamma",  # the factor of a step-proportional difference threshold
 )
 
 Check = Callable[[str, Any], Any]

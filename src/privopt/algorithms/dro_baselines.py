@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from privopt.algorithms.base import register_algorithm
-from privopt.algorithms.config import finite_or_none, mapping, optional_positive, param, positive, positive_int, text
+from privopt.algorithms.config import finite_or_none, mapping, param, positive, positive_int, text
 from privopt.algorithms.dpsgd import SGD, DPSGDConfig, SGDConfig, _BatchAlgorithm
-from privopt.algorithms.dro_common import dual_objective
+from privopt.algorithms.dro_common import dual_objective, weight_cap_value
 from privopt.algorithms.dro_primal_dual import DPSGDA, PrivateDiff, project_mean_one
 from privopt.algorithms.releases import ReleasePlan
 from privopt.grads.flat import num_trainable
@@ -43,7 +43,7 @@ class DPSGDJointConfig(DPSGDConfig):
     eta_lr: float = param(0.1, positive)
     eta_init: float | None = param(None, finite_or_none)
     loss_bound: float = param(10.0, positive)
-    exp_cap: float | None = param(30.0, optional_positive)
+    weight_cap: float = param(1e6, weight_cap_value, role="weight_cap")
     chunk_size: int = param(256, positive_int)
 
     def check(self) -> None:

@@ -9,6 +9,12 @@ clipping, so none of it affects the privacy analysis:
   (:class:`~privopt.algorithms.releases.PlanRun`), keeps the model as a flat vector, computes
   clipped sums of per-sample (weighted, differenced) parameter gradients, and draws the uniformly
   random output iterate up front (data-independent).
+
+The DRO x-gradients are privatised as *capped-weight* sums (``docs/algorithms/dro.md``,
+"Privatising the weighted gradient"): each record's gradient is clipped to ``C`` first and then
+multiplied by its DRO weight, which a public cap ``W`` bounds, so a record contributes at most
+``W·C`` and the re-weighting survives clipping (clipping the weighted gradient ``a_i∇ℓ_i`` as one
+vector flattened exactly the records DRO up-weights).
 """
 
 from __future__ import annotations
@@ -24,10 +30,11 @@ from privopt.algorithms.base import Algorithm, RunContext
 from privopt.algorithms.config import AlgorithmConfig, one_of, param, positive, positive_int
 from privopt.algorithms.releases import PlanRun
 from privopt.errors import ConfigError
-from privopt.grads.flat import flat_params, params_from_flat, trainable_parameters
+from privopt.grads.engine import clip_factors
+from privopt.grads.flat import flat_params, num_trainable, params_from_flat, trainable_parameters
 from privopt.grads.sums import BoundedSum, batch_losses, chunked_clipped_sum
 from privopt.objectives.divergences import get_divergence
-from privopt.objectives.dual import DualObjective
+from privopt.objectives.dual import DualObjective, argument_for_weight
 
 __all__ = [
     "DROAlgorithm",
@@ -36,6 +43,7 @@ __all__ = [
     "dual_objective",
     "initial_loss_scale",
     "spider_steps",
+    "weight_cap_value",
 ]
 
 Weights = Union[None, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
@@ -43,6 +51,14 @@ Weights = Union[None, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
 
 def _optional_int(name: str, value: Any) -> int | None:
     return None if value is None else positive_int(name, value)
+
+
+def weight_cap_value(name: str, value: Any) -> float:
+    """A public cap on the DRO weights: a finite number >= 1 (the weights average 1)."""
+    v = positive(name, value)
+    if v < 1.0:
+        raise ConfigError(f"{name} must be >= 1 (DRO weights average 1), got {value!r}")
+    return v
 
 
 @dataclass(frozen=True)
@@ -86,11 +102,11 @@ def check_difference_thresholds(config, blocks) -> None:
 
 def dual_objective(config) -> DualObjective:
     """The ψ-dual objective of a config with ``divergence(_params)``, ``lam``, ``g_eta``,
-    ``exp_cap`` and ``loss_bound``."""
+    ``weight_cap`` and ``loss_bound``: the argument of the weights is capped where they reach
+    ``weight_cap`` (so every weight is at most the cap)."""
     div = get_divergence(config.divergence, **config.divergence_params)
-    return DualObjective(
-        divergence=div, lam=config.lam, g_eta=config.g_eta, a_max=config.exp_cap, loss_bound=config.loss_bound
-    )
+    a_max = argument_for_weight(div, config.weight_cap)
+    return DualObjective(divergence=div, lam=config.lam, g_eta=config.g_eta, a_max=a_max, loss_bound=config.loss_bound)
 
 
 @torch.no_grad()
@@ -209,6 +225,71 @@ class DROAlgorithm(Algorithm):
             params_prev=self._params(x_prev),
             weights_prev=weights_prev,
         )
+
+    def _zeros(self) -> torch.Tensor:
+        """A zero flat gradient on the data's device."""
+        return torch.zeros(num_trainable(self._ctx.model), device=self._ctx.x_train.device)
+
+    def _clip_factors(self, xb, yb, *, clip: float, params) -> tuple[torch.Tensor, torch.Tensor]:
+        """(per-sample losses, per-sample factors ``min(1, C/‖∇ℓ_i‖)``) of a chunk (one engine pass)."""
+        ctx = self._ctx
+        res = ctx.engine.clipped_sum(ctx.model, ctx.loss_fn, xb, yb, clip=math.inf, params=params)
+        return res.losses, clip_factors(res.norms, clip)
+
+    def _capped_weights(self, weights: Callable, losses: torch.Tensor, cap: float) -> torch.Tensor:
+        # The clamp guarantees the declared bound whatever the weight function returns.
+        return weights(losses).to(torch.float64).clamp(0.0, cap)
+
+    def _weighted_grad_sum(
+        self, idx: torch.Tensor, *, clip: float, weights: Callable, cap: float, x: torch.Tensor | None = None
+    ) -> BoundedSum:
+        """``Σ_{i∈idx} w_i·Clip(∇ℓ_i(x), C)`` with ``w_i = weights(ℓ_i)`` clamped to ``[0, cap]``:
+        per-record bound ``cap·C``. Two engine passes: norms, then the re-weighted sum."""
+        ctx, total, params = self._ctx, self._zeros(), self._params(x)
+        for s in range(0, idx.numel(), self.config.chunk_size):
+            xb, yb = self._data(idx[s : s + self.config.chunk_size])
+            losses, factors = self._clip_factors(xb, yb, clip=clip, params=params)
+            w = (self._capped_weights(weights, losses, cap) * factors.to(torch.float64)).to(losses.dtype)
+            res = ctx.engine.clipped_sum(ctx.model, ctx.loss_fn, xb, yb, clip=math.inf, params=params, weights=w)
+            total = total + res.total.to(total.dtype)
+        return BoundedSum(total, bound=cap * clip)
+
+    def _weighted_diff_sum(
+        self,
+        idx: torch.Tensor,
+        *,
+        clip: float,
+        grad_clip: float,
+        weights: Callable,
+        weights_prev: Callable,
+        cap: float,
+        x: torch.Tensor | None,
+        x_prev: torch.Tensor,
+    ) -> BoundedSum:
+        """``Σ Clip(f_i(x) − f'_i(x_prev), C_t)`` with ``f_i(x) = w_i·Clip(∇ℓ_i(x), C)`` (the per-record
+        term of :meth:`_weighted_grad_sum`, so a SPIDER correction tracks the same quantity as its
+        refresh): per-record bound ``C_t`` (``clip``)."""
+        ctx, total = self._ctx, self._zeros()
+        params, params_prev = self._params(x), self._params(x_prev)
+        for s in range(0, idx.numel(), self.config.chunk_size):
+            xb, yb = self._data(idx[s : s + self.config.chunk_size])
+            losses, factors = self._clip_factors(xb, yb, clip=grad_clip, params=params)
+            losses_p, factors_p = self._clip_factors(xb, yb, clip=grad_clip, params=params_prev)
+            w = (self._capped_weights(weights, losses, cap) * factors.to(torch.float64)).to(losses.dtype)
+            w_p = (self._capped_weights(weights_prev, losses_p, cap) * factors_p.to(torch.float64)).to(losses.dtype)
+            res = ctx.engine.clipped_sum(
+                ctx.model,
+                ctx.loss_fn,
+                xb,
+                yb,
+                clip=clip,
+                params=params,
+                weights=w,
+                params_prev=params_prev,
+                weights_prev=w_p,
+            )
+            total = total + res.total.to(total.dtype)
+        return BoundedSum(total, bound=clip)
 
     # -- output iterate -----------------------------------------------------------------------
     def _maybe_save(self, index: int, x: torch.Tensor, **scalars: float) -> None:

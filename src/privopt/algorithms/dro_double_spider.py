@@ -12,6 +12,7 @@ inventory: ``docs/algorithms/dro.md`` ("DP Double-SPIDER").
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,13 +35,17 @@ from privopt.algorithms.dro_common import (
     check_difference_thresholds,
     dual_objective,
     initial_loss_scale,
+    weight_cap_value,
 )
 from privopt.algorithms.estimators import SpiderEstimator
 from privopt.algorithms.releases import BatchPlan, Fixed, Phase, Query, ReleasePlan, StepProportional
+from privopt.errors import ConfigError
 from privopt.grads.sums import BoundedSum, clipped_scalar_sum
 from privopt.objectives.divergences import get_divergence
 
 __all__ = ["DPDoubleSPIDER", "DPDoubleSPIDERConfig"]
+
+_MIN_MEAN_WEIGHT = 1e-3  # floor of the estimated mean weight in the KL log step of η
 
 
 @dataclass(frozen=True)
@@ -51,24 +56,37 @@ class DPDoubleSPIDERConfig(DROConfig):
         divergence, divergence_params: ψ (e.g. ``"kl"``, ``"chi2"``, ``"kl_cvar"`` with
             ``{"alpha": 0.1}``).
         lam: the DRO penalty λ. g_eta: rescaling of η (default 1).
+        weight_cap: public cap A on the DRO weights ``(ψ*)'((ℓ−g_η η)/λ)`` (the argument is capped
+            where the weight reaches A): a record's x-term ``a_i·Clip(∇ℓ_i, C)`` is at most ``A·C``.
         q: phase length. N1, N2, N3, N4: refresh/correction batch sizes of the η/x estimators
             (a size ≥ n means the full dataset).
         lr: x step β (its maximum). lr_norm: normalised-step constant (the largest x move per
-            step); ``"auto"`` = ``lr·clip_x``; ``None`` = constant step ``lr``.
-        eta_lr: η step α. eta_init: η_0 (``None``: ``log K`` with K the number of model outputs).
+            step); ``"auto"`` = ``lr`` (steps of ``lr·v`` while ``‖v‖ ≤ 1``, of length ``lr`` beyond);
+            ``None`` = constant step ``lr``.
+        eta_lr: η step α. ``"auto"``: for KL, the log step ``η += (λ/g_η)·log m̂`` with ``m̂ = 1 − g/g_η``
+            the estimated mean weight (it lands on the optimal η of the estimate); otherwise
+            ``α = λ/g_η²``.
+        eta_init: η_0 (``None``: ``log K`` with K the number of model outputs).
         eta_step_cap: cap on ``|η_{t+1} − η_t|``; ``"auto"`` = ``eta_lr·clip_eta``; ``None``: off.
-        clip_eta, clip_x: refresh thresholds C1, C3.
+        clip_x: threshold C on each record's loss gradient ``∇ℓ_i`` (the refresh x-query's bound is
+            ``A·C``). clip_eta: threshold C1 of the η-query (``"auto"``: ``g_η·max(1, A−1)``, the
+            largest ``|g_η(1 − a_i)|``, so it never binds).
         gamma_eta, gamma_x: step-proportional factors of C2_t, C4_t (None: fixed thresholds).
-        clip_eta_diff, clip_x_diff: caps of C2_t, C4_t (the fixed thresholds when γ is None).
-        loss_bound: public clamp B of the losses. exp_cap: cap on the ψ* argument (None: off).
+        clip_eta_diff, clip_x_diff: caps of C2_t, C4_t (the fixed thresholds when γ is None);
+            ``"auto"``: twice the refresh bound (the largest difference of two bounded terms).
+        scalar_noise_ratio: noise multiplier of the 1-dimensional η-queries relative to the x-queries
+            (calibrated jointly): a scalar estimate tolerates more noise, and with equal multipliers
+            the η-queries cost as much privacy as the d-dimensional x-queries.
+        loss_bound: public clamp B of the losses.
         share_batches: one batch for the η- and x-queries of an iteration when sizes agree.
         private: ``False`` runs the same clipped updates without noise (reference runs).
     """
 
-    lam: float = param(1e-3, positive, role="penalty")
+    lam: float = param(1.0, positive, role="penalty")
     g_eta: float = param(1.0, positive)
     divergence: str = param("kl", text)
     divergence_params: Mapping[str, Any] = param({}, mapping)
+    weight_cap: float = param(4.0, weight_cap_value, role="weight_cap")
     q: int = param(32, positive_int, role="phase")
     N1: int = param(2048, positive_int, role="refresh_batch")
     N2: int = param(128, positive_int, role="batch")
@@ -76,23 +94,41 @@ class DPDoubleSPIDERConfig(DROConfig):
     N4: int = param(128, positive_int, role="batch")
     lr_norm: str | float | None = param("auto", auto_or_positive)
     lr: float = param(0.1, positive, role="lr")
-    eta_lr: float = param(0.1, positive)
+    eta_lr: str | float = param("auto", auto_or_positive)
     eta_init: float | None = param(None, finite_or_none)
     eta_step_cap: str | float | None = param("auto", auto_or_positive)
-    clip_eta: float = param(1.0, positive, role="clip")
-    gamma_eta: float | None = param(10.0, optional_positive)
-    clip_eta_diff: float | None = param(None, optional_positive, role="clip_cap")
+    clip_eta: str | float = param("auto", auto_or_positive)
+    gamma_eta: float | None = param(10.0, optional_positive, role="gamma")
+    clip_eta_diff: str | float | None = param("auto", auto_or_positive)
     clip_x: float = param(1.0, positive, role="clip")
-    gamma_x: float | None = param(10.0, optional_positive)
-    clip_x_diff: float | None = param(None, optional_positive, role="clip_cap")
+    gamma_x: float | None = param(10.0, optional_positive, role="gamma")
+    clip_x_diff: str | float | None = param("auto", auto_or_positive)
+    scalar_noise_ratio: float = param(4.0, positive)
     loss_bound: float = param(10.0, positive)
-    exp_cap: float | None = param(30.0, optional_positive)
     share_batches: bool = param(True, flag)
     private: bool = param(True, flag)
 
     def check(self) -> None:
         check_difference_thresholds(self, ("eta", "x"))
         get_divergence(self.divergence, **self.divergence_params)  # a bad divergence fails now
+        if self.eta_lr is None or self.clip_eta is None:
+            raise ConfigError("eta_lr and clip_eta must be 'auto' or a number > 0")
+
+    # Resolved thresholds and steps ("auto" values), all public functions of the config.
+    @property
+    def eta_clip(self) -> float:
+        return self.g_eta * max(1.0, self.weight_cap - 1.0) if self.clip_eta == "auto" else float(self.clip_eta)
+
+    @property
+    def eta_step(self) -> float:
+        return self.lam / self.g_eta**2 if self.eta_lr == "auto" else float(self.eta_lr)
+
+    def diff_cap(self, block: str) -> float | None:
+        """The cap of a difference threshold (``"auto"``: twice the refresh query's bound)."""
+        value = getattr(self, f"clip_{block}_diff")
+        if value != "auto":
+            return value
+        return 2.0 * (self.eta_clip if block == "eta" else self.weight_cap * self.clip_x)
 
 
 @register_algorithm
@@ -104,7 +140,7 @@ class DPDoubleSPIDER(DROAlgorithm):
         >>> from privopt.algorithms import get_algorithm
         >>> algo = get_algorithm("dp-double-spider", steps=64, q=16, N1=500, N2=50, N3=500, N4=50)
         >>> [(s.mechanisms, s.count) for s in algo.inventory(n=1000).steps]
-        [((('eta-refresh', 1.0), ('x-refresh', 1.0)), 4), ((('eta-diff', 1.0), ('x-diff', 1.0)), 60)]
+        [((('eta-refresh', 4.0), ('x-refresh', 1.0)), 4), ((('eta-diff', 4.0), ('x-diff', 1.0)), 60)]
     """
 
     name = "dp-double-spider"
@@ -129,16 +165,22 @@ class DPDoubleSPIDER(DROAlgorithm):
                     "refresh",
                     refreshes,
                     (
-                        Query("eta-refresh", Fixed(c.clip_eta), batch=BatchPlan(c.N1, n)),
-                        Query("x-refresh", Fixed(c.clip_x), batch=BatchPlan(c.N3, n)),
+                        Query("eta-refresh", Fixed(c.eta_clip), batch=BatchPlan(c.N1, n), ratio=c.scalar_noise_ratio),
+                        # a_i·Clip(∇ℓ_i, C) with a_i ≤ A: a record contributes at most A·C.
+                        Query("x-refresh", Fixed(c.clip_x, factor=c.weight_cap), batch=BatchPlan(c.N3, n)),
                     ),
                 ),
                 Phase(
                     "diff",
                     T - refreshes,
                     (
-                        Query("eta-diff", StepProportional(c.gamma_eta, c.clip_eta_diff), batch=BatchPlan(c.N2, n)),
-                        Query("x-diff", StepProportional(c.gamma_x, c.clip_x_diff), batch=BatchPlan(c.N4, n)),
+                        Query(
+                            "eta-diff",
+                            StepProportional(c.gamma_eta, c.diff_cap("eta")),
+                            batch=BatchPlan(c.N2, n),
+                            ratio=c.scalar_noise_ratio,
+                        ),
+                        Query("x-diff", StepProportional(c.gamma_x, c.diff_cap("x")), batch=BatchPlan(c.N4, n)),
                     ),
                 ),
             ),
@@ -195,13 +237,25 @@ class DPDoubleSPIDER(DROAlgorithm):
         return clipped_scalar_sum(now - before, clip)
 
     def x_grad_sum(self, idx, *, x, eta, clip) -> BoundedSum:
-        """``Σ Clip(∇_x L(x, η; ξ_i), C)`` with ``∇_x L = (ψ*)'((ℓ−g_η η)/λ)·∇ℓ`` ([d])."""
-        return self._grad_sum(idx, clip=clip, x=x, weights=self.objective.weight_fn(eta))
+        """``Σ a_i·Clip(∇ℓ_i(x), C)`` with ``a_i = (ψ*)'((ℓ_i−g_η η)/λ) ≤ A``: the private surrogate
+        of ``Σ ∇_x L(x, η; ξ_i)`` (bound ``A·C``; [d])."""
+        return self._weighted_grad_sum(
+            idx, clip=clip, x=x, weights=self.objective.weight_fn(eta), cap=self.config.weight_cap
+        )
 
     def x_diff_sum(self, idx, *, x, eta, x_prev, eta_prev, clip) -> BoundedSum:
-        """``Σ Clip(∇_x L(x, η; ξ_i) − ∇_x L(x_prev, η_prev; ξ_i), C)`` ([d])."""
-        w, w_prev = self.objective.weight_fn(eta), self.objective.weight_fn(eta_prev)
-        return self._grad_sum(idx, clip=clip, x=x, weights=w, x_prev=x_prev, weights_prev=w_prev)
+        """``Σ Clip(f_i(x, η) − f_i(x_prev, η_prev), C_t)`` with ``f_i = a_i·Clip(∇ℓ_i, C)`` ([d])."""
+        obj, c = self.objective, self.config
+        return self._weighted_diff_sum(
+            idx,
+            clip=clip,
+            grad_clip=c.clip_x,
+            weights=obj.weight_fn(eta),
+            weights_prev=obj.weight_fn(eta_prev),
+            cap=c.weight_cap,
+            x=x,
+            x_prev=x_prev,
+        )
 
     # ------------------------------------------------------------------ safeguards (post-processing)
     def _project_eta(self, eta: float) -> float:
@@ -210,15 +264,21 @@ class DPDoubleSPIDER(DROAlgorithm):
 
     def _eta_step(self, eta: float, g: float) -> float:
         c = self.config
-        move = c.eta_lr * g
-        cap = c.eta_lr * c.clip_eta if c.eta_step_cap == "auto" else c.eta_step_cap
+        move = c.eta_step * g
+        if c.eta_lr == "auto" and self.objective.divergence.name == "kl":
+            # KL: the mean weight is m = 1 − g/g_η = e^{(η*−η)/λ}, so η* = η + (λ/g_η)·log m. The
+            # linear step λ(m − 1) overshoots when m ≫ 1 (η oscillated between 0 and B); the log
+            # step lands on η* from the estimate (its floor keeps it finite under noise).
+            m = max(1.0 - g / c.g_eta, _MIN_MEAN_WEIGHT)
+            move = -(c.lam / c.g_eta) * math.log(m)
+        cap = c.eta_step * c.eta_clip if c.eta_step_cap == "auto" else c.eta_step_cap
         if cap is not None:
             move = min(max(move, -cap), cap)
         return self._project_eta(eta - move)
 
     def _beta(self, v_norm: float) -> float:
         c = self.config
-        lr_norm = c.lr * c.clip_x if c.lr_norm == "auto" else c.lr_norm
+        lr_norm = c.lr if c.lr_norm == "auto" else c.lr_norm
         if lr_norm is None:
             return c.lr
         return min(c.lr, lr_norm / max(v_norm, 1e-12))

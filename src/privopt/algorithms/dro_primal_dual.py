@@ -113,7 +113,8 @@ class _PrimalDualBase(DROAlgorithm):
         return Query("p-grad", Fixed(self.config.loss_bound), on=host, estimate="total")
 
     def _init_state(self, n: int) -> None:
-        self._r, self._r_prev, self._x_prev = torch.ones(n, dtype=torch.float64), None, None
+        device = self._ctx.x_train.device
+        self._r, self._r_prev, self._x_prev = torch.ones(n, dtype=torch.float64, device=device), None, None
 
     def _state(self) -> dict[str, Any]:
         return {"r": self._r, "r_prev": self._r_prev, "x_prev": self._x_prev}
@@ -130,7 +131,7 @@ class _PrimalDualBase(DROAlgorithm):
     def loss_vector_sum(self, idx: torch.Tensor, *, x: torch.Tensor | None = None, clip: float | None = None):
         """n-vector with the batch's losses clamped to ``[0, clip]`` (default B) at their coordinates."""
         clip = self.config.loss_bound if clip is None else clip
-        out = torch.zeros(self._ctx.n, dtype=torch.float64)
+        out = torch.zeros(self._ctx.n, dtype=torch.float64, device=self._ctx.x_train.device)
         if idx.numel():
             out[idx] = self._losses(idx, x).to(torch.float64).clamp(0.0, clip)
         return BoundedSum(out, bound=clip)

@@ -87,6 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seed the privacy noise and batch sampling of every run (run s uses N + s): reproducible research "
         "runs, NOT private (anyone who reads the seed can replay the noise); default: secret randomness",
     )
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="run every training on cpu or cuda (default cpu)"
+    )
     parser.add_argument("--out", required=True, help="output directory (new)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--quiet", action="store_true", help="no per-run log lines and no table")
@@ -115,6 +118,7 @@ def main(args: argparse.Namespace) -> int:
         tune=not args.no_tune,
         log=(lambda s: None) if quiet else None,
         insecure_seed=getattr(args, "insecure_seed", None),
+        device=getattr(args, "device", "cpu"),
     )
     if mia:
         res = run_dro_mia(epsilons=args.epsilons or MIA_EPSILONS, seeds=args.seeds or 5, **common)

@@ -16,7 +16,7 @@ Everything a reproduction decides before it runs anything lives here (see
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from privopt.errors import ConfigError
@@ -46,9 +46,8 @@ __all__ = [
 ]
 
 # ------------------------------------------------------------------------------ constants
-
-# ------------------------------------------------------------------------------ constants
-TABLE3_METHODS = ("dp-sgda", "private-diff", "dp-double-spider", "dp-recursive-spider")
+# DP-SGD (ERM) is the user's natural alternative: a baseline column next to the paper's methods.
+TABLE3_METHODS = ("dp-sgd", "dp-sgda", "private-diff", "dp-double-spider", "dp-recursive-spider")
 MIA_METHODS = ("dp-double-spider", "dp-recursive-spider")
 NONPRIVATE_METHOD = "scdro"
 METHOD_LABELS = {
@@ -153,6 +152,11 @@ class Budget:
             validation split (quick budget, 5 epochs, tuned lr × clip) λ = 1 scored ≥ λ = 0.1 for
             both DP Double-SPIDER (balanced acc. 0.58 vs 0.54 at ε = 10, ≈ 0.50 both at ε = 1) and
             DP-SGDA (0.58 vs 0.56 at ε = 10).
+        weight_cap: the public cap A on the DRO weights of every DRO method (a record's weighted
+            gradient is at most A·clip; ``docs/algorithms/dro.md``).
+        gamma: the factor of the step-proportional difference thresholds of the SPIDER methods.
+        features, feature_params: a fixed feature map applied to image data before training
+            (``None``: raw pixels; ``privopt.data.features``), the same for every method.
     """
 
     name: str
@@ -171,6 +175,14 @@ class Budget:
     eval_points: int
     max_train: int | None
     ds_lam: float = 1.0
+    weight_cap: float = 4.0
+    gamma: float = 10.0
+    features: str | None = None
+    feature_params: dict[str, Any] = field(default_factory=dict)
+
+    def data_options(self) -> dict[str, Any]:
+        """The dataset options of this budget (for :func:`load_dro_dataset`)."""
+        return {"max_train": self.max_train, "features": self.features, "feature_params": dict(self.feature_params)}
 
     def grid(self) -> list[dict[str, float]]:
         return [{"lr": lr, "clip": c} for lr in self.lrs for c in self.clips]
@@ -194,7 +206,7 @@ BUDGETS: dict[str, Budget] = {
         tune_at="each",
         val_fraction=0.2,
         eval_points=8,
-        max_train=20_000,
+        max_train=None,
     ),
     # The paper's setting (ResNet20 with GroupNorm, batch 128), the project's default grid, tuned at every ε.
     "paper": Budget(
@@ -219,9 +231,19 @@ BUDGETS: dict[str, Budget] = {
 
 # ------------------------------------------------------------------------------------ data
 def load_dro_dataset(
-    name: str, *, data_dir=None, seed: int = 0, val_fraction: float = 0.0, max_train: int | None = None
+    name: str,
+    *,
+    data_dir=None,
+    seed: int = 0,
+    val_fraction: float = 0.0,
+    max_train: int | None = None,
+    features: str | None = None,
+    feature_params: dict[str, Any] | None = None,
 ):
     """Load one of :data:`DRO_DATASETS` with the reproduction's options.
+
+    ``features`` names a fixed feature map applied to every split (image data only; e.g.
+    ``"scattering"``, see :func:`privopt.data.features.apply_features`); tabular data is unchanged.
 
     Example:
         >>> ds = load_dro_dataset("digits-st", seed=0)
@@ -233,7 +255,12 @@ def load_dro_dataset(
     if name not in DRO_DATASETS:
         raise ConfigError(f"unknown DRO dataset {name!r}; choose from {', '.join(DRO_DATASETS)}")
     reg, opts = DRO_DATASETS[name]
-    return load_dataset(reg, data_dir=data_dir, seed=seed, val_fraction=val_fraction, max_train=max_train, **opts)
+    data = load_dataset(reg, data_dir=data_dir, seed=seed, val_fraction=val_fraction, max_train=max_train, **opts)
+    if features is None or len(data.input_shape) != 3:
+        return data
+    from privopt.data.features import apply_features
+
+    return apply_features(data, features, **(feature_params or {}))
 
 
 def paper_delta(n: int) -> float:
@@ -243,9 +270,10 @@ def paper_delta(n: int) -> float:
 
 # --------------------------------------------------------------------------------- methods
 # Per-method schedule overrides (documented deviations): SCDRO needs short SPIDER phases with
-# moderate refresh batches (its own defaults, see :class:`privopt.algorithms.SCDRO`).
+# moderate refresh batches and, being non-private, keeps the exact KL weights (a cap that never
+# binds; its own defaults, see :class:`privopt.algorithms.SCDRO`).
 _METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
-    "scdro": {"q": 4, "b1": 512, "b3": 512},
+    "scdro": {"q": 4, "b1": 512, "b3": 512, "weight_cap": 1e6},
 }
 
 
@@ -259,7 +287,8 @@ def method_params(method: str, *, budget: Budget, lr: float, clip: float, epochs
     into larger steps); ``batch`` / ``refresh_batch`` → ``budget.batch_size`` / ``budget.refresh``
     (incl. Recursive-SPIDER's ``s_batch``; paper: 1); ``phase`` → ``budget.q``; ``epochs``;
     ``output`` → ``"last"``; ``rho`` / ``lam0`` → the KL-DRO constants; ``penalty`` → the λ of the
-    penalised dual, ``budget.ds_lam``.
+    penalised dual, ``budget.ds_lam``; ``weight_cap`` / ``gamma`` → ``budget.weight_cap`` /
+    ``budget.gamma`` (the DRO weight cap and the step-proportional threshold factor).
 
     Example:
         >>> p = method_params("sgd", budget=BUDGETS["quick"], lr=0.1, clip=1.0, epochs=2)
@@ -284,6 +313,8 @@ def method_params(method: str, *, budget: Budget, lr: float, clip: float, epochs
         "rho": RHO,
         "lam0": LAM0,
         "penalty": budget.ds_lam,
+        "weight_cap": budget.weight_cap,
+        "gamma": budget.gamma,
     }
     out = {name: value for role, value in values.items() for name in config.fields_with_role(role)}
     fields = config.field_names()

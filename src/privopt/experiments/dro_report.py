@@ -58,6 +58,8 @@ def _cell(values: Sequence[float], scale: float = 1.0, digits: int = 2, failed: 
     note = f" ({failed}/{len(values)} failed)" if failed else ""
     if math.isnan(m):
         return "failed" + note if failed else "–"
+    if sum(1 for v in values if _finite(v)) < 2:  # one run has no spread: no "± 0.00"
+        return f"{m * scale:.{digits}f}{note}"
     return f"{m * scale:.{digits}f} ± {s * scale:.{digits}f}{note}"
 
 
@@ -76,8 +78,9 @@ def format_table(
     epsilons: Sequence[float] | None = None,
 ) -> str:
     """Markdown table laid out like Table 3: one row per setting (non-private, then each ε), one
-    column per method, cells ``mean ± std`` over seeds of ``metric`` (× ``scale``); runs that
-    diverged are excluded from the mean and counted as ``(k/N failed)``.
+    column per method, cells ``mean ± std`` over seeds of ``metric`` (× ``scale``; a single run
+    shows its value alone); runs that diverged are excluded from the mean and counted as
+    ``(k/N failed)``.
 
     Example:
         >>> rows = [{"method": "dp-sgda", "epsilon": 1.0, "private": True, "test_accuracy": a} for a in (0.9, 0.92)]
@@ -239,6 +242,14 @@ def _table3_markdown(rows, meta, table: str, private_methods, violations) -> str
         "## Measured",
         "",
         table,
+        "",
+        "Worst-class test accuracy (%):",
+        "",
+        format_table(rows, metric="test_worst_class_accuracy", methods=private_methods, epsilons=eps_list),
+        "",
+        "Balanced test accuracy (%):",
+        "",
+        format_table(rows, metric="test_balanced_accuracy", methods=private_methods, epsilons=eps_list),
     ]
     paper = _paper_table3(label, private_methods, eps_list)
     if paper:
@@ -277,6 +288,7 @@ _FORWARDED = (
     "hyperparameters",
     "log",
     "insecure_seed",
+    "device",
 )
 
 
@@ -285,10 +297,11 @@ def _options(args: dict[str, Any]) -> dict[str, Any]:
     return {k: args[k] for k in _FORWARDED}
 
 
-def _result(rows, table: str, text: str, summary: dict, out: Path, violations) -> dict[str, Any]:
+def _result(rows, table: str, text: str, summary: dict, out: Path, violations, **tables: str) -> dict[str, Any]:
     return {
         "rows": rows,
         "table": table,
+        **tables,
         "markdown": text,
         "summary": summary,
         "out_dir": str(out),
@@ -312,6 +325,7 @@ def run_dro_table3(
     hyperparameters: dict[str, dict] | None = None,
     log: Callable[[str], None] | None = None,
     insecure_seed: int | None = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Reproduce Paper A's Table 3 / Figures 1–3 on one dataset and write every output.
 
@@ -349,7 +363,8 @@ def _table3_outputs(rows, meta, out: Path) -> dict[str, Any]:
     atomic_write_text(out / "table3.md", text)
     summary = {**meta, "figures": figs, "mia_violations": len(violations), "table_markdown": table}
     atomic_write_json(out / "summary.json", summary)
-    return _result(rows, table, text, summary, out, violations)
+    balanced = format_table(rows, metric="test_balanced_accuracy", methods=private_methods, epsilons=meta["epsilons"])
+    return _result(rows, table, text, summary, out, violations, balanced_table=balanced)
 
 
 def _table2(rows, meta) -> str:
@@ -387,6 +402,7 @@ def run_dro_mia(
     hyperparameters: dict[str, dict] | None = None,
     log: Callable[[str], None] | None = None,
     insecure_seed: int | None = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Reproduce Paper A's Table 2: membership-attack AUC per method and ε, next to the DP cap
     and the paper's numbers (which exceed the cap: a model that is ε-DP cannot reach them).

@@ -52,6 +52,7 @@ class RunSpec:
         model: None (the budget's model), a registered model name, or a factory of ``nn.Module``.
         progress: per-run progress bars.
         insecure_seed: ``None`` (secret noise and sampling) or the base of seeded, insecure sources.
+        device: ``"cpu"`` or ``"cuda"`` for every run (config key ``device``).
     """
 
     dataset_label: str
@@ -59,6 +60,7 @@ class RunSpec:
     model: ModelSpec | None = None
     progress: bool = False
     insecure_seed: int | None = None
+    device: str = "cpu"
 
     def noise_seed(self, seed: int) -> int | None:
         return None if self.insecure_seed is None else self.insecure_seed + seed
@@ -176,6 +178,7 @@ def run_one(
             "model_params": model_params,
             "seed": seed,
             "insecure_seed": spec.noise_seed(seed),
+            "device": spec.device,
             "eval_split": eval_split,
             "metrics": metrics,
             "algorithm_params": params,
@@ -237,7 +240,7 @@ def _finite(x: Any) -> bool:
 def _tuning_data(dataset: Any, data_dir, budget: Budget):
     if isinstance(dataset, str):
         return load_dro_dataset(
-            dataset, data_dir=data_dir, seed=0, val_fraction=budget.val_fraction, max_train=budget.max_train
+            dataset, data_dir=data_dir, seed=0, val_fraction=budget.val_fraction, **budget.data_options()
         )
     if dataset.x_val is None or dataset.x_val.shape[0] == 0:
         raise ConfigError(
@@ -349,7 +352,7 @@ def _final_runs(kind, spec: RunSpec, *, dataset, data_dir, methods, eps_list, se
     rows, b = [], spec.budget
     for seed in range(seeds):
         data = (
-            load_dro_dataset(dataset, data_dir=data_dir, seed=seed, max_train=b.max_train)
+            load_dro_dataset(dataset, data_dir=data_dir, seed=seed, **b.data_options())
             if isinstance(dataset, str)
             else dataset
         )
@@ -394,6 +397,7 @@ class GridRequest:
         tune_grid: grid-search (lr, clip) per method on a validation split (same grid for all).
         hyperparameters: skip tuning and use ``{method: {"lr": .., "clip": ..}}``.
         insecure_seed: ``None`` (secret noise and sampling) or a base seed — NOT private.
+        device: ``"cpu"`` or ``"cuda"`` for every run.
     """
 
     kind: str
@@ -412,6 +416,7 @@ class GridRequest:
     hyperparameters: dict | None = None
     log: Log | None = None
     insecure_seed: int | None = None
+    device: str = "cpu"
 
 
 def _choose_hyperparameters(req: GridRequest, spec: RunSpec, methods, eps_list, out: Path, say: Log):
@@ -435,7 +440,10 @@ def run_grid(req: GridRequest) -> tuple[list[dict], dict[str, Any], Path]:
     out.mkdir(parents=True, exist_ok=True)
     say = req.log or (lambda s: print(s, flush=True))
     label = req.dataset if isinstance(req.dataset, str) else getattr(req.dataset, "name", "custom")
-    spec = RunSpec(label, b, model=req.model, progress=req.progress, insecure_seed=req.insecure_seed)
+    from privopt.config import resolve_device
+
+    resolve_device(req.device)  # a missing GPU fails before any tuning run
+    spec = RunSpec(label, b, model=req.model, progress=req.progress, insecure_seed=req.insecure_seed, device=req.device)
     t_start = time.perf_counter()
     best, tuning = _choose_hyperparameters(req, spec, methods, eps_list, out, say)
     atomic_write_json(out / "tuning.json", tuning)

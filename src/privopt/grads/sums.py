@@ -128,7 +128,7 @@ def batch_losses(
 ) -> torch.Tensor:
     """Per-sample losses ``[B]`` at ``params`` (``None``: the model's own parameters)."""
     if x.shape[0] == 0:
-        return torch.zeros(0, dtype=torch.float64)
+        return torch.zeros(0, dtype=torch.float64, device=x.device)
     out = []
     buffers = dict(model.named_buffers())
     for s in range(0, x.shape[0], chunk):
@@ -159,7 +159,7 @@ def chunked_clipped_sum(
     """``engine.clipped_sum`` over chunks of at most ``chunk`` records (per-sample clipping makes
     the chunked sum identical); tensor weights are aligned with the rows of ``x``. An empty batch
     gives the zero vector. The result carries the threshold as its per-record bound."""
-    total = torch.zeros(num_trainable(model))
+    total = torch.zeros(num_trainable(model), device=x.device)
     for s in range(0, x.shape[0], chunk):
         sl = slice(s, s + chunk)
         res = engine.clipped_sum(

@@ -159,6 +159,20 @@ class KLCompositional:
             lam_t = self._lam(lam)
             return (-self.h(ell, lam_t, shift=shift) * (ell - self._c(shift)) / lam_t**2).detach()
 
+    def capped_weights(self, losses: TensorLike, lam: TensorLike, *, shift: float) -> torch.Tensor:
+        """``w_i = min(exp((ℓ_i − c)/λ), 1)``: the inner function capped at 1 (records whose loss
+        exceeds the shift c share the largest weight). Float64, detached, in ``(0, 1]``."""
+        with torch.no_grad():
+            a = (self._losses(losses) - float(shift)) / self._lam(lam)
+            return torch.exp(a.clamp(max=0.0)).detach()
+
+    def capped_lam_terms(self, losses: TensorLike, lam: TensorLike, *, shift: float) -> torch.Tensor:
+        """``λ·∂_λ w_i = −w_i·min(a_i, 0)`` with ``a_i = (ℓ_i − c)/λ`` (0 where the cap binds):
+        in ``[0, 1/e]``. Float64, detached."""
+        with torch.no_grad():
+            a = ((self._losses(losses) - float(shift)) / self._lam(lam)).clamp(max=0.0)
+            return (-torch.exp(a) * a).detach()
+
     def h_weight_fn(self, lam: float, *, shift: float | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
         """Callable ``losses -> h_i/λ`` for the engine's ``weights=`` at a fixed λ (and shift)."""
         lam_f = float(lam)

@@ -38,9 +38,41 @@ from privopt.errors import ConfigError
 from privopt.objectives.divergences import KL, Divergence, as_float64, get_divergence
 from privopt.validation import positive
 
-__all__ = ["DualObjective"]
+__all__ = ["DualObjective", "argument_for_weight"]
 
 TensorLike = Union[torch.Tensor, float]
+
+
+def argument_for_weight(divergence: str | Divergence, weight: float) -> float | None:
+    """The argument ``s`` at which ``(ψ*)'(s)`` reaches ``weight`` (≥ 1), or ``None`` when the
+    weights of ψ never exceed it (e.g. ``kl_cvar`` with ``1/α ≤ weight``).
+
+    Capping the argument of the dual weights there caps every weight at ``weight`` (``(ψ*)'`` is
+    non-decreasing): the public weight cap of the private x-gradient.
+
+    Example:
+        >>> round(argument_for_weight("kl", 4.0), 6) == round(math.log(4.0), 6)
+        True
+        >>> round(argument_for_weight("chi2", 3.0), 9)   # (s + 2)_+ / 2 = 3
+        4.0
+    """
+    div = get_divergence(divergence)
+    w = positive("weight", weight)
+    if w < 1.0:
+        raise ConfigError(f"a weight cap must be >= 1 (the weights average 1), got {weight!r}")
+
+    def at(s: float) -> float:
+        return float(div.conj_grad(torch.tensor(s, dtype=torch.float64)))
+
+    lo, hi = 0.0, 1.0  # (ψ*)'(0) = 1 ≤ w
+    while at(hi) < w:
+        hi *= 2.0
+        if hi > 1e6:
+            return None
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if at(mid) < w else (lo, mid)
+    return hi
 
 
 class DualObjective:

@@ -142,6 +142,23 @@ def _model(cfg: RunConfig, data: Any, model: Any) -> nn.Module:
     return model
 
 
+def _place(cfg: RunConfig, data: Any, net: nn.Module) -> tuple[Any, nn.Module]:
+    """Model and data on ``cfg.device`` (a no-op on the CPU); fails early when CUDA is missing."""
+    import dataclasses
+
+    from privopt.config import resolve_device
+
+    device = resolve_device(cfg.device)
+    if device.type == "cpu":
+        return data, net
+    moved = {
+        f.name: getattr(data, f.name).to(device)
+        for f in dataclasses.fields(data)
+        if isinstance(getattr(data, f.name), torch.Tensor)
+    }
+    return dataclasses.replace(data, **moved), net.to(device)
+
+
 def check_model_fits(
     model: nn.Module, loss_fn: Any, x: torch.Tensor, y: torch.Tensor, *, what: str, num_classes: int | None = None
 ) -> None:
@@ -271,6 +288,7 @@ def build_run(
         )
     net = _model(cfg, data, model)
     validate_model(net)
+    data, net = _place(cfg, data, net)
     loss_fn = build_loss(cfg.loss) if loss is None else loss
     check_model_fits(
         net, loss_fn, data.x_train, data.y_train, what=f"dataset {data.name!r}'s inputs", num_classes=data.num_classes
