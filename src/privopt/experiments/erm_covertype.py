@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from privopt.cliargs import non_negative_int, positive_int
+from privopt.cliargs import float_list, non_negative_int, positive_int
 from privopt.errors import ConfigError
 from privopt.experiments.erm_covertype_data import POSITIVE_COVER_TYPE, load_covertype_binary, load_covertype_split
 from privopt.experiments.erm_covertype_plots import plot_results
@@ -189,19 +189,12 @@ def run_erm_covertype(
 
 
 # ------------------------------------------------------------------------------------------- CLI
-def _float_list(s: str) -> list[float]:
-    try:
-        return [float(v) for v in s.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``privopt reproduce erm-covertype``."""
     parser.add_argument("--data-dir", required=True, help="folder with covtype*.data[.gz] (UCI format)")
     parser.add_argument("--n-train", type=positive_int, default=10_000, help="training rows (default 10000)")
     parser.add_argument("--n-tune", type=positive_int, default=10_000, help="disjoint tuning rows (default 10000)")
-    parser.add_argument("--epsilons", type=_float_list, default=[0.2, 0.5, 1.0], help="e.g. 0.2,0.5,1")
+    parser.add_argument("--epsilons", type=float_list, default=[0.2, 0.5, 1.0], help="e.g. 0.2,0.5,1")
     parser.add_argument("--delta", type=float, default=1e-3, help="target δ of every run (default 1e-3, below 1/n)")
     parser.add_argument(
         "--runs", type=positive_int, default=None, help="final runs per method and ε (default: the budget's)"

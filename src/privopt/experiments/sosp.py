@@ -25,6 +25,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from privopt.cliargs import float_list, int_list
 from privopt.errors import ConfigError
 from privopt.experiments.sosp_protocol import (
     BUDGETS,
@@ -255,24 +256,10 @@ def _report(rows, *, out: Path, dataset: str, plan, timing: dict, launcher: str)
     return {"rows": rows, "summary": summary, "markdown": markdown, "out_dir": str(out)}
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", choices=DATASETS, default="mnist")
-    parser.add_argument("--clients", type=_ints, default=list(CLIENTS), help="comma-separated m (default 1,2,5,10)")
-    parser.add_argument("--epsilons", type=_floats, default=list(EPSILONS), help="default 0.5,1,2")
+    parser.add_argument("--clients", type=int_list, default=list(CLIENTS), help="comma-separated m (default 1,2,5,10)")
+    parser.add_argument("--epsilons", type=float_list, default=list(EPSILONS), help="default 0.5,1,2")
     parser.add_argument("--seeds", type=int, default=3, help="runs per setting (default 3)")
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="quick")
     parser.add_argument("--methods", help="comma-separated algorithm names (default: " + ",".join(METHODS) + ")")

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from privopt.checkpoint import atomic_write_json
+from privopt.cliargs import float_list
 from privopt.errors import ConfigError
-from privopt.experiments.dro import _floats  # the comma-separated ε parser of the DRO reproduction
 from privopt.experiments.dro_runner import single_threaded
 from privopt.experiments.worst_group_protocol import BASELINES, DATASETS, EPSILONS, PAPER_D, load_group_dataset
 from privopt.experiments.worst_group_report import (
@@ -151,7 +151,7 @@ def _markdown(result: dict, rows, names) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, choices=sorted(DATASETS))
-    parser.add_argument("--epsilons", type=_floats, default=list(EPSILONS), help="comma-separated ε (0.5,1,2,5)")
+    parser.add_argument("--epsilons", type=float_list, default=list(EPSILONS), help="comma-separated ε (0.5,1,2,5)")
     parser.add_argument("--seeds", type=int, default=3, help="runs per (method, ε)")
     parser.add_argument("--data-dir", help="folder with adult/ and celeba/ (default $PRIVOPT_DATA)")
     parser.add_argument("--methods", help="comma-separated algorithm names (default: Paper D's four + baselines)")
