@@ -57,7 +57,12 @@ class Run:
 
     @property
     def checkpoint_every(self) -> int:
-        return _interval(self.cfg.checkpoint_every, self.total, 10)
+        if self.cfg.checkpoint_every > 0:
+            return self.cfg.checkpoint_every
+        # A multiple of the evaluation interval: a checkpoint's record then reuses the ε that the
+        # evaluation at the same step computed (the ledger caches it), instead of another PLD call.
+        every = self.eval_every
+        return every * max(1, round(_interval(0, self.total, 10) / every))
 
     def eval_split(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.cfg.eval_split == "val":
