@@ -35,7 +35,7 @@ def my_dataset(seed: int = 0) -> Dataset:
     """An imbalanced two-class problem from scikit-learn's breast-cancer table, as YOUR tensors.
 
     Preprocessing must not look at the private records (docs/data.md, "Public preprocessing"): the
-    features are min-max scaled with the table's PUBLISHED ranges (public constants, clipped per
+    features are mapped to [-1, 1] with the table's PUBLISHED ranges (public constants, clipped per
     record), never with the training split's mean/std; and each record's split (test / validation /
     training) is decided by a keyed hash of that record alone, so adding or removing one record
     moves no other record between splits.
@@ -43,7 +43,8 @@ def my_dataset(seed: int = 0) -> Dataset:
     from sklearn.datasets import load_breast_cancer
 
     x, y = load_breast_cancer(return_X_y=True)
-    x = breast_cancer_scaling().apply(x, mode="public")  # per-record transform with public constants
+    # Per record, with public constants only: clip into the published ranges, map them to [-1, 1].
+    x = 2.0 * breast_cancer_scaling().apply(x, mode="unit") - 1.0
     y = y.astype(np.int64)
     u = record_uniforms(x, y, seed=seed)  # public seed: splits are public choices
     test = keep_mask(u[:, stage_index("test")], 0.2)
