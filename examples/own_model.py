@@ -24,33 +24,41 @@ from torch import nn
 
 from privopt.config import RunConfig
 from privopt.data import Dataset
+from privopt.data.public import breast_cancer_scaling
+from privopt.data.selection import keep_mask, record_uniforms, stage_index
 from privopt.experiments import dro_metrics  # noqa: F401  (registers the "grad_norm" and "mia" run metrics)
 from privopt.experiments.dro import BUDGETS, run_dro_table3
 from privopt.training import load_diagnostics, train
 
 
 def my_dataset(seed: int = 0) -> Dataset:
-    """An imbalanced two-class problem from scikit-learn's breast-cancer table, as YOUR tensors."""
+    """An imbalanced two-class problem from scikit-learn's breast-cancer table, as YOUR tensors.
+
+    Preprocessing must not look at the private records (docs/data.md, "Public preprocessing"): the
+    features are mapped to [-1, 1] with the table's PUBLISHED ranges (public constants, clipped per
+    record), never with the training split's mean/std; and each record's split (test / validation /
+    training) is decided by a keyed hash of that record alone, so adding or removing one record
+    moves no other record between splits.
+    """
     from sklearn.datasets import load_breast_cancer
 
     x, y = load_breast_cancer(return_X_y=True)
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(y))
-    x, y = x[order].astype(np.float32), y[order].astype(np.int64)
-    n_test, n_val = 120, 80
-    mean, std = x[n_test + n_val :].mean(0), x[n_test + n_val :].std(0) + 1e-6  # training statistics only
-    x = (x - mean) / std
-    t = lambda a: torch.from_numpy(np.ascontiguousarray(a))
-    return Dataset(
-        name="my-breast-cancer",
-        x_train=t(x[n_test + n_val :]),
-        y_train=t(y[n_test + n_val :]),
-        x_val=t(x[n_test : n_test + n_val]),
-        y_val=t(y[n_test : n_test + n_val]),
-        x_test=t(x[:n_test]),
-        y_test=t(y[:n_test]),
+    # Per record, with public constants only: clip into the published ranges, map them to [-1, 1].
+    x = 2.0 * breast_cancer_scaling().apply(x, mode="unit") - 1.0
+    y = y.astype(np.int64)
+    u = record_uniforms(x, y, seed=seed)  # public seed: splits are public choices
+    test = keep_mask(u[:, stage_index("test")], 0.2)
+    val = ~test & keep_mask(u[:, stage_index("val")], 0.15)
+    train = ~test & ~val
+    return Dataset.from_numpy(
+        x[train],
+        y[train],
+        x_val=x[val],
+        y_val=y[val],
+        x_test=x[test],
+        y_test=y[test],
         num_classes=2,
-        input_shape=(30,),
+        name="my-breast-cancer",
     )
 
 

@@ -117,6 +117,22 @@ def test_overrides_parse_values():
     assert d["privacy"] == {"delta": 1e-5, "epsilon": 2.0}
 
 
+def test_yaml_is_read_as_yaml_1_2_booleans_are_only_true_and_false(tmp_path):
+    """yes/no/on/off are strings (YAML 1.2), in files and in --set alike; a key that needs a boolean
+    refuses them naming the key and the fix, and a string key keeps them as written."""
+    f = tmp_path / "cfg.yaml"
+    f.write_text("plots: false\nnon_private_diagnostics: FALSE\nprivacy: {allow_large_delta: True}\n")
+    c = load_config(f)
+    assert (c.plots, c.non_private_diagnostics, c.privacy.allow_large_delta) == (False, False, True)
+    for text in ("plots: no\n", "privacy: {allow_large_delta: yes}\n", "non_private_diagnostics: on\n"):
+        f.write_text(text)
+        with pytest.raises(ConfigError, match="must be true or false, got '(no|yes|on)' .*YAML 1.2"):
+            load_config(f)
+    with pytest.raises(ConfigError, match="plots must be true or false, got 'off'"):
+        load_config(None, ["plots=off"])
+    assert apply_overrides({}, ["dataset_params.name=no", "x=y"]) == {"dataset_params": {"name": "no"}, "x": "y"}
+
+
 def test_train_errors_are_clear(capsys, tmp_path):
     code, _, err = run(capsys, "train", "--set", "algorithm=nope", "--out", str(tmp_path / "a"), "--quiet")
     assert code == 2 and "unknown algorithm 'nope'" in err

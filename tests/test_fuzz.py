@@ -84,7 +84,7 @@ INVALID = {
     "privacy.delta": [0, 1, 1.5, -1e-5, NAN, "1e-5x", 0.5, True],
     "privacy.neighbouring": ["both", 1, None],
     "privacy.accountant": ["exact", None, 3],
-    "privacy.allow_large_delta": ["sure", 1, None],  # (YAML 1.1 reads yes/no as booleans)
+    "privacy.allow_large_delta": ["sure", 1, None, "yes", "off"],  # read as YAML 1.2: yes/no/on/off are strings
     "privacy.eps": [1.0],
     "dataset": ["nope", 5, None],
     "dataset_params.val_fraction": [-0.1, 1.0, 1.5, NAN, "x"],
@@ -94,7 +94,7 @@ INVALID = {
     "dataset_params.train_fraction": [0, 1.5, NAN, -1],
     "dataset_params.bogus": [1],
     "model": ["nope", 1, None],
-    "model_params.bias": ["maybe", 2],
+    "model_params.bias": ["maybe", 2, "no"],
     "model_params.bogus": [1],
     "engine": ["turbo", 1, None],
     "loss": ["mse", 1, None],

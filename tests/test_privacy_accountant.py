@@ -1,6 +1,8 @@
 """Accountant: reference values (docs/accounting.md, "Reference values"), adjacency conventions, composition rules."""
 
 import math
+import subprocess
+import sys
 import time
 
 import dp_accounting as dpa
@@ -291,3 +293,50 @@ def test_bad_events_rejected_at_construction():
         Step("poisson", (Gaussian(1.0),))
     with pytest.raises(ConfigError, match="mechanism"):
         Step(FullBatch(), (1.0,))
+
+
+def test_dp_accounting_warnings_are_silenced_at_the_accountant_only():
+    """A program using privopt as a library sees none of dp_accounting's per-order RDP warnings
+    (hundreds per calibration), while its own absl warnings still reach the log."""
+    code = (
+        "from absl import logging as absl_logging\n"
+        "from privopt.privacy import Gaussian, Poisson, Step, rdp_curve\n"
+        "rdp_curve({Step(Poisson(0.089), (Gaussian(1.0),)): 5}, orders=[1.1, 1.2, 1.3])\n"
+        "absl_logging.warning('the user keeps this one')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "the user keeps this one" in done.stderr
+    assert "failed to converge" not in done.stderr and "Excluding this order" not in done.stderr
+    # Without privopt's filter the same computation does warn (the test exercises a real warning).
+    raw = (
+        "import dp_accounting as dpa\n"
+        "acc = dpa.rdp.RdpAccountant(orders=[1.1])\n"
+        "acc.compose(dpa.PoissonSampledDpEvent(0.089, dpa.GaussianDpEvent(1.0)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", raw], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "failed to converge" in done.stderr
+
+
+def test_cached_gaussian_pld_is_bit_for_bit_dp_accountings():
+    """The fast path (cached subsampled-Gaussian distributions, reused at every evaluation of a run)
+    gives exactly PLDAccountant's epsilon and delta, for the event shapes it handles."""
+    from privopt.privacy import accountant as acc_mod
+
+    sub = dpa.PoissonSampledDpEvent(0.05, dpa.GaussianDpEvent(1.3))
+    events = [
+        dpa.SelfComposedDpEvent(sub, 7),
+        dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(sub, 40), dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(9.0), 3)]),
+        dpa.SelfComposedDpEvent(
+            dpa.ComposedDpEvent([sub, dpa.PoissonSampledDpEvent(0.2, dpa.GaussianDpEvent(4.0))]), 11
+        ),
+    ]
+    for event in events:
+        fast = acc_mod._pld_accountant(event, 1e-3)
+        assert isinstance(fast, acc_mod._GaussianPLD)
+        ref = pld_privacy_accountant.PLDAccountant(neighboring_relation=ADD, value_discretization_interval=1e-3)
+        ref.compose(event)
+        assert fast.get_epsilon(1e-6) == ref.get_epsilon(1e-6)
+        assert fast.get_delta(1.0) == ref.get_delta(1.0)
+    laplace = dpa.ComposedDpEvent([sub, dpa.LaplaceDpEvent(2.0)])
+    assert not isinstance(acc_mod._pld_accountant(laplace, 1e-3), acc_mod._GaussianPLD)  # other kinds: the accountant

@@ -33,3 +33,12 @@ def test_example_runs(page, index, code, tmp_path):
     finally:
         os.chdir(cwd)
     assert out.getvalue().strip(), "every example prints its result"
+
+
+def test_readme_links_every_docs_page():
+    readme = (REPO / "README.md").read_text()
+    linked = set(re.findall(r"\]\((docs/[^)#\s]+)", readme))
+    pages = {str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md")}
+    assert len(pages) >= 10
+    assert pages - linked == set(), f"docs pages the README does not link: {sorted(pages - linked)}"
+    assert all((REPO / link).exists() for link in linked), "a README link to docs/ points nowhere"

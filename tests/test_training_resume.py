@@ -67,6 +67,26 @@ def test_resume_of_an_api_run_needs_the_same_dataset_and_model(tmp_path):
     assert rec["status"] == "finished" and rec["dataset"]["source"] == "api" and rec["model"]["source"] == "api"
 
 
+def _smoothed_loss(outputs, targets):
+    return nn.functional.cross_entropy(outputs, targets, reduction="none", label_smoothing=0.1)
+
+
+def test_resume_with_a_custom_loss_continues_the_same_run(tmp_path):
+    """A run trained with its own loss is refused a resume without it, and resumed with it ends
+    exactly where the uninterrupted run with that loss ends (model, ledger, ε)."""
+    full = train(cfg(insecure_seed=0), out_dir=tmp_path / "full", progress=False, loss=_smoothed_loss)
+    part = tmp_path / "part"
+    train(cfg(insecure_seed=0), out_dir=part, progress=False, max_steps=4, loss=_smoothed_loss)
+    with pytest.raises(ConfigError, match="its own loss function"):
+        train(None, out_dir=part, resume=True, progress=False)
+    rec = train(None, out_dir=part, resume=True, progress=False, loss=_smoothed_loss)
+    assert rec["status"] == "finished" and rec["config"]["loss"] == full["config"]["loss"] == "custom"
+    assert rec["privacy"]["ledger"] == full["privacy"]["ledger"]
+    assert rec["privacy"]["epsilon_spent"] == full["privacy"]["epsilon_spent"]
+    ma, mb = torch.load(tmp_path / "full" / "model.pt"), torch.load(part / "model.pt")
+    assert all(torch.equal(ma[k], mb[k]) for k in ma)
+
+
 def test_config_dataset_is_verified_on_resume(tmp_path, monkeypatch):
     import privopt.data
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import signal
 import sys
@@ -454,9 +453,6 @@ def main(argv: list[str] | None = None) -> int:
             previous[sig] = signal.signal(sig, _on_signal)
     except ValueError:  # not the main thread
         pass
-    # dp_accounting's RDP accountant logs a warning per Renyi order it skips (hundreds per run):
-    # not actionable for a user, and it floods logs.
-    logging.getLogger("absl").setLevel(logging.ERROR)
     try:
         return _run(argv)
     finally:

@@ -52,9 +52,20 @@ def resolve_device(name: Any) -> Any:
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads ``1e-5`` (no dot) as a string; configs mean a number."""
+    """YAML 1.2 scalars: ``1e-5`` (no dot) is a number, and only ``true``/``false`` are booleans.
+
+    PyYAML follows YAML 1.1, where ``yes``/``no``/``on``/``off``/``y``/``n`` are booleans too, so
+    ``dataset: no`` or ``--set model_params.bias=yes`` would silently change type. They are plain
+    strings here, and a key that needs a boolean refuses them with a clear error.
+    """
 
 
+_BOOL = "tag:yaml.org,2002:bool"
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(
@@ -65,8 +76,21 @@ _Loader.add_implicit_resolver(
 
 
 def yaml_load(text: str):
-    """Parse YAML with scientific-notation floats."""
+    """Parse YAML with YAML 1.2 scalars (scientific-notation floats; only true/false are booleans).
+
+    Example:
+        >>> yaml_load("{a: 1e-5, b: yes, c: true}")
+        {'a': 1e-05, 'b': 'yes', 'c': True}
+    """
     return yaml.load(text, Loader=_Loader)
+
+
+def _bool_hint(value: Any) -> str:
+    """Why ``yes``/``no``/``on``/``off`` are not booleans here."""
+    yaml11 = {"y", "yes", "n", "no", "on", "off"}
+    if isinstance(value, str) and value.lower() in yaml11:
+        return " (configs are read as YAML 1.2: write true or false; yes/no/on/off are strings)"
+    return ""
 
 
 @dataclass
@@ -92,7 +116,8 @@ class PrivacyConfig:
         if self.accountant not in ("auto", "pld", "rdp"):
             raise ConfigError(f"privacy.accountant must be 'auto', 'pld' or 'rdp', got {self.accountant!r}")
         if not isinstance(self.allow_large_delta, bool):
-            raise ConfigError(f"privacy.allow_large_delta must be true or false, got {self.allow_large_delta!r}")
+            v = self.allow_large_delta
+            raise ConfigError(f"privacy.allow_large_delta must be true or false, got {v!r}{_bool_hint(v)}")
 
 
 @dataclass
@@ -136,7 +161,9 @@ class RunConfig:
         self.privacy.validate()
         for key in ("non_private_diagnostics", "plots"):
             if not isinstance(getattr(self, key), bool):
-                raise ConfigError(f"{key} must be true or false, got {getattr(self, key)!r}")
+                raise ConfigError(
+                    f"{key} must be true or false, got {getattr(self, key)!r}{_bool_hint(getattr(self, key))}"
+                )
         for key in ("eval_every", "checkpoint_every", "seed"):
             v = getattr(self, key)
             if isinstance(v, bool) or not (isinstance(v, int) and v >= 0):

@@ -158,13 +158,9 @@ class PrivacyEngine:
                 returning one loss per example. ``step()`` uses it, not the loss of your loop.
             allow_large_delta: accept δ ≥ 1/n (such a δ lets a mechanism publish a record).
 
-        Returns:
-            ``(module, optimizer, data_loader)``: iterate ``data_loader`` and call
-            ``optimizer.step()`` once per batch.
-
-        Raises:
-            ConfigError, DataError, ModelError: an invalid argument (named), before anything is
-                computed on the data.
+        Returns ``(module, optimizer, data_loader)``: iterate ``data_loader`` and call ``optimizer.step()``
+        once per batch. Raises ConfigError, DataError or ModelError for an invalid argument (named),
+        before anything is computed on the data.
         """
         if self._ledger is not None:
             raise ConfigError("this PrivacyEngine already made a training private; use a new engine for another")
@@ -172,16 +168,23 @@ class PrivacyEngine:
             raise ModelError(f"module must be a torch.nn.Module, got {type(module).__name__}")
         validate_model(module)
         optimizer = check_optimizer(optimizer, module)
-        epsilon = check_epsilon(epsilon)
-        clip = check_epsilon(max_grad_norm, name="max_grad_norm")
+        epsilon, clip = check_epsilon(epsilon), check_epsilon(max_grad_norm, name="max_grad_norm")
         epochs = check_epsilon(epochs, name="epochs")
         data = training_data(dataset=dataset, data_loader=data_loader)
         delta = check_delta_for_size(delta, dataset_size=data.n, allow_large=allow_large_delta)
         rate, expected, steps = _schedule(batch_size=batch_size, sample_rate=sample_rate, epochs=epochs, n=data.n)
         loss_fn = per_sample_loss(criterion)
-        x, y = data.batch(torch.arange(min(2, data.n)))
-        check_model_fits(module, loss_fn, x, y, what="the training inputs")
+        check_model_fits(module, loss_fn, *data.batch(torch.arange(min(2, data.n))), what="the training inputs")
+        dp_optimizer = self._attach(module, optimizer, loss_fn, epsilon, delta, clip, (rate, expected, steps))
+        loader = PoissonLoader(
+            data, rate=rate, steps=steps, epochs=epochs, rng=self._sources["sampler"], on_batch=dp_optimizer._set_batch
+        )
+        return module, dp_optimizer, loader
 
+    def _attach(self, module, optimizer, loss_fn, epsilon, delta, clip, schedule) -> DPOptimizer:
+        """Calibrate the noise for the ``(rate, expected batch size, steps)`` Poisson schedule, open
+        the ledger, wrap the optimizer."""
+        rate, expected, steps = schedule
         inventory = Inventory((PlannedStep(Poisson(rate), (("grad", 1.0),), steps),))
         cal = calibrate(inventory, epsilon=epsilon, delta=delta, accountant=self._accountant)
         ledger = PrivacyLedger(
@@ -199,16 +202,8 @@ class PrivacyEngine:
             expected_batch_size=expected,
             noise_rng=self._sources["noise"],
         )
-        loader = PoissonLoader(
-            data,
-            rate=rate,
-            steps=steps,
-            epochs=epochs,
-            rng=self._sources["sampler"],
-            on_batch=dp_optimizer._set_batch,
-        )
         self._ledger, self._calibration, self._optimizer, self._planned_steps = ledger, cal, dp_optimizer, steps
-        return module, dp_optimizer, loader
+        return dp_optimizer
 
     def __repr__(self) -> str:
         if self._ledger is None:

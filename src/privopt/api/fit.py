@@ -38,6 +38,19 @@ def _config(*, model: Any, dataset: Any, algorithm: str, privacy: dict, params: 
     )
 
 
+def _check_algorithm(algorithm: Any, *, epsilon: Any, delta: Any) -> None:
+    from privopt.algorithms import available_algorithms
+
+    algos = available_algorithms()
+    if algorithm not in algos:
+        raise ConfigError(f"unknown algorithm {algorithm!r}; available: {', '.join(sorted(algos))}")
+    private = algos[algorithm].private
+    if private and (epsilon is None or delta is None):
+        raise ConfigError(f"algorithm {algorithm!r} is private: pass epsilon= and delta= (delta below 1/n)")
+    if not private and (epsilon is not None or delta is not None):
+        raise ConfigError(f"algorithm {algorithm!r} is not private: it takes no epsilon/delta")
+
+
 def fit(
     *,
     model: nn.Module | str,
@@ -60,32 +73,20 @@ def fit(
 
     Args:
         model: your ``nn.Module`` (trained in place) or a registered model name (``privopt list``).
-        dataset: a :class:`privopt.data.Dataset` (with a test split, which is public: the
-            released model is evaluated on it) or a registered dataset name.
-        loss: ``None`` (cross-entropy), a torch loss module (used with ``reduction="none"``) or
-            a callable returning one loss per example.
-        algorithm: a registered algorithm name, e.g. ``"dp-sgd"``, ``"dp-double-spider"``,
-            ``"dp-svrg"`` (docs/algorithms/).
-        epsilon, delta: the target; required for a private algorithm, δ below 1/n.
-        out_dir: where the run's outputs go (``record.json``, ``model.pt``, the SECRET
-            ``checkpoint.pt``, ...); default: a temporary folder, deleted when ``fit`` returns.
-        engine: per-example gradient engine (``"auto"``, ``"vmap"``, ``"ghost"``).
-        accountant: ``"auto"``, ``"pld"`` or ``"rdp"``.
-        allow_large_delta: accept δ ≥ 1/n.
+        dataset: a :class:`privopt.data.Dataset` with a (public) test split, or a registered dataset name.
+        loss: ``None`` (cross-entropy), a torch loss module (``reduction="none"``) or a per-example callable.
+        algorithm: a registered algorithm name, e.g. ``"dp-sgd"``, ``"dp-double-spider"`` (docs/algorithms/).
+        epsilon, delta: the target; required for a private algorithm, δ below 1/n (or ``allow_large_delta``).
+        out_dir: where the run's outputs go; default: a temporary folder, deleted when ``fit`` returns.
+        engine, accountant: per-example gradient engine and accountant (``"auto"`` each).
         insecure_seed: seed the noise and sampling: reproducible, NOT private.
         seed: public seed (model initialisation when ``model`` is a name, data selection).
-        progress: progress output while training.
-        data_dir: folder of the original files when ``dataset`` is a name that needs them.
-        **params: the algorithm's hyper-parameters (``lr``, ``epochs``, ``batch_size``, ``clip``, ...;
-            unknown names are refused).
+        progress, data_dir: progress output; folder of the files of a named dataset that needs them.
+        **params: the algorithm's hyper-parameters (``lr``, ``epochs``, ``clip``, ...; unknown names are refused).
 
-    Returns:
-        The run record (what ``record.json`` holds): ``record["privacy"]["epsilon_spent"]``,
-        ``record["metrics"]["test_accuracy"]``, the calibration and the ledger, ...
-
-    Raises:
-        ConfigError, DataError, ModelError: invalid arguments, before training starts.
-        PrivacyBudgetExceeded, RunDiverged: after writing a record with the ε spent.
+    Returns the run record (``record.json``: ``record["privacy"]["epsilon_spent"]``, ``record["metrics"]``,
+    the calibration and the ledger). Raises ConfigError, DataError, ModelError for invalid arguments,
+    before training; PrivacyBudgetExceeded, RunDiverged after writing a record with the ε spent.
 
     Example:
         >>> import torch
@@ -102,22 +103,18 @@ def fit(
         >>> record["status"], record["privacy"]["epsilon_spent"] <= 1.0
         ('finished', True)
     """
-    from privopt.algorithms import available_algorithms
-    from privopt.training import train
-
-    algos = available_algorithms()
-    if algorithm not in algos:
-        raise ConfigError(f"unknown algorithm {algorithm!r}; available: {', '.join(sorted(algos))}")
-    private = algos[algorithm].private
-    if private and (epsilon is None or delta is None):
-        raise ConfigError(f"algorithm {algorithm!r} is private: pass epsilon= and delta= (delta below 1/n)")
-    if not private and (epsilon is not None or delta is not None):
-        raise ConfigError(f"algorithm {algorithm!r} is not private: it takes no epsilon/delta")
+    _check_algorithm(algorithm, epsilon=epsilon, delta=delta)
     privacy = {"epsilon": epsilon, "allow_large_delta": allow_large_delta, "accountant": accountant}
     if delta is not None:
         privacy["delta"] = delta
     options = {"engine": engine, "seed": seed, "insecure_seed": insecure_seed, "data_dir": data_dir}
     cfg = _config(model=model, dataset=dataset, algorithm=algorithm, privacy=privacy, params=params, options=options)
+    return _train(cfg, out_dir=out_dir, progress=progress, model=model, dataset=dataset, loss=loss)
+
+
+def _train(cfg, *, out_dir, progress: bool, model: Any, dataset: Any, loss: Any) -> dict[str, Any]:
+    from privopt.training import train
+
     objects = {
         "dataset": None if isinstance(dataset, str) else dataset,
         "model": None if isinstance(model, str) else model,

@@ -229,6 +229,13 @@ def _check_arguments(seed, val_fraction, test_fraction, train_fraction, max_trai
         raise ConfigError(f"max_train must be a positive integer or None, got {max_train!r}")
 
 
+def _check_options(spec: Any, name: str, options: dict[str, Any]) -> None:
+    unknown = sorted(set(options) - set(spec.options))
+    if unknown:
+        allowed = ", ".join(sorted(spec.options)) or "none"
+        raise ConfigError(f"unknown option(s) {unknown} for dataset {name!r}; its options: {allowed}")
+
+
 def _scaling_mode(scaling: Any, standardize: Any) -> str:
     if standardize is None:
         return check_mode(scaling)
@@ -276,13 +283,9 @@ def load_dataset(
         standardize: deprecated alias (True -> ``"public"``, False -> ``"unit"``).
         **options: dataset-specific options (see :func:`dataset_options`), e.g. ``imratio``.
 
-    Returns:
-        A :class:`Dataset`; ``meta["public"]`` holds publishable facts, ``meta["private"]`` exact
-        statistics of the records.
-
-    Raises:
-        ConfigError: unknown dataset or option, or an invalid value.
-        DataError: files missing or corrupt.
+    Returns a :class:`Dataset` (``meta["public"]``: publishable facts; ``meta["private"]``: exact
+    statistics of the records). Raises ConfigError (unknown dataset or option, an invalid value) or
+    DataError (files missing or corrupt).
 
     Example:
         >>> ds = load_dataset("digits-st", seed=0, imratio=0.1)
@@ -292,10 +295,7 @@ def load_dataset(
         True
     """
     spec = _spec(name)
-    unknown = sorted(set(options) - set(spec.options))
-    if unknown:
-        allowed = ", ".join(sorted(spec.options)) or "none"
-        raise ConfigError(f"unknown option(s) {unknown} for dataset {name!r}; its options: {allowed}")
+    _check_options(spec, name, options)
     _check_arguments(seed, val_fraction, test_fraction, train_fraction, max_train)
     mode = _scaling_mode(scaling, standardize)
 

@@ -1,4 +1,4 @@
-"""ResNet20 for 32x32 (or 28x28) images with GroupNorm instead of BatchNorm (SPEC §8.6).
+"""ResNet20 for 32x32 (or 28x28) images with GroupNorm instead of BatchNorm (docs/models.md, `resnet20`).
 
 Layout of He et al. (2016) for CIFAR: a 3x3 stem with 16 channels, three stages of three basic
 blocks (16, 32, 64 channels; the 2nd and 3rd start with stride 2), global average pooling and a

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import dp_accounting as dpa
 import numpy as np
@@ -57,6 +59,31 @@ __all__ = [
 ]
 
 DEFAULT_ORDERS = tuple(float(a) for a in rdp_lib.DEFAULT_RDP_ORDERS)
+
+
+class _QuietDpAccounting(logging.Filter):
+    """Drops dp_accounting's own absl warnings (below ERROR), nothing else.
+
+    Its RDP accountant logs one warning per Renyi order it skips (hundreds per calibration): not
+    actionable for a user of privopt, and it floods the logs of any program that uses privopt as a
+    library. Installed on the absl logger at import; the user's own absl logging is untouched.
+    """
+
+    _root = str(Path(dpa.__file__).resolve().parent)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return True
+        return not str(Path(record.pathname).resolve()).startswith(self._root)
+
+
+def _quiet_dp_accounting() -> None:
+    absl = logging.getLogger("absl")
+    if not any(isinstance(f, _QuietDpAccounting) for f in absl.filters):
+        absl.addFilter(_QuietDpAccounting())
+
+
+_quiet_dp_accounting()
 
 # PLD discretisation: ~1e-4 of epsilon reproduces dp-accounting's fine fixed grid to 4
 # significant digits. Intervals are quantised to quarter decades so that nearby schedules share
@@ -214,7 +241,66 @@ def _snap(interval: float, coins: frozenset) -> float:
     return eps0 / math.ceil(eps0 / interval - 1e-9) if eps0 >= interval else interval
 
 
+@functools.lru_cache(maxsize=256)
+def _subsampled_gaussian_pld(noise_multiplier: float, rate: float, interval: float):
+    # The costly part of a PLD evaluation (a Python loop over every grid point); the same step is
+    # evaluated again at every evaluation of a run with a new count, on the same quantised grid.
+    return dpa.pld.privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=noise_multiplier,
+        value_discretization_interval=interval,
+        sampling_prob=rate,
+        neighboring_relation=ADD,
+    )
+
+
+def _gaussian_parts(event: dpa.DpEvent, count: int, out: list) -> bool:
+    """Flatten ``event`` into ``(Gaussian or Poisson-subsampled Gaussian, count)`` leaves in the
+    order PLDAccountant composes them; False if any leaf is of another kind."""
+    if isinstance(event, dpa.SelfComposedDpEvent):
+        return _gaussian_parts(event.event, event.count * count, out)
+    if isinstance(event, dpa.ComposedDpEvent):
+        return all(_gaussian_parts(e, count, out) for e in event.events)
+    inner = event.event if isinstance(event, dpa.PoissonSampledDpEvent) else event
+    if not isinstance(inner, dpa.GaussianDpEvent) or inner.noise_multiplier <= 0:
+        return False
+    if isinstance(event, dpa.PoissonSampledDpEvent) and not event.sampling_probability > 0:
+        return False
+    out.append((event, count))
+    return True
+
+
+class _GaussianPLD:
+    """The PLD that ``PLDAccountant.compose(event)`` builds for an event made of Gaussian and
+    Poisson-subsampled Gaussian releases, built by the same public calls in the same order (so
+    bit-for-bit the same epsilon), but with each subsampled Gaussian's distribution cached."""
+
+    def __init__(self, parts: list, interval: float):
+        PLD = dpa.pld.privacy_loss_distribution
+        pld = PLD.identity(value_discretization_interval=interval)
+        for event, count in parts:
+            if isinstance(event, dpa.GaussianDpEvent):
+                piece = PLD.from_gaussian_mechanism(
+                    standard_deviation=event.noise_multiplier / math.sqrt(count),
+                    value_discretization_interval=interval,
+                    neighboring_relation=ADD,
+                )
+            else:
+                z, q = event.event.noise_multiplier, event.sampling_probability
+                piece = _subsampled_gaussian_pld(z, q, interval).self_compose(count)
+            pld = pld.compose(piece)
+        self._pld = pld
+
+    def get_epsilon(self, delta: float) -> float:
+        return self._pld.get_epsilon_for_delta(delta)
+
+    def get_delta(self, epsilon: float) -> float:
+        return self._pld.get_delta_for_epsilon(epsilon)
+
+
 def _pld_accountant(event: dpa.DpEvent, interval: float):
+    parts: list = []
+    if _gaussian_parts(event, 1, parts):
+        return _GaussianPLD(parts, interval)
     acc = dpa.pld.PLDAccountant(neighboring_relation=ADD, value_discretization_interval=interval)
     acc.compose(event)
     return acc

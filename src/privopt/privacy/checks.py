@@ -65,7 +65,14 @@ def check_ratio(name: str, ratio) -> float:
     return float(ratio)
 
 
-def check_delta_for_size(delta, *, dataset_size: int, allow_large: bool = False) -> float:
+def check_delta_for_size(
+    delta,
+    *,
+    dataset_size: int,
+    allow_large: bool = False,
+    name: str = "delta",
+    override: str = "allow_large=True, CLI --allow-large-delta",
+) -> float:
     """Refuse ``delta >= 1/n`` unless explicitly allowed.
 
     A mechanism that publishes one uniformly chosen record in full is ``(0, 1/n)``-DP, so a
@@ -76,6 +83,8 @@ def check_delta_for_size(delta, *, dataset_size: int, allow_large: bool = False)
         delta: The run's delta in (0, 1).
         dataset_size: Number of records n (>= 1).
         allow_large: Accept ``delta >= 1/n`` anyway (e.g. to reproduce a paper's setting).
+        name: How the caller calls delta (e.g. ``"privacy.delta"`` in a run config).
+        override: How the caller's user allows a large delta (quoted in the error).
 
     Returns:
         ``delta`` as a float.
@@ -91,12 +100,12 @@ def check_delta_for_size(delta, *, dataset_size: int, allow_large: bool = False)
         ...
         privopt.errors.ConfigError: delta=0.5 is not below 1/n = 1.667e-05 (n = 60000): ...
     """
-    delta = check_delta(delta)
+    delta = check_delta(delta, name=name)
     n = check_count(dataset_size, name="dataset_size", minimum=1)
     if delta >= 1.0 / n and not allow_large:
         raise ConfigError(
-            f"delta={delta:g} is not below 1/n = {1.0 / n:.4g} (n = {n}): with such a delta a mechanism "
+            f"{name}={delta:g} is not below 1/n = {1.0 / n:.4g} (n = {n}): with such a delta a mechanism "
             f"may publish a whole record; use delta well below 1/n (e.g. {n**-1.1:.2g} = 1/n^1.1), "
-            "or allow it explicitly (allow_large=True, CLI --allow-large-delta)"
+            f"or allow it explicitly ({override})"
         )
     return delta

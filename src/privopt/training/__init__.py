@@ -22,7 +22,7 @@ Example:
     (True, 'secret')
 """
 
-from privopt.training.builder import Run, build_run, check_delta, randomness_section, run_sources
+from privopt.training.builder import Run, build_run, randomness_section, run_sources
 from privopt.training.callbacks import RunDiverged
 from privopt.training.loop import Callback, Every, LoopState, StepLimit, run_loop
 from privopt.training.metrics import (
@@ -50,7 +50,6 @@ __all__ = [
     # building blocks
     "Run",
     "build_run",
-    "check_delta",
     "randomness_section",
     "run_sources",
     "Callback",

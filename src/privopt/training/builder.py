@@ -16,14 +16,14 @@ import torch
 from torch import nn
 
 from privopt.algorithms.base import Algorithm, RunContext, get_algorithm
-from privopt.config import PrivacyConfig, RunConfig
+from privopt.config import RunConfig
 from privopt.errors import ConfigError, DataError, ModelError
 from privopt.grads import get_engine, validate_model
-from privopt.privacy import PrivacyLedger, calibrate, ledger_from_dict, make_ledger
+from privopt.privacy import PrivacyLedger, calibrate, check_delta_for_size, ledger_from_dict, make_ledger
 from privopt.rng import RandomSource, make_sources
 from privopt.training.metrics import RunMetric, build_loss, get_run_metrics
 
-__all__ = ["CUSTOM_LOSS", "Run", "build_run", "check_delta", "check_model_fits", "randomness_section", "run_sources"]
+__all__ = ["CUSTOM_LOSS", "Run", "build_run", "check_model_fits", "randomness_section", "run_sources"]
 
 # ``RunConfig.loss`` of a run whose loss function was passed through the Python API.
 CUSTOM_LOSS = "custom"
@@ -57,7 +57,12 @@ class Run:
 
     @property
     def checkpoint_every(self) -> int:
-        return _interval(self.cfg.checkpoint_every, self.total, 10)
+        if self.cfg.checkpoint_every > 0:
+            return self.cfg.checkpoint_every
+        # A multiple of the evaluation interval: a checkpoint's record then reuses the ε that the
+        # evaluation at the same step computed (the ledger caches it), instead of another PLD call.
+        every = self.eval_every
+        return every * max(1, round(_interval(0, self.total, 10) / every))
 
     def eval_split(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.cfg.eval_split == "val":
@@ -104,23 +109,6 @@ def run_sources(insecure_seed: int | None, *, client: int = 0) -> dict[str, Rand
 
         return client_sources(insecure_seed, client)
     return make_sources(insecure_seed=insecure_seed)
-
-
-def check_delta(privacy: PrivacyConfig, n: int) -> None:
-    """Refuse δ ≥ 1/n unless ``privacy.allow_large_delta`` (such a δ allows publishing a random record).
-
-    Example:
-        >>> check_delta(PrivacyConfig(delta=0.01), 1000)
-        Traceback (most recent call last):
-        ...
-        privopt.errors.ConfigError: privacy.delta = 0.01 is >= 1/n = 1/1000 ...
-    """
-    if privacy.delta >= 1.0 / n and not privacy.allow_large_delta:
-        raise ConfigError(
-            f"privacy.delta = {privacy.delta:g} is >= 1/n = 1/{n} ...: at such a delta, a mechanism that publishes "
-            f"a random training record in full satisfies (epsilon, delta)-DP; use delta < 1/n (a common choice is "
-            f"n^-1.1 = {n**-1.1:.3g}) or set privacy.allow_large_delta: true"
-        )
 
 
 def _dataset(cfg: RunConfig, dataset: Any) -> Any:
@@ -218,7 +206,14 @@ def _privacy(cfg: RunConfig, algo: Algorithm, n: int, ledger_state) -> tuple[Any
     if inventory is None:
         return None, None, None
     p = cfg.privacy
-    check_delta(p, n)
+    # delta >= 1/n allows mechanisms that publish a random record in full: refused unless allowed.
+    check_delta_for_size(
+        p.delta,
+        dataset_size=n,
+        allow_large=p.allow_large_delta,
+        name="privacy.delta",
+        override="set privacy.allow_large_delta: true",
+    )
     # An adaptive schedule is certified by an RDP filter: its nominal plan must fit under RDP.
     accountant = "rdp" if inventory.composition == "filter" else p.accountant
     calibration = calibrate(
@@ -248,34 +243,19 @@ def _extra(cfg: RunConfig, data: Any, comm: Any) -> dict[str, Any]:
     return extra
 
 
-def build_run(
-    cfg: RunConfig,
-    *,
-    dataset: Any = None,
-    model: Any = None,
-    loss: Any = None,
-    ledger_state: Any = None,
-    comm: Any = None,
-) -> Run:
-    """Everything a run needs, validated, from ``cfg`` (and your own ``dataset``/``model``/``loss``).
-
-    ``loss`` is a per-sample loss ``(outputs, targets) -> [B]``; the run's config then says
-    ``loss: custom``. ``ledger_state`` (a :meth:`PrivacyLedger.to_dict`) restores a checkpointed
-    ledger instead of a new one, so the algorithm is set up with the ledger it will record into. ``comm`` (a
-    :class:`privopt.distributed.Communicator`, under torchrun) makes this process one client of a
-    federated run (algorithms with ``clients``; docs/algorithms/sosp.md)."""
+def _checked_config(cfg: Any, loss: Any) -> RunConfig:
     if not isinstance(cfg, RunConfig):
         raise ConfigError(f"expected a privopt.config.RunConfig, got {type(cfg).__name__}")
     cfg.validate()
-    if loss is not None:
-        if not callable(loss):
-            raise ConfigError(f"loss must be a callable (outputs, targets) -> per-example losses, got {loss!r}")
-        cfg = replace(cfg, loss=CUSTOM_LOSS)
-    algo = get_algorithm(cfg.algorithm, **cfg.algorithm_params)
-    engine = get_engine(cfg.engine)  # a bad name fails before any data is loaded
-    if algo.private and cfg.privacy.epsilon is None:
-        raise ConfigError(f"algorithm {cfg.algorithm!r} is private: set privacy.epsilon")
-    metrics = _check_metrics(cfg)
+    if loss is None:
+        return cfg
+    if not callable(loss):
+        raise ConfigError(f"loss must be a callable (outputs, targets) -> per-example losses, got {loss!r}")
+    return replace(cfg, loss=CUSTOM_LOSS)
+
+
+def _data_and_model(cfg: RunConfig, *, dataset: Any, model: Any, loss: Any) -> tuple[Any, nn.Module, Any]:
+    """The validated data, model (initialised with the public seed) and per-example loss, placed on the device."""
     torch.manual_seed(cfg.seed)  # public randomness: model initialisation
     data = _dataset(cfg, dataset)
     data.validate()  # user datasets especially: NaN/inf, shapes and labels fail here, before any output
@@ -293,6 +273,32 @@ def build_run(
     check_model_fits(
         net, loss_fn, data.x_train, data.y_train, what=f"dataset {data.name!r}'s inputs", num_classes=data.num_classes
     )
+    return data, net, loss_fn
+
+
+def build_run(
+    cfg: RunConfig,
+    *,
+    dataset: Any = None,
+    model: Any = None,
+    loss: Any = None,
+    ledger_state: Any = None,
+    comm: Any = None,
+) -> Run:
+    """Everything a run needs, validated, from ``cfg`` (and your own ``dataset``/``model``/``loss``).
+
+    ``loss`` is a per-sample loss ``(outputs, targets) -> [B]``; the run's config then says
+    ``loss: custom``. ``ledger_state`` (a :meth:`PrivacyLedger.to_dict`) restores a checkpointed
+    ledger instead of a new one, so the algorithm is set up with the ledger it will record into. ``comm`` (a
+    :class:`privopt.distributed.Communicator`, under torchrun) makes this process one client of a
+    federated run (algorithms with ``clients``; docs/algorithms/sosp.md)."""
+    cfg = _checked_config(cfg, loss)
+    algo = get_algorithm(cfg.algorithm, **cfg.algorithm_params)
+    engine = get_engine(cfg.engine)  # a bad name fails before any data is loaded
+    if algo.private and cfg.privacy.epsilon is None:
+        raise ConfigError(f"algorithm {cfg.algorithm!r} is private: set privacy.epsilon")
+    metrics = _check_metrics(cfg)
+    data, net, loss_fn = _data_and_model(cfg, dataset=dataset, model=model, loss=loss)
     n = int(data.y_train.shape[0])
     inventory, calibration, ledger = _privacy(cfg, algo, n, ledger_state)
     sources = run_sources(cfg.insecure_seed, client=comm.rank if comm is not None else 0)
@@ -323,8 +329,6 @@ def build_run(
         metrics=metrics,
         total=int(algo.num_steps()),
         provenance={
-            "dataset": "config" if dataset is None else "api",
-            "model": "config" if model is None else "api",
-            "loss": "config" if loss is None else "api",
+            k: "config" if v is None else "api" for k, v in (("dataset", dataset), ("model", model), ("loss", loss))
         },
     )
