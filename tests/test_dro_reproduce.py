@@ -182,3 +182,17 @@ def test_an_insecure_seed_makes_a_reproduction_repeatable_and_secret_is_the_defa
     assert secret["summary"]["insecure_seed"] is None and "secret" in secret["summary"]["randomness"]
     (record,) = (tmp_path / "secret").glob("runs/final/*/*/seed1/record.json")
     assert json.loads(record.read_text())["config"]["insecure_seed"] is None
+
+
+def test_a_budget_with_features_trains_its_feature_model_on_them():
+    from privopt.data import Dataset
+    from privopt.data.features import apply_features
+    from privopt.experiments.dro_runner import _model_for
+
+    images = Dataset.from_tensors(torch.rand(6, 1, 8, 8), torch.tensor([0, 1] * 3), num_classes=2)
+    feats = apply_features(images, "scattering", J=1, cache=False)
+    quick = BUDGETS["quick"]
+    assert quick.features == "scattering" and quick.feature_model == "logreg"
+    assert _model_for(None, quick, feats) == ("logreg", None, {})
+    assert _model_for(None, quick, images)[0] == quick.image_model  # raw images keep the image model
+    assert _model_for("mlp", quick, feats)[0] == "mlp"  # an explicit --model wins

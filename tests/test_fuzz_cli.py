@@ -166,6 +166,30 @@ def test_sigterm_inside_a_tuning_run_stops_the_reproduction(capsys, tmp_path, mo
     assert err.strip() == "privopt: interrupted (run the same command again to restart the reproduction)"
 
 
+def test_sigterm_while_a_finished_run_writes_its_outputs_stops_the_reproduction(capsys, tmp_path, monkeypatch):
+    """The run's signal guard defers a signal during the final commit; it must deliver it afterwards, not drop
+    it (a dropped SIGTERM let the reproduction run on and exit 0)."""
+    import threading
+
+    import privopt.training.run as run_module
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers need the main thread")
+    commits, real_commit = [], run_module._Session.commit
+
+    def commit(self, status, **kw):
+        commits.append(status)
+        if status == "finished":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_commit(self, status, **kw)
+
+    monkeypatch.setattr(run_module._Session, "commit", commit)
+    argv = ["reproduce", "dro-table3", "--dataset", "digits-st", "--methods", "dp-sgd", "--epsilons", "1"]
+    code, _, err = run(capsys, [*argv, "--seeds", "1", "--out", str(tmp_path / "out"), "--quiet"])
+    assert code == 130 and commits.count("finished") == 1, (code, commits, err)
+    assert err.strip() == "privopt: interrupted (run the same command again to restart the reproduction)"
+
+
 @pytest.mark.slow
 def test_sigterm_to_a_reproduction_process_gives_no_traceback(tmp_path):
     argv = ["reproduce", "dro-table3", "--dataset", "digits-st", "--methods", "dp-sgd,dp-double-spider"]

@@ -83,6 +83,8 @@ def _model_for(model: ModelSpec | None, budget: Budget, data) -> tuple[str, nn.M
         return "custom", m, {}
     if model is not None:
         return str(model), None, {}
+    if "features" in data.meta.get("public", {}):  # a fixed feature map replaced the images
+        return budget.feature_model, None, {}
     image = len(data.input_shape) == 3
     name = budget.image_model if image else budget.tabular_model
     return name, None, (dict(budget.model_params) if name in ("mlp",) else {})

@@ -62,15 +62,18 @@ class DivergenceGuard(Callback):
 class SignalGuard(Callback):
     """Turn SIGINT/SIGTERM into ``state.stop = "interrupted"``: the current step finishes and the
     run saves a checkpoint before stopping. Also a context manager, so a signal that arrives while
-    outputs are being written is deferred instead of cutting the write short."""
+    outputs are being written is deferred instead of cutting the write short, then delivered again
+    when the guard exits (a run that completed while the signal waited is saved, and its caller,
+    e.g. a reproduction's next run, still sees the interrupt)."""
 
     def __init__(self) -> None:
         self.hit = False
+        self._signum: int | None = None
         self._old: dict[int, Any] = {}
         self._state: LoopState | None = None
 
     def _handler(self, signum, frame) -> None:
-        self.hit = True
+        self.hit, self._signum = True, signum
         if self._state is not None:
             self._state.stop = "interrupted"
 
@@ -81,9 +84,13 @@ class SignalGuard(Callback):
             self._old = {}
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         for s, h in self._old.items():
             signal.signal(s, h)
+        if self._signum is not None and exc_type is None and self._old:
+            # The loop did not turn the signal into RunInterrupted (it came while outputs were
+            # written): hand it to the restored handler instead of dropping it.
+            signal.raise_signal(self._signum)
 
     def on_loop_start(self, state: LoopState) -> None:
         self._state = state
