@@ -1,5 +1,7 @@
 """SOSP diagnostics: gradient norm, Hessian-vector products and Lanczos λ_min against dense autograd."""
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -34,6 +36,16 @@ def test_lanczos_min_eigenvalue_equals_dense_eigvalsh(seed):
     lam, converged = hessian_min_eig(model, _ce, x, y, chunk=16, tol=1e-10)
     assert converged and lam == pytest.approx(float(dense[0]), abs=1e-8)
     assert float(dense[0]) < 0  # a non-convex point: the test is not about a PSD matrix
+
+
+def test_without_convergence_an_upper_bound_on_the_min_eigenvalue_is_returned():
+    model, x, y = _problem(1)
+    dense = torch.linalg.eigvalsh(_dense_hessian(model, x, y))
+    lam, converged = hessian_min_eig(model, _ce, x, y, chunk=16, tol=1e-14, maxiter=1, ncv=4)
+    assert not converged and math.isfinite(lam)  # a number, not NaN, when ARPACK returns nothing
+    assert float(dense[0]) - 1e-9 <= lam <= float(dense[-1])
+    more, _ = hessian_min_eig(model, _ce, x, y, chunk=16, tol=1e-14, maxiter=1, ncv=int(dense.numel()))
+    assert more == pytest.approx(float(dense[0]), abs=1e-6)  # a full Krylov space gives λ_min
 
 
 def test_hvp_and_gradient_match_autograd():

@@ -6,6 +6,8 @@ import torch
 from tests.sosp_helpers import build, config, make_dataset, run_to_end
 
 from privopt.algorithms.federation import Client
+from privopt.algorithms.releases import PlanRun
+from privopt.errors import ConfigError
 from privopt.eval.sosp import full_gradient
 from privopt.grads.flat import flat_params
 from privopt.grads.release import observe_releases
@@ -83,6 +85,22 @@ def test_epsilon_never_exceeds_the_target_whatever_the_number_of_refreshes(sampl
         assert spent[0] == spent[1] == spent[2]
     else:  # the RDP filter certifies its budget's epsilon, and stops the run when it would exceed it
         assert all(run_eps == spent[0] for run_eps in spent)
+
+
+@pytest.mark.parametrize("sampling", ["disjoint", "poisson"])
+def test_every_release_is_made_as_the_release_plan_declares_it(sampling):
+    run = build("ada-dp-spider", {**SPIDER, "epochs": 2, "kappa": 0.05, "sampling": sampling, "b2": 20})
+    plan = run.algo.release_plan(run.algo._ctx.n)
+    assert run.algo.inventory(n=run.algo._ctx.n) == plan.inventory()
+    assert plan.composition == {"disjoint": "parallel", "poisson": "filter"}[sampling]
+    declared = {q.name: q.batch.sampling for p in plan.phases for q in p.queries}
+    events = []
+    with observe_releases(events.append):
+        run_to_end(run)
+    assert {e.name for e in events} == {"o1", "o2"}
+    assert all(e.sampling == declared["pass" if sampling == "disjoint" else e.name] for e in events)
+    with pytest.raises(ConfigError, match="fixed schedules"):  # adaptive / pass-wise: the oracle's own runtime
+        PlanRun(plan, run.algo._ctx, private=True)
 
 
 def test_filter_stops_a_refresh_heavy_run_before_its_data_budget():

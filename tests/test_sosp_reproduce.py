@@ -62,7 +62,7 @@ def test_shipped_configs_are_valid(name):
 
 @pytest.mark.slow
 def test_a_tiny_reproduction_writes_its_outputs(shared_data, tmp_path):
-    spider = {"b1": 600, "b2": 200, "lr": 0.5, "kappa": 1.0, "gamma": 3.0, "clip_diff_cap": 0.1}
+    spider = {"b1": 600, "b2": 200, "lr": 0.5, "kappa": 1.0, "gamma": 3.0, "clip_diff_cap": 0.1, "refresh_share": 0.4}
     tiny = Budget(
         name="tiny",
         epochs=1,

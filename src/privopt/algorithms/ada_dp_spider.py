@@ -45,14 +45,14 @@ from typing import Any
 
 import torch
 
-from privopt.algorithms.releases import Fixed, StepProportional
+from privopt.algorithms.releases import Fixed, Phase, PoissonBatch, Query, ReleasePlan, StepProportional
 from privopt.errors import ConfigError
 from privopt.grads.flat import num_trainable, params_from_flat
 from privopt.grads.release import PrivateBatch
 from privopt.grads.sums import BoundedSum, chunked_clipped_sum
-from privopt.privacy import FullBatch, Inventory, PlannedStep, Poisson
+from privopt.privacy import FullBatch, Inventory
 
-__all__ = ["OracleSettings", "AdaDPSpiderOracle", "oracle_inventory", "SAMPLINGS"]
+__all__ = ["OracleSettings", "AdaDPSpiderOracle", "PassWindows", "oracle_plan", "oracle_inventory", "SAMPLINGS"]
 
 SAMPLINGS = ("disjoint", "poisson")
 STOP, REFRESH, CORRECT, REUSE = 0, 1, 2, 3
@@ -93,25 +93,70 @@ class OracleSettings:
         return Fixed(self.clip), StepProportional(self.gamma, self.clip_diff_cap)
 
 
-def oracle_inventory(settings: OracleSettings, n_client: int) -> Inventory:
-    """The planned steps of one client's releases (local trust) or of the aggregator's (central).
+@dataclass(frozen=True)
+class PassWindows:
+    """The batches of ``disjoint`` sampling: windows of a pass over a client's ``n`` records. Each
+    record is in at most one window of a pass, so a whole pass is accounted as one full-batch
+    Gaussian (parallel composition). The oracle draws the windows itself."""
 
-    ``disjoint``: one full-batch Gaussian per pass (family ``"pass"``, parallel composition);
-    ``poisson``: O1 and O2 on Poisson batches, nominal counts for the RDP filter; ``refresh_only``
+    n: int
+
+    @property
+    def sampling(self) -> FullBatch:
+        return FullBatch()
+
+    @property
+    def normalizer(self) -> float:
+        return float(self.n)
+
+    def sampler(self, rng):
+        raise ConfigError("the Ada-DP-SPIDER oracle draws the windows of a pass itself")
+
+
+def oracle_plan(settings: OracleSettings, n_client: int) -> ReleasePlan:
+    """The release plan of one client (local trust) or of the aggregator (central trust).
+
+    ``disjoint``: one phase per pass whose family ``"pass"`` covers every O1 and O2 window of the
+    pass (O1 at ``clip``, O2 at the step-proportional threshold, one noise multiplier), composed in
+    parallel; ``poisson``: O1 and O2 on Poisson batches, their counts a nominal schedule
+    (``refresh_share`` of the queries are O1) that fixes the RDP filter's order; ``refresh_only``
     with ``poisson``: a fixed schedule of O1 steps (DP-SGD).
+
+    Example:
+        >>> s = OracleSettings(b1=100, b2=10, clip=1.0, gamma=3.0, clip_diff_cap=0.1, kappa=1.0,
+        ...                    sampling="poisson", epochs=2, refresh_share=0.5)
+        >>> plan = oracle_plan(s, 1000)
+        >>> plan.composition, [(p.name, p.count) for p in plan.phases]
+        ('filter', [('refresh', 19), ('increment', 17)])
     """
     f1, f2 = settings.rates(n_client)
     epochs = float(settings.epochs)
+    o1_thr, o2_thr = settings.thresholds()
     if settings.sampling == "disjoint":
-        return Inventory((PlannedStep(FullBatch(), (("pass", 1.0),), int(epochs)),), composition="parallel")
+        windows = Query("pass", o1_thr, batch=PassWindows(n_client))
+        return ReleasePlan((Phase("pass", int(epochs), (windows,)),), composition="parallel")
+    o1 = Query("o1", o1_thr, batch=PoissonBatch(settings.b1, n_client))
     if settings.refresh_only:
-        return Inventory((PlannedStep(Poisson(f1), (("o1", 1.0),), _count(epochs / f1)),))
+        return ReleasePlan((Phase("refresh", _count(epochs / f1), (o1,)),))
     share = settings.refresh_share
     nominal = epochs / (share * f1 + (1 - share) * f2)
     k1 = max(1, math.ceil(share * nominal))
     k2 = max(1, math.floor(nominal - k1))
-    steps = (PlannedStep(Poisson(f1), (("o1", 1.0),), k1), PlannedStep(Poisson(f2), (("o2", 1.0),), k2))
-    return Inventory(steps, composition="filter")
+    o2 = Query("o2", o2_thr, batch=PoissonBatch(settings.b2, n_client))
+    return ReleasePlan((Phase("refresh", k1, (o1,)), Phase("increment", k2, (o2,))), composition="filter")
+
+
+def oracle_inventory(settings: OracleSettings, n_client: int) -> Inventory:
+    """The accounting inventory of :func:`oracle_plan`."""
+    return oracle_plan(settings, n_client).inventory()
+
+
+def _declared_samplings(plan: ReleasePlan) -> dict[str, Any]:
+    """The accounted sampling of O1 and O2 releases, as the plan declares them."""
+    if plan.composition == "parallel":
+        return dict.fromkeys(("o1", "o2"), plan.phase("pass").query("pass").batch.sampling)
+    out = {q.name: q.batch.sampling for p in plan.phases for q in p.queries}
+    return {"o1": out["o1"], "o2": out.get("o2", out["o1"])}
 
 
 def _count(x: float) -> int:
@@ -138,6 +183,7 @@ class AdaDPSpiderOracle:
         self.n_client = min(federation.shard_sizes)
         self.f = dict(zip(("o1", "o2"), settings.rates(self.n_client)))
         self._thr = dict(zip(("o1", "o2"), settings.thresholds()))
+        self._sampling = _declared_samplings(oracle_plan(settings, self.n_client))
         # Server state (replicated on every rank; decisions come from the server).
         self.prev: torch.Tensor | None = None
         self.estimate: torch.Tensor | None = None
@@ -200,8 +246,7 @@ class AdaDPSpiderOracle:
     def _step(self, kind: str):
         from privopt.privacy import Gaussian, Step
 
-        sampling = FullBatch() if self.s.sampling == "disjoint" else Poisson(self.f[kind])
-        return Step(sampling, (Gaussian(self.z[kind], name=kind),))
+        return Step(self._sampling[kind], (Gaussian(self.z[kind], name=kind),))
 
     # ------------------------------------------------------------------ a query
     def query(self, x: torch.Tensor, *, force_refresh: bool = False) -> torch.Tensor | None:
@@ -275,7 +320,7 @@ class AdaDPSpiderOracle:
     def _message(self, client, kind: str, x, distance: float, window) -> torch.Tensor:
         threshold = self._thr[kind].threshold(distance if kind == "o2" else None)
         stat = self._statistic(client, kind, self._batch(client, kind, window), x, threshold)
-        sampling = FullBatch() if window is not None else Poisson(self.f[kind])
+        sampling = self._sampling[kind]
         if self.fed.trust == "central":
             if client.index != 0:
                 return stat.value  # to the trusted aggregator, which noises the total once

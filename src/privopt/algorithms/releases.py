@@ -41,7 +41,7 @@ import torch
 from privopt.errors import ConfigError, PrivacyBudgetExceeded
 from privopt.grads.release import PrivateBatch
 from privopt.grads.sums import as_bounded
-from privopt.privacy import FullBatch, Gaussian, Inventory, PlannedStep, Poisson, SingleRecord, Step
+from privopt.privacy import COMPOSITIONS, FullBatch, Gaussian, Inventory, PlannedStep, Poisson, SingleRecord, Step
 from privopt.sampling import PoissonSampler
 
 __all__ = [
@@ -257,15 +257,22 @@ class ReleasePlan:
     Args:
         phases: the phases, in the order they are declared (this order fixes the inventory's).
         share: releases of a phase on equal batches share one sampled batch.
+        composition: how the planned steps compose, i.e. which ledger certifies the run
+            (:class:`~privopt.privacy.Inventory`): ``"plan"`` (a fixed schedule), ``"filter"``
+            (phase counts are a nominal schedule, the run is chosen adaptively and certified by an
+            RDP filter) or ``"parallel"`` (one execution of a phase is a pass over disjoint parts).
     """
 
     phases: tuple[Phase, ...]
     share: bool = False
+    composition: str = "plan"
 
     def __post_init__(self):
         names = [p.name for p in self.phases]
         if len(set(names)) != len(names):
             raise ConfigError(f"phase names must be unique, got {names}")
+        if self.composition not in COMPOSITIONS:
+            raise ConfigError(f"unknown composition {self.composition!r}; use one of {COMPOSITIONS}")
 
     def phase(self, name: str) -> Phase:
         for p in self.phases:
@@ -311,7 +318,7 @@ class ReleasePlan:
 
     def inventory(self) -> Inventory:
         """The accounting inventory the noise is calibrated from."""
-        return Inventory(tuple(self.planned_steps()))
+        return Inventory(tuple(self.planned_steps()), composition=self.composition)
 
     def family_counts(self) -> dict[str, int]:
         """Largest number of releases of each family over the run."""
@@ -345,6 +352,8 @@ class PlanRun:
     """
 
     def __init__(self, plan: ReleasePlan, ctx, *, private: bool):
+        if plan.composition != "plan":  # adaptive counts or pass-wise batches: the algorithm runs its own
+            raise ConfigError(f"PlanRun runs fixed schedules; a {plan.composition!r} plan needs its own runtime")
         self.plan = plan
         self._ctx = ctx
         self._private = private

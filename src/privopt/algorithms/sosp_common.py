@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from privopt.algorithms.ada_dp_spider import SAMPLINGS, AdaDPSpiderOracle, OracleSettings, oracle_inventory
+from privopt.algorithms.ada_dp_spider import SAMPLINGS, AdaDPSpiderOracle, OracleSettings, oracle_plan
 from privopt.algorithms.base import Algorithm, RunContext, register_algorithm
 from privopt.algorithms.config import (
     AlgorithmConfig,
@@ -31,6 +31,7 @@ from privopt.algorithms.config import (
     unit_interval,
 )
 from privopt.algorithms.federation import TRUST_MODES, build_federation
+from privopt.algorithms.releases import ReleasePlan
 from privopt.errors import ConfigError
 from privopt.grads.flat import flat_params, set_flat_params
 
@@ -137,11 +138,10 @@ class FederatedOptimizer(Algorithm):
             raise ConfigError(f"{self.config.clients} clients need at least as many records, got {n}")
         return n // self.config.clients
 
-    def inventory(self, *, n: int):
-        """The planned releases of each client (local trust) or of the aggregator (central)."""
-        if not self.private:
-            return None
-        return oracle_inventory(self.oracle_settings(), self.client_size(n))
+    def release_plan(self, n: int) -> ReleasePlan:
+        """The releases of each client (local trust) or of the aggregator (central trust) when ``n``
+        records are split over the clients: the oracle's plan for the smallest client's shard."""
+        return oracle_plan(self.oracle_settings(), self.client_size(n))
 
     def steps_for(self, *, n: int) -> int:
         """A public bound on oracle queries: every non-reusing query consumes at least the smaller

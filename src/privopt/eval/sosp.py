@@ -38,7 +38,14 @@ from torch.func import functional_call, grad, jvp
 from privopt.errors import ConfigError, DataError
 from privopt.grads.flat import flat_params, params_from_flat
 
-__all__ = ["full_gradient", "hessian_vector_product", "hessian_min_eig", "sosp_report", "sosp_metric"]
+__all__ = [
+    "full_gradient",
+    "hessian_vector_product",
+    "hessian_min_eig",
+    "lanczos_ritz_min",
+    "sosp_report",
+    "sosp_metric",
+]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -114,8 +121,10 @@ def hessian_min_eig(
 ) -> tuple[float, bool]:
     """``(λ_min(∇²f(w)), converged)`` by Lanczos on Hessian-vector products (scipy ``eigsh``, ``which="SA"``).
 
-    ``tol`` is ARPACK's relative accuracy; when ``maxiter`` restarts are not enough the best Ritz
-    value so far is returned with ``converged=False``. ``seed`` fixes the (public) start vector.
+    ``tol`` is ARPACK's relative accuracy; when ``maxiter`` restarts are not enough the smallest
+    Ritz value is returned with ``converged=False`` (ARPACK's, or when none converged that of a
+    plain Lanczos run of ``ncv`` steps: an upper bound on ``λ_min``). ``seed`` fixes the (public)
+    start vector.
     """
     from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 
@@ -135,9 +144,34 @@ def hessian_min_eig(
         vals = eigsh(op, k=1, which="SA", tol=tol, maxiter=maxiter, ncv=ncv, v0=v0, return_eigenvectors=False)
         return float(vals[0]), True
     except ArpackNoConvergence as e:
-        if len(e.eigenvalues) == 0:
-            return float("nan"), False
+        if len(e.eigenvalues) == 0:  # nothing converged: the smallest Ritz value of a plain Lanczos run
+            return lanczos_ritz_min(matvec, v0, steps=min(dim, ncv or 20)), False
         return float(np.min(e.eigenvalues)), False
+
+
+def lanczos_ritz_min(matvec, v0: np.ndarray, *, steps: int) -> float:
+    """The smallest Ritz value after ``steps`` Lanczos iterations (full reorthogonalisation) from
+    ``v0``: an upper bound on ``λ_min`` that tightens with ``steps``.
+
+    Example:
+        >>> a = np.diag([-2.0, 1.0, 3.0])
+        >>> round(lanczos_ritz_min(lambda v: a @ v, np.ones(3), steps=3), 6)
+        -2.0
+    """
+    basis, alphas, betas = [v0 / np.linalg.norm(v0)], [], []
+    for _ in range(steps):
+        w = matvec(basis[-1])
+        alphas.append(float(basis[-1] @ w))
+        for q in basis:  # full reorthogonalisation: Krylov vectors lose orthogonality in floating point
+            w = w - (q @ w) * q
+        beta = float(np.linalg.norm(w))
+        if beta < 1e-12 or len(basis) == steps:
+            break
+        betas.append(beta)
+        basis.append(w / beta)
+    k = len(alphas)
+    tri = np.diag(alphas) + np.diag(betas[: k - 1], 1) + np.diag(betas[: k - 1], -1)
+    return float(np.linalg.eigvalsh(tri)[0])
 
 
 def sosp_report(

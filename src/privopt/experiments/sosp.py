@@ -257,15 +257,21 @@ def _report(rows, *, out: Path, dataset: str, plan, timing: dict, launcher: str)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", choices=DATASETS, default="mnist")
+    parser.add_argument("--dataset", choices=DATASETS, default="mnist", help="dataset to train on (default mnist)")
     parser.add_argument("--clients", type=int_list, default=list(CLIENTS), help="comma-separated m (default 1,2,5,10)")
     parser.add_argument("--epsilons", type=float_list, default=list(EPSILONS), help="default 0.5,1,2")
     parser.add_argument("--seeds", type=int, default=3, help="runs per setting (default 3)")
-    parser.add_argument("--budget", choices=sorted(BUDGETS), default="quick")
+    parser.add_argument(
+        "--budget", choices=sorted(BUDGETS), default="quick",
+        help="quick: 5 Poisson-sampled epochs (tuned); paper: 20 disjoint passes, printed defaults (default quick)",
+    )  # fmt: skip
     parser.add_argument("--methods", help="comma-separated algorithm names (default: " + ",".join(METHODS) + ")")
     parser.add_argument("--split", choices=("label", "iid"), default="label", help="client shards (default label)")
     parser.add_argument("--trust", choices=("local", "central"), default="local", help="noise (default local)")
-    parser.add_argument("--launcher", choices=("simulate", "torchrun"), default="simulate")
+    parser.add_argument(
+        "--launcher", choices=("simulate", "torchrun"), default="simulate",
+        help="simulate: all clients of a run in one process; torchrun: one process per client (default simulate)",
+    )  # fmt: skip
     parser.add_argument("--workers", type=int, default=2, help="parallel runs with --launcher simulate (default 2)")
     parser.add_argument("--data-dir", help="folder with one sub-folder per dataset (default $PRIVOPT_DATA)")
     parser.add_argument("--tune", action="store_true", help="run the tuning grid instead (docs/algorithms/sosp.md)")
@@ -275,7 +281,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--out", required=True, help="output directory (new)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines and no closing table")
 
 
 def main(args: argparse.Namespace) -> int:
