@@ -214,8 +214,43 @@ def _snap(interval: float, coins: frozenset) -> float:
     return eps0 / math.ceil(eps0 / interval - 1e-9) if eps0 >= interval else interval
 
 
+@functools.lru_cache(maxsize=16)
+def _subsampled_gaussian_pld(noise_multiplier: float, rate: float, interval: float, relation):
+    return dpa.pld.privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=noise_multiplier,
+        value_discretization_interval=interval,
+        sampling_prob=rate,
+        neighboring_relation=relation,
+    )
+
+
+class _ReusingPLDAccountant(dpa.pld.PLDAccountant):
+    """``PLDAccountant`` that reuses the loss distribution of one Poisson-subsampled Gaussian
+    step across calls. Building it is the expensive part (seconds); a run asks for the epsilon
+    spent after every evaluation, always for the same step at a handful of grids, and only the
+    count changes. The operations (and so the result) are exactly those of ``PLDAccountant``."""
+
+    def _maybe_compose(self, event, count, do_compose):
+        if (
+            do_compose
+            and isinstance(event, dpa.PoissonSampledDpEvent)
+            and isinstance(event.event, dpa.GaussianDpEvent)
+            and event.sampling_probability != 0
+            and event.event.noise_multiplier != 0
+        ):
+            base = _subsampled_gaussian_pld(
+                event.event.noise_multiplier,
+                event.sampling_probability,
+                self._value_discretization_interval,
+                self.neighboring_relation,
+            )
+            self._pld = self._pld.compose(base.self_compose(count))
+            return None
+        return super()._maybe_compose(event, count, do_compose)
+
+
 def _pld_accountant(event: dpa.DpEvent, interval: float):
-    acc = dpa.pld.PLDAccountant(neighboring_relation=ADD, value_discretization_interval=interval)
+    acc = _ReusingPLDAccountant(neighboring_relation=ADD, value_discretization_interval=interval)
     acc.compose(event)
     return acc
 
