@@ -69,6 +69,7 @@ def _child(spec: dict) -> dict:
     # torch.optim imports torch._dynamo on first use (seconds): interpreter start-up, common to every
     # method, not training. The DP SPIDER methods use no torch optimizer and would be spared it.
     import torch._dynamo
+
     cfg = RunConfig(
         algorithm=spec["algorithm"],
         algorithm_params=spec["params"],
