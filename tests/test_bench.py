@@ -67,3 +67,97 @@ def test_run_bench_rejects_bad_arguments():
         run_bench(models=("tiny",), batch_sizes=(4,), repeats=0, memory=False)
     with pytest.raises(ConfigError, match="vgg"):
         run_bench(models=("vgg",), batch_sizes=(4,), repeats=1, memory=False, progress=False)
+
+
+def test_step_rows_say_their_mode_and_load():
+    rows = run_bench(models=("tiny",), batch_sizes=(4,), repeats=1, progress=False, methods=("dp-sgd",), memory=False)
+    assert {r["mode"] for r in rows} == {"step"}
+    assert all(len(r["load_avg"]) == 2 for r in rows)
+
+
+def _tiny_cfg(algorithm, **params):
+    from privopt.config import RunConfig
+
+    return RunConfig(
+        algorithm=algorithm,
+        algorithm_params=params,
+        dataset="digits",
+        model="mlp",
+        privacy={"epsilon": 1.0, "delta": 1e-5},
+        plots=False,
+        insecure_seed=0,
+    )
+
+
+def test_breakdown_accounts_for_a_whole_training_run(tmp_path):
+    from privopt.bench_profile import COMPONENTS, Breakdown
+    from privopt.grads.ghost.engine import GhostEngine
+    from privopt.training import run as run_mod
+    from privopt.training import train
+
+    before = (GhostEngine.clipped_sum, run_mod.evaluate, run_mod.run_loop)
+    with Breakdown() as bd:
+        record = train(
+            _tiny_cfg("dp-sgd", epochs=0.2, batch_size=64, lr=0.5, clip=1.0), out_dir=tmp_path / "r", progress=False
+        )
+    times = bd.as_dict()
+    assert list(times) == list(COMPONENTS)
+    assert sum(times.values()) == pytest.approx(bd.wall_s, rel=1e-6)  # "other" closes the sum
+    for part in ("setup: noise calibration", "evaluation", "engine: forward+backward", "noise", "accounting"):
+        assert times[part] > 0, part
+    # every record of every sampled batch had its gradient computed once
+    assert bd.counts["grad_evals"] == bd.counts["sampled"] > 0
+    assert record["steps_done"] == bd.calls["step: update and other"]
+    assert (GhostEngine.clipped_sum, run_mod.evaluate, run_mod.run_loop) == before  # patches undone
+
+
+def test_breakdown_counts_two_gradients_per_record_of_a_difference_query():
+    import torch
+    from torch import nn
+
+    from privopt.bench_profile import Breakdown
+    from privopt.grads import get_engine
+
+    model = nn.Linear(3, 2)
+    loss = lambda out, y: nn.functional.cross_entropy(out, y, reduction="none")
+    prev = {n: p.detach() + 0.1 for n, p in model.named_parameters()}
+    with Breakdown() as bd:
+        get_engine("ghost").clipped_sum(model, loss, torch.randn(40, 3), torch.zeros(40, dtype=torch.long), clip=1.0)
+        get_engine("vmap").clipped_sum(
+            model, loss, torch.randn(5, 3), torch.zeros(5, dtype=torch.long), clip=1.0, params_prev=prev
+        )
+    assert bd.counts["grad_evals"] == 40 + 2 * 5
+
+
+@pytest.mark.slow
+def test_end_to_end_rows_pair_each_method_with_its_reference():
+    from privopt.bench_e2e import format_e2e, run_end_to_end
+
+    rows = run_end_to_end(
+        models=("mlp",),
+        methods=("dp-double-spider",),
+        batch_size=32,
+        epochs=0.1,
+        spider_steps=2,
+        dataset="digits",
+        repeats=1,
+        threads=1,
+        progress=False,
+    )
+    by = {r["method"]: r for r in rows}
+    assert set(by) == {"sgd", "dp-double-spider", "sgd@dp-double-spider"}
+    assert all(r["mode"] == "end-to-end" and r["median_s"] > 0 and r["peak_mb"] > 0 for r in rows)
+    spider, ref = by["dp-double-spider"], by["sgd@dp-double-spider"]
+    assert spider["ratio_to_nonprivate"] == pytest.approx(spider["median_s"] / ref["median_s"])
+    # the reference made about as many gradient evaluations (Poisson batches: not exactly)
+    assert 0.5 < ref["grad_evals"] / spider["grad_evals"] < 2
+    assert spider["breakdown"]["setup: noise calibration"] > 0 == ref["breakdown"]["setup: noise calibration"]
+    lines = format_e2e(rows).splitlines()
+    assert lines[0].startswith("| model | method |") and len([ln for ln in lines if ln.startswith("| mlp |")]) == 6
+
+
+def test_end_to_end_rejects_unknown_methods():
+    from privopt.bench_e2e import run_end_to_end
+
+    with pytest.raises(ConfigError, match="sgdx"):
+        run_end_to_end(methods=("sgdx",), dataset="digits")

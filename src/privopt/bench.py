@@ -327,7 +327,8 @@ def run_bench(
 
     Returns:
         One dict per (model, batch size, method) with keys ``model``, ``batch_size``, ``method``,
-        ``median_s``, ``min_s``, ``peak_mb``, ``ratio_to_nonprivate``, ``mem_ratio_to_nonprivate``,
+        ``mode`` (``"step"``), ``load_avg`` (1-minute load average before and after), ``median_s``,
+        ``min_s``, ``peak_mb``, ``ratio_to_nonprivate``, ``mem_ratio_to_nonprivate``,
         ``threads``, ``repeats`` and ``note`` (why a row was skipped, else ``""``).
 
     Example:
@@ -348,6 +349,7 @@ def run_bench(
     if threads:
         torch.set_num_threads(int(threads))
     rows: list[dict] = []
+    load0 = os.getloadavg()[0]
     try:
         for name in models:
             for bs in batch_sizes:
@@ -372,6 +374,7 @@ def run_bench(
                         "model": name,
                         "batch_size": int(bs),
                         "method": m,
+                        "mode": "step",
                         "threads": torch.get_num_threads(),
                         "repeats": repeats,
                         "median_s": None,
@@ -401,6 +404,9 @@ def run_bench(
                 rows.extend(block)
     finally:
         torch.set_num_threads(old_threads)
+    load = [load0, os.getloadavg()[0]]  # 1-minute load average before and after: how busy the machine was
+    for row in rows:
+        row["load_avg"] = load
     return rows
 
 

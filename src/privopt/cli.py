@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-from privopt.cliargs import int_list, name_list, positive_int
+from privopt.cliargs import int_list, name_list, positive_float, positive_int
 from privopt.errors import PrivacyBudgetExceeded, PrivoptError
 
 __all__ = ["main", "build_parser"]
@@ -159,6 +159,23 @@ def _cmd_demo(args) -> int:
 def _cmd_bench(args) -> int:
     from privopt.bench import format_table, run_bench
 
+    if args.end_to_end:
+        from privopt.bench_e2e import format_e2e, run_end_to_end
+
+        rows = run_end_to_end(
+            models=tuple(args.models),
+            methods=tuple(args.e2e_methods),
+            batch_size=args.e2e_batch_size,
+            epochs=args.epochs,
+            spider_steps=args.spider_steps,
+            dataset=args.dataset,
+            data_dir=args.data_dir,
+            repeats=args.repeats,
+            threads=args.threads,
+            progress=not (args.quiet or args.json),
+        )
+        print(json.dumps(rows) if args.json else format_e2e(rows))
+        return 0
     rows = run_bench(
         models=tuple(args.models),
         batch_sizes=tuple(args.batch_sizes),
@@ -376,6 +393,26 @@ def _add_bench_parser(sub) -> None:
     b.add_argument("--device", choices=DEVICES, default="cpu", help="time the steps on cpu or cuda (default cpu)")
     b.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     b.add_argument("--quiet", action="store_true", help="no progress line per finished row")
+    e = b.add_argument_group("end-to-end mode (--end-to-end): whole training runs with a time breakdown")
+    e.add_argument(
+        "--end-to-end",
+        action="store_true",
+        help="time whole `privopt train` runs (private vs non-private, interleaved, one subprocess each) "
+        "instead of single steps; prints where the time went",
+    )
+    e.add_argument(
+        "--e2e-methods",
+        type=name_list,
+        default=["dp-sgd", "dp-double-spider", "dp-recursive-spider"],
+        metavar="A1,A2",
+        help="comma-separated private algorithms to run end to end (default dp-sgd,dp-double-spider,"
+        "dp-recursive-spider); each beside non-private sgd",
+    )
+    e.add_argument("--e2e-batch-size", type=positive_int, default=256, help="expected batch size (default 256)")
+    e.add_argument("--epochs", type=positive_float, default=1.0, help="epochs of dp-sgd and sgd (default 1)")
+    e.add_argument("--spider-steps", type=positive_int, default=64, help="steps of each DP SPIDER method (default 64)")
+    e.add_argument("--dataset", default="mnist-st", help="registered dataset to train on (default mnist-st)")
+    e.add_argument("--data-dir", default=None, help="data directory (default: $PRIVOPT_DATA)")
     b.set_defaults(func=_cmd_bench)
 
 

@@ -25,6 +25,7 @@ How the engines compute norms and why clipping holds in floating point: ``docs/e
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Union
@@ -51,7 +52,13 @@ __all__ = [
     "clip_factors",
     "resolve_weights",
     "vmap_grads",
+    "MIN_BATCH_ROWS",
+    "fixed_min_rows",
 ]
+
+# Batches smaller than this are padded (with zero-weight copies of their own records) to this many
+# rows, so that a record's per-sample values never depend on how many others share its batch.
+MIN_BATCH_ROWS = 32
 
 
 @dataclass
@@ -157,6 +164,55 @@ def resolve_weights(weights: Weights, losses: torch.Tensor) -> torch.Tensor | No
     return w
 
 
+def _pad_weights(weights: Weights, B: int, rows: torch.Tensor) -> Weights:
+    """Weights for a batch padded to ``rows.numel()`` rows: the caller's for the first ``B``, 0 after."""
+
+    def padded(losses: torch.Tensor) -> torch.Tensor:
+        real = resolve_weights(weights, losses[:B])
+        real = torch.ones_like(losses[:B]) if real is None else real
+        return torch.cat([real, real.new_zeros(losses.shape[0] - B)])
+
+    return padded
+
+
+def fixed_min_rows(clipped_sum):
+    """Decorate an engine's ``clipped_sum``: a batch of fewer than :data:`MIN_BATCH_ROWS` records
+    is answered on a fixed-size batch padded with zero-weight copies of its records.
+
+    Why: multi-threaded CPU kernels pick their blocking from the matrix shapes, and for very small
+    batches (observed: 8 rows, 2 threads) a record's computed gradient then depends on the batch
+    size, so removing one record moved every other record's term by rounding; in a difference
+    query that rounding is amplified by the cancellation, and the clipped sum moved by 1.03·C.
+    With one shape for every small batch the other records' terms are computed by the same
+    kernels whichever record is absent (``docs/engines.md``, "Float safety"). A padded row
+    has weight 0 at both points, so its term is exactly 0.
+    """
+
+    @functools.wraps(clipped_sum)
+    def padded(self, model, loss_fn, inputs, targets, *, clip, weights=None, weights_prev=None, **kwargs):
+        B = int(inputs.shape[0])
+        if B == 0 or B >= MIN_BATCH_ROWS:
+            return clipped_sum(
+                self, model, loss_fn, inputs, targets, clip=clip, weights=weights, weights_prev=weights_prev, **kwargs
+            )
+        rows = torch.arange(MIN_BATCH_ROWS, device=inputs.device) % B
+        res = clipped_sum(
+            self,
+            model,
+            loss_fn,
+            inputs[rows],
+            targets[rows],
+            clip=clip,
+            weights=_pad_weights(weights, B, rows),
+            weights_prev=_pad_weights(weights_prev, B, rows),
+            **kwargs,
+        )
+        prev = None if res.losses_prev is None else res.losses_prev[:B]
+        return ClippedSum(total=res.total, norms=res.norms[:B], losses=res.losses[:B], losses_prev=prev, clip=res.clip)
+
+    return padded
+
+
 class GradEngine(abc.ABC):
     """Interface of a per-sample gradient engine. Subclasses register with :func:`register_engine`."""
 
@@ -216,6 +272,7 @@ class VmapEngine(GradEngine):
         losses, grads = vmap_grads(model, loss_fn, inputs, targets, params)
         return losses, torch.cat([g.reshape(inputs.shape[0], -1) for g in grads.values()], dim=1)
 
+    @fixed_min_rows
     def clipped_sum(
         self, model, loss_fn, inputs, targets, *, clip, params=None, weights=None, params_prev=None, weights_prev=None
     ):

@@ -15,7 +15,9 @@ epsilon: both are valid upper bounds, so their minimum is one too.
 
 The PLD discretisation interval is chosen from the schedule (about 1e-4 of the epsilon, coarser
 when the loss distribution would need more than ~10^6 points), so one call costs at most a few
-seconds whatever the schedule; see docs/accounting.md, "PLD or RDP".
+seconds whatever the schedule; see docs/accounting.md, "PLD or RDP". The loss distribution of a
+Poisson-subsampled Gaussian step is built once per (noise, rate, grid) and reused by later calls
+(a run asks for the epsilon spent at every evaluation): the same operations, the same result.
 """
 
 from __future__ import annotations

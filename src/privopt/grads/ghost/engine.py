@@ -7,7 +7,7 @@ import warnings
 import torch
 
 from privopt.errors import ConfigError
-from privopt.grads.engine import ClippedSum, GradEngine, VmapEngine, clip_factors, register_engine
+from privopt.grads.engine import ClippedSum, GradEngine, VmapEngine, clip_factors, fixed_min_rows, register_engine
 from privopt.grads.ghost.capture import Capture, Structure, structure
 from privopt.grads.ghost.keep import Keep
 from privopt.grads.ghost.pieces import sum_dense
@@ -105,6 +105,7 @@ class GhostEngine(GradEngine):
         cols = [sum_dense(pieces[n]) if pieces.get(n) else losses.new_zeros(B, st.numels[n]) for n in st.names]
         return losses, torch.cat(cols, dim=1).detach()
 
+    @fixed_min_rows
     def clipped_sum(
         self, model, loss_fn, inputs, targets, *, clip, params=None, weights=None, params_prev=None, weights_prev=None
     ):

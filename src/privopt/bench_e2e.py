@@ -1,0 +1,230 @@
+"""End-to-end benchmark: whole training runs, private against non-private (``privopt bench --end-to-end``).
+
+Each run is a complete ``privopt.training.train`` call (data loading, noise calibration, every
+step, the scheduled evaluations, checkpoints and outputs) with secret randomness, as a user runs
+it, in a fresh subprocess (so that one run's caches and allocator state do not help the next, and
+its peak memory is its own). Runs are interleaved: each round runs every method once, in the same
+order, so that the load of a shared machine hits all methods alike; the median over rounds is
+reported. Each run also reports where its time went (:mod:`privopt.bench_profile`).
+
+Methods and their non-private reference:
+
+* ``dp-sgd``: against ``sgd`` with the same model, data, epochs, batch size and learning rate
+  (the same expected number of gradient evaluations).
+* ``dp-double-spider`` / ``dp-recursive-spider``: ``steps`` steps of the DP DRO methods (each
+  step is a difference query at two points, plus periodic large refresh batches), against
+  ``sgd`` run for the same number of per-record gradient evaluations (measured in the first
+  round: the epochs of the matching ``sgd`` run are ``grad_evals / n``). Their rows are named
+  ``sgd@dp-double-spider`` etc.
+
+Timings are wall time of the ``train`` call (after importing torch and ``torch._dynamo``, which
+every method pays once at start-up); ``cpu_s`` is the process CPU time over the same
+interval (more than the wall time when several threads work). ``peak_mb`` is the peak resident
+set size of the run's process (interpreter, torch and data included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+
+from privopt.errors import ConfigError
+
+__all__ = ["E2E_METHODS", "run_end_to_end", "format_e2e"]
+
+E2E_METHODS = ("dp-sgd", "dp-double-spider", "dp-recursive-spider")
+_SPIDERS = ("dp-double-spider", "dp-recursive-spider")
+_LR, _CLIP = 0.5, 1.0
+
+
+def _params(method: str, *, epochs: float, batch_size: int, spider_steps: int) -> dict:
+    if method == "sgd":
+        return {"epochs": epochs, "batch_size": batch_size, "lr": _LR}
+    if method == "dp-sgd":
+        return {"epochs": epochs, "batch_size": batch_size, "lr": _LR, "clip": _CLIP}
+    if method == "dp-double-spider":
+        return {"steps": spider_steps, "N2": batch_size, "N4": batch_size, "lr": 0.1}
+    if method == "dp-recursive-spider":
+        return {"steps": spider_steps, "b2": batch_size, "b4": batch_size, "lr": 0.1}
+    raise ConfigError(f"unknown end-to-end method {method!r}; choose from {', '.join(E2E_METHODS)}")
+
+
+def _child(spec: dict) -> dict:
+    """One training run in this process, as described by ``spec``; its time, memory and breakdown."""
+    import torch
+
+    from privopt.bench import _status_mb
+    from privopt.bench_profile import Breakdown
+    from privopt.config import RunConfig
+    from privopt.training import train
+
+    if spec["threads"]:
+        torch.set_num_threads(int(spec["threads"]))
+    # torch.optim imports torch._dynamo on first use (seconds): interpreter start-up, common to every
+    # method, not training. The DP SPIDER methods use no torch optimizer and would be spared it.
+    import torch._dynamo
+
+    cfg = RunConfig(
+        algorithm=spec["algorithm"],
+        algorithm_params=spec["params"],
+        dataset=spec["dataset"],
+        data_dir=spec["data_dir"],
+        model=spec["model"],
+        privacy={"epsilon": spec["epsilon"], "delta": spec["delta"]},
+        plots=False,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        cpu0 = time.process_time()
+        with Breakdown() as bd:
+            record = train(cfg, out_dir=os.path.join(tmp, "run"), progress=False)
+        cpu = time.process_time() - cpu0
+    return {
+        "wall_s": bd.wall_s,
+        "cpu_s": cpu,
+        "peak_mb": _status_mb("VmHWM"),
+        "steps": int(record["steps_done"]),
+        "grad_evals": int(bd.counts["grad_evals"] or bd.counts["sampled"]),
+        "status": record["status"],
+        "breakdown": bd.as_dict(),
+    }
+
+
+def _spawn(spec: dict) -> dict:
+    code = "import json,sys; from privopt.bench_e2e import _child; print(json.dumps(_child(json.loads(sys.argv[1]))))"
+    out = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(spec)], capture_output=True, text=True, timeout=3600, check=False
+    )
+    if out.returncode != 0:
+        tail = (out.stderr.strip().splitlines() or ["?"])[-1]
+        raise ConfigError(f"end-to-end run {spec['algorithm']} on {spec['model']} failed: {tail}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _n_train(dataset: str, data_dir: str | None) -> int:
+    from privopt.data import load_dataset
+
+    return int(load_dataset(dataset, data_dir=data_dir, seed=0).y_train.shape[0])
+
+
+def run_end_to_end(
+    *,
+    models: Sequence[str] = ("mlp", "cnn"),
+    methods: Sequence[str] = E2E_METHODS,
+    batch_size: int = 256,
+    epochs: float = 1.0,
+    spider_steps: int = 64,
+    dataset: str = "mnist-st",
+    data_dir: str | None = None,
+    repeats: int = 3,
+    threads: int | None = None,
+    epsilon: float = 1.0,
+    delta: float = 1e-5,
+    progress: bool = True,
+) -> list[dict]:
+    """Median wall time of whole training runs of each method beside its non-private reference.
+
+    Returns:
+        One dict per (model, method) and per non-private reference (``sgd``; ``sgd@<spider>``),
+        with ``model``, ``method``, ``mode`` (``"end-to-end"``), ``batch_size``, ``median_s``,
+        ``min_s``, ``cpu_s`` (median), ``ratio_to_nonprivate``, ``peak_mb``, ``steps``,
+        ``grad_evals``, ``records_per_s`` (gradient evaluations per second), ``breakdown``
+        (median seconds per component), ``threads``, ``repeats``, ``load_avg`` (1-minute load
+        average before and after) and ``reference`` (the row the ratio is taken against).
+    """
+    methods = list(methods)
+    bad = [m for m in methods if m not in E2E_METHODS]
+    if bad or not methods:
+        raise ConfigError(f"unknown end-to-end method(s) {bad or methods}; choose from {', '.join(E2E_METHODS)}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"repeats must be an integer >= 1, got {repeats!r}")
+    n = _n_train(dataset, data_dir)
+    load0 = os.getloadavg()[0]
+    runs: dict[tuple[str, str], list[dict]] = {}
+    sgd_epochs: dict[str, float] = {}
+    base = {"dataset": dataset, "data_dir": data_dir, "threads": threads, "epsilon": epsilon, "delta": delta}
+    order = ["sgd", *methods]
+    for _ in range(repeats):
+        for model in models:
+            for label in order + [f"sgd@{m}" for m in methods if m in _SPIDERS]:
+                algo = "sgd" if label.startswith("sgd") else label
+                ep = sgd_epochs.get(label.partition("@")[2], epochs)
+                params = _params(algo, epochs=ep, batch_size=batch_size, spider_steps=spider_steps)
+                res = _spawn(dict(base, model=model, algorithm=algo, params=params))
+                runs.setdefault((model, label), []).append(res)
+                if label in _SPIDERS and label not in sgd_epochs:
+                    sgd_epochs[label] = res["grad_evals"] / n
+                if progress:
+                    print(f"{model} {label}: {res['wall_s']:.2f} s ({res['grad_evals']} grads)", file=sys.stderr)
+    load1 = os.getloadavg()[0]
+    return _rows(runs, batch_size=batch_size, threads=threads, repeats=repeats, load=(load0, load1))
+
+
+def _rows(runs, *, batch_size, threads, repeats, load) -> list[dict]:
+    rows = []
+    for (model, label), rs in runs.items():
+        wall = [r["wall_s"] for r in rs]
+        comps = rs[0]["breakdown"].keys()
+        ref = "sgd" if label in ("sgd", "dp-sgd") else (None if label.startswith("sgd@") else f"sgd@{label}")
+        row = {
+            "model": model,
+            "method": label,
+            "mode": "end-to-end",
+            "batch_size": batch_size,
+            "median_s": statistics.median(wall),
+            "min_s": min(wall),
+            "cpu_s": statistics.median(r["cpu_s"] for r in rs),
+            "peak_mb": statistics.median(r["peak_mb"] or 0.0 for r in rs),
+            "steps": rs[0]["steps"],
+            "grad_evals": statistics.median(r["grad_evals"] for r in rs),
+            "breakdown": {c: statistics.median(r["breakdown"][c] for r in rs) for c in comps},
+            "threads": threads,
+            "repeats": repeats,
+            "load_avg": list(load),
+            "reference": ref,
+            "ratio_to_nonprivate": None,
+        }
+        row["records_per_s"] = row["grad_evals"] / row["median_s"] if row["median_s"] > 0 else None
+        rows.append(row)
+    by_key = {(r["model"], r["method"]): r for r in rows}
+    for r in rows:
+        ref = by_key.get((r["model"], r["reference"])) if r["reference"] else None
+        if ref is not None:
+            r["ratio_to_nonprivate"] = r["median_s"] / ref["median_s"]
+    return rows
+
+
+def format_e2e(rows: Sequence[dict]) -> str:
+    """Markdown: the end-to-end table, then the time breakdown (median seconds per component).
+
+    Example:
+        >>> row = {"model": "mlp", "method": "sgd", "batch_size": 8, "median_s": 2.0, "cpu_s": 2.0,
+        ...        "ratio_to_nonprivate": None, "peak_mb": 300.0, "steps": 10, "grad_evals": 80,
+        ...        "records_per_s": 40.0, "reference": None, "breakdown": {"evaluation": 0.5, "other": 1.5}}
+        >>> print(format_e2e([row]).splitlines()[2])
+        | mlp | sgd | 8 | 10 | 80 | 2.00 | 2.00 | – | 40 | 300 |
+    """
+    from privopt.bench import _num
+
+    lines = [
+        "| model | method | batch | steps | grad evals | wall s | cpu s | × non-private | records/s | peak MB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['method']} | {r['batch_size']} | {r['steps']} | {r['grad_evals']:.0f} | "
+            f"{_num(r['median_s'], '.2f')} | {_num(r['cpu_s'], '.2f')} | {_num(r['ratio_to_nonprivate'], '.2f')} | "
+            f"{_num(r['records_per_s'], '.0f')} | {_num(r['peak_mb'], '.0f')} |"
+        )
+    comps = list(rows[0]["breakdown"]) if rows else []
+    lines += ["", "| model | method | " + " | ".join(comps) + " |", "|---|---|" + "---:|" * len(comps)]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['method']} | " + " | ".join(f"{r['breakdown'][c]:.2f}" for c in comps) + " |"
+        )
+    return "\n".join(lines)
