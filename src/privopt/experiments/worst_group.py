@@ -150,7 +150,10 @@ def _markdown(result: dict, rows, names) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", required=True, choices=sorted(DATASETS))
+    parser.add_argument(
+        "--dataset", required=True, choices=sorted(DATASETS),
+        help="group data: adult (sex x race), celeba (Blond_Hair x Male) or synthetic (p-group mixture)",
+    )  # fmt: skip
     parser.add_argument("--epsilons", type=float_list, default=list(EPSILONS), help="comma-separated ε (0.5,1,2,5)")
     parser.add_argument("--seeds", type=int, default=3, help="runs per (method, ε)")
     parser.add_argument("--data-dir", help="folder with adult/ and celeba/ (default $PRIVOPT_DATA)")
@@ -163,7 +166,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--out", required=True, help="output directory (new)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="print nothing (outputs are still written)")
 
 
 def main(args: argparse.Namespace) -> int:
