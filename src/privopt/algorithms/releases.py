@@ -38,6 +38,7 @@ from typing import Any, Union
 
 import torch
 
+from privopt.algorithms.release_kinds import DrawnBatch, PublicBound, check_kind, gaussian_only, planned_entry
 from privopt.errors import ConfigError, PrivacyBudgetExceeded
 from privopt.grads.release import PrivateBatch
 from privopt.grads.sums import as_bounded
@@ -48,9 +49,11 @@ __all__ = [
     "BatchPlan",
     "PoissonBatch",
     "SingleRecordBatch",
+    "DrawnBatch",
     "FullSampler",
     "Fixed",
     "StepProportional",
+    "PublicBound",
     "Query",
     "Phase",
     "ReleasePlan",
@@ -195,7 +198,7 @@ class StepProportional:
         return step_clip(distance, gamma=self.gamma, cap=self.cap)
 
 
-Sensitivity = Union[Fixed, StepProportional]
+Sensitivity = Union[Fixed, StepProportional, PublicBound]
 
 
 # ----------------------------------------------------------------------------- the declaration
@@ -212,6 +215,8 @@ class Query:
         estimate: ``"mean"`` (divide the noisy sum by the expected batch size) or ``"total"``
             (divide by the sampling rate: an unbiased estimate of the full-data sum).
         ratio: noise-multiplier ratio of the family for calibration (default 1: uniform).
+        mechanism, fixed, tree_steps, disjoint: other mechanisms than a calibrated Gaussian, and
+            families on disjoint records (:mod:`privopt.algorithms.release_kinds`).
     """
 
     name: str
@@ -220,8 +225,13 @@ class Query:
     on: str | None = None
     estimate: str = "mean"
     ratio: float = 1.0
+    mechanism: str = "gaussian"
+    fixed: float | None = None
+    tree_steps: int | None = None
+    disjoint: bool = False
 
     def __post_init__(self):
+        check_kind(self)
         if (self.batch is None) == (self.on is None):
             raise ConfigError(f"query {self.name!r} needs exactly one of batch= and on=")
         if self.estimate not in ("mean", "total"):
@@ -273,6 +283,13 @@ class ReleasePlan:
                 return p
         raise ConfigError(f"phase {name!r} is not in the release plan (phases: {[p.name for p in self.phases]})")
 
+    def query(self, name: str) -> Query:
+        """The declaration of family ``name`` (the first phase's, if several declare it)."""
+        found = [q for p in self.phases for q in p.queries if q.name == name]
+        if not found:
+            raise ConfigError(f"release {name!r} is not declared in the release plan")
+        return found[0]
+
     def groups(self, phase: Phase) -> tuple[tuple[Query, ...], ...]:
         """The sampled batches of one execution of ``phase``: each a tuple of queries, leader first."""
         groups: list[list[Query]] = []
@@ -301,8 +318,9 @@ class ReleasePlan:
                     leaders.append(lead)
                     by_leader[lead] = []
                 if phase.count > 0:
-                    mechs = tuple((q.name, q.ratio) for q in g)
-                    by_leader[lead].append(PlannedStep(g[0].batch.sampling, mechs, phase.count))
+                    mechs = tuple(planned_entry(q) for q in g)
+                    count = 1 if all(q.disjoint for q in g) else phase.count  # parallel composition
+                    by_leader[lead].append(PlannedStep(g[0].batch.sampling, mechs, count))
         merged: dict[tuple, int] = {}
         for lead in leaders:
             for s in by_leader[lead]:
@@ -345,6 +363,7 @@ class PlanRun:
     """
 
     def __init__(self, plan: ReleasePlan, ctx, *, private: bool):
+        gaussian_only(plan)
         self.plan = plan
         self._ctx = ctx
         self._private = private
