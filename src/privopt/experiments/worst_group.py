@@ -72,6 +72,7 @@ def run_worst_group(
     methods=PAPER_D + BASELINES,
     tune_grid: bool = True,
     rates: bool = True,
+    reference: bool = False,
     insecure_seed: int | None = None,
     log=print,
 ) -> dict[str, Any]:
@@ -108,6 +109,11 @@ def run_worst_group(
         result["rates"] = run_rates(seeds=seeds, insecure_seed=insecure_seed, log=log)
         atomic_write_json(out / "rates.json", result["rates"])
         plot_rates(result["rates"], out / "excess_risk_vs_K.png")
+    if reference:
+        from privopt.experiments.worst_group_reference import minimax_reference
+
+        log("non-private ERM and worst-group minimax references (seed-0 split)")
+        result["minimax_reference"] = minimax_reference(load_group_dataset(dataset, data_dir=data_dir, seed=0))
     plot_vs_epsilon(summary, out / "worst_group_vs_epsilon.png", title=f"{dataset}: worst-group accuracy vs ε")
     result["timing"] = {
         "wall_s": time.perf_counter() - t0,
@@ -144,6 +150,11 @@ def _markdown(result: dict, rows, names) -> str:
                 f"{c['theorem_slope']:g} (with its logs {c['theorem_slope_with_logs']:.3f}); "
                 f"within ±0.15: {c['within_0.15']}"
             )
+    if "minimax_reference" in result:
+        ref = result["minimax_reference"]
+        parts.append("\nNon-private references (seed-0 split, test worst-group / average accuracy):")
+        for k, label in (("erm", "ERM"), ("minimax", "worst-group minimax (certified)")):
+            parts.append(f"- {label}: {ref[k]['worst_group_accuracy']:.4f} / {ref[k]['average_accuracy']:.4f}")
     t = result["timing"]
     parts.append(f"\nwall {t['wall_s']:.0f} s, CPU {t['cpu_s']:.0f} s, load average {t['load_average']}")
     return "\n".join(parts)
@@ -160,6 +171,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", help="comma-separated algorithm names (default: Paper D's four + baselines)")
     parser.add_argument("--no-tune", action="store_true", help="skip tuning (the middle grid point)")
     parser.add_argument("--no-rates", action="store_true", help="synthetic: skip the excess-risk-vs-K sweep")
+    parser.add_argument(
+        "--minimax-reference", action="store_true",
+        help="also fit non-private ERM and the exact worst-group minimax point (the ceiling of reweighting)",
+    )  # fmt: skip
     parser.add_argument(
         "--insecure-seed", type=int, metavar="N", default=None,
         help="seed noise and sampling (run s uses N + s): reproducible, NOT private; default: secret randomness",
@@ -182,6 +197,7 @@ def main(args: argparse.Namespace) -> int:
         methods=methods,
         tune_grid=not args.no_tune,
         rates=not args.no_rates,
+        reference=args.minimax_reference,
         insecure_seed=args.insecure_seed,
         log=(lambda s: None) if quiet else (lambda s: print(s, flush=True)),
     )
