@@ -7,6 +7,7 @@ The code is split by responsibility:
 * :mod:`privopt.experiments.worst_group_runner` — one run, the tuning search, the final grid;
 * :mod:`privopt.experiments.worst_group_rates` — the excess-risk rate of Minimax Phased ERM in K;
 * :mod:`privopt.experiments.worst_group_report` — tables, verdict and figures.
+* :mod:`privopt.experiments.worst_group_reference` — non-private ERM / minimax ceiling (``--minimax-reference``).
 
 Outputs in ``--out``: ``results.jsonl`` (one row per (method, ε, seed) with ``dataset, method,
 epsilon, epsilon_spent, seed, worst_group_accuracy, average_accuracy, worst_group_loss,
