@@ -75,8 +75,12 @@ def test_reproduction_writes_every_output(tmp_path, small_protocol):
     methods = ["noisy-sgd-ags", "minimax-phased-erm", "dp-sgd", "group-dro"]
     res = run_worst_group(
         dataset="synthetic", epsilons=[2.0], seeds=1, out_dir=tmp_path, methods=methods, tune_grid=False,
-        rates=False, insecure_seed=0, log=lambda s: None,
+        rates=False, reference=True, insecure_seed=0, log=lambda s: None,
     )  # fmt: skip
+    ref = res["minimax_reference"]
+    # the minimax point minimises the worst training-group loss: never above ERM's (up to the certified gap)
+    assert ref["train_worst_group_loss"]["minimax"] <= ref["train_worst_group_loss"]["erm"] + 1e-3
+    assert "worst-group minimax (certified)" in res["markdown"]
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert {r["method"] for r in rows} == set(methods) and len(rows) == 4
     keys = {"dataset", "method", "epsilon", "epsilon_spent", "seed", "worst_group_accuracy", "average_accuracy",

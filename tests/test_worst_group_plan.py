@@ -1,5 +1,6 @@
-"""Release plans of the worst-group algorithms: inventories, calibrated Laplace / noisy-max families,
-disjoint (parallel) families, the runtime's ledger records and the tree of noisy prefix sums."""
+"""Release plans of the worst-group algorithms (ReleasePlans with the kinds of release_kinds):
+inventories, calibrated Laplace / noisy-max families, disjoint (parallel) families, the runtime's
+ledger records and bound checks, and the tree of noisy prefix sums."""
 
 import math
 
@@ -8,8 +9,18 @@ import pytest
 import torch
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from privopt.algorithms.releases import ReleasePlanExceeded
-from privopt.algorithms.worst_group_plan import GroupRelease, GroupReleasePlan, GroupReleaseRun, TreeAggregator
+from privopt.algorithms.release_kinds import mechanism_of
+from privopt.algorithms.releases import (
+    DrawnBatch,
+    Fixed,
+    Phase,
+    PlanRun,
+    PublicBound,
+    Query,
+    ReleasePlan,
+    ReleasePlanExceeded,
+)
+from privopt.algorithms.worst_group_plan import GroupReleaseRun, TreeAggregator
 from privopt.errors import ConfigError
 from privopt.grads.release import observe_releases
 from privopt.grads.sums import BoundedSum
@@ -37,6 +48,15 @@ class Ctx:
         self.noise_rng = TorchSource(seed=0)
 
 
+def plan_of(*queries, count=1, n=100):
+    """One phase per query, each run ``count`` times (queries default to FullBatch drawn batches)."""
+    return ReleasePlan(phases=tuple(Phase(f"p{i}", count, (q,)) for i, q in enumerate(queries)))
+
+
+def drawn(n=100, sampling=None):
+    return DrawnBatch(n) if sampling is None else DrawnBatch(n, sampling)
+
+
 def test_calibrated_laplace_family_matches_dp_accounting():
     inv = Inventory((PlannedStep(FullBatch(), (laplace_family("losses"),), 50),))
     cal = calibrate(inv, epsilon=2.0, delta=1e-6, accountant="rdp")
@@ -58,8 +78,9 @@ def test_calibrated_noisy_max_family_is_charged_as_pure_dp():
 
 
 def test_disjoint_family_is_accounted_once_and_recorded_once():
-    plan = GroupReleasePlan((GroupRelease("phase", "gaussian", count=4, disjoint=True),))
+    plan = plan_of(Query("phase", PublicBound(), batch=drawn(8), disjoint=True), count=4)
     assert [(s.count) for s in plan.inventory().steps] == [1]
+    assert plan.family_counts() == {"phase": 4}
     cal = calibrate(plan.inventory(), epsilon=1.0, delta=1e-5)
     ledger = PrivacyLedger(delta=1e-5, target_epsilon=1.0, planned=plan.inventory().steps_for(cal.noise))
     run = GroupReleaseRun(plan, Ctx(ledger, cal.noise, n=8), private=True)
@@ -71,7 +92,7 @@ def test_disjoint_family_is_accounted_once_and_recorded_once():
 
 
 def test_disjoint_family_refuses_a_reused_record_before_recording():
-    plan = GroupReleasePlan((GroupRelease("phase", "gaussian", count=3, disjoint=True, fixed=2.0),))
+    plan = plan_of(Query("phase", PublicBound(), batch=drawn(10), disjoint=True, fixed=2.0), count=3)
     ledger = PrivacyLedger(delta=1e-5)
     run = GroupReleaseRun(plan, Ctx(ledger, n=10), private=True)
     run.gaussian("phase", BoundedSum(torch.zeros(2), bound=1.0), indices=torch.tensor([1, 2]))
@@ -83,11 +104,10 @@ def test_disjoint_family_refuses_a_reused_record_before_recording():
 
 
 def test_runtime_records_before_noise_and_scales_noise_by_the_bound():
-    plan = GroupReleasePlan(
-        (
-            GroupRelease("grad", "gaussian", count=2, sampling=Poisson(0.5), fixed=3.0),
-            GroupRelease("losses", "laplace", count=2, fixed=2.0),
-        )
+    plan = plan_of(
+        Query("grad", Fixed(0.5), batch=drawn(sampling=Poisson(0.5)), fixed=3.0),
+        Query("losses", Fixed(0.25), batch=drawn(), mechanism="laplace", fixed=2.0),
+        count=2,
     )
     ledger = PrivacyLedger(delta=1e-5)
     run = GroupReleaseRun(plan, Ctx(ledger), private=True)
@@ -102,18 +122,18 @@ def test_runtime_records_before_noise_and_scales_noise_by_the_bound():
 
 
 def test_non_private_runtime_releases_the_exact_statistic_without_recording():
-    plan = GroupReleasePlan((GroupRelease("losses", "noisy-max", count=1, fixed=0.01),))
+    plan = plan_of(Query("losses", Fixed(1.0), batch=drawn(), mechanism="noisy-max", fixed=0.01))
     run = GroupReleaseRun(plan, Ctx(None), private=False)
     assert run.noisy_max("losses", BoundedSum(torch.tensor([0.1, 0.9, 0.5]), bound=1.0)) == 1
 
 
 def test_noisy_max_with_large_scale_is_nearly_uniform_and_small_scale_exact():
-    plan = GroupReleasePlan((GroupRelease("pick", "noisy-max", count=1000, fixed=1e4),))
+    plan = plan_of(Query("pick", Fixed(1.0), batch=drawn(), mechanism="noisy-max", fixed=1e4), count=1000)
     run = GroupReleaseRun(plan, Ctx(PrivacyLedger(delta=1e-5)), private=True)
     picks = [run.noisy_max("pick", BoundedSum(torch.tensor([0.0, 1.0]), bound=1.0)) for _ in range(1000)]
     assert 400 < sum(picks) < 600
-    exact = GroupRelease("pick", "noisy-max", count=10, fixed=1e-4)
-    run2 = GroupReleaseRun(GroupReleasePlan((exact,)), Ctx(PrivacyLedger(delta=1e-5)), private=True)
+    exact = plan_of(Query("pick", Fixed(1.0), batch=drawn(), mechanism="noisy-max", fixed=1e-4), count=10)
+    run2 = GroupReleaseRun(exact, Ctx(PrivacyLedger(delta=1e-5)), private=True)
     assert all(run2.noisy_max("pick", BoundedSum(torch.tensor([0.0, 1.0]), bound=1.0)) == 1 for _ in range(10))
 
 
@@ -135,7 +155,7 @@ def test_tree_prefix_sums_are_exact_without_noise_and_each_prefix_has_popcount_n
 
 
 def test_tree_leaf_bound_and_leaf_disjointness_are_enforced():
-    plan = GroupReleasePlan((GroupRelease("ftrl", "tree", count=1, tree_steps=5, fixed=2.0),))
+    plan = plan_of(Query("ftrl", Fixed(1.0), batch=drawn(20), mechanism="tree", tree_steps=5, fixed=2.0))
     ledger = PrivacyLedger(delta=1e-5)
     run = GroupReleaseRun(plan, Ctx(ledger, n=20), private=True)
     tree = run.tree("ftrl", bound=1.0, dim=2)
@@ -153,9 +173,33 @@ def test_tree_leaf_bound_and_leaf_disjointness_are_enforced():
 
 def test_declarations_are_checked():
     with pytest.raises(ConfigError, match="mechanism"):
-        GroupRelease("x", "exponential", count=1)
+        Query("x", Fixed(1.0), batch=drawn(), mechanism="exponential")
     with pytest.raises(ConfigError, match="tree_steps"):
-        GroupRelease("x", "tree", count=1)
-    with pytest.raises(ConfigError, match="unique"):
-        GroupReleasePlan((GroupRelease("x", "laplace", count=1), GroupRelease("x", "laplace", count=2)))
-    assert math.isclose(GroupRelease("x", "noisy-max", count=1, fixed=4.0).mechanism_with(4.0).epsilon, 0.25)
+        Query("x", Fixed(1.0), batch=drawn(), mechanism="tree")
+    with pytest.raises(ConfigError, match="fixed multiplier"):
+        Query("x", Fixed(1.0), batch=drawn(), fixed=0.0)
+    with pytest.raises(ConfigError, match="threshold"):
+        PublicBound().threshold()
+    with pytest.raises(ConfigError, match="sampled by the algorithm"):
+        drawn().sampler(None)
+    q = Query("x", Fixed(1.0), batch=drawn(), mechanism="noisy-max", fixed=4.0)
+    assert math.isclose(mechanism_of(q, 4.0).epsilon, 0.25)
+    with pytest.raises(ConfigError, match="not declared"):
+        plan_of(q).query("y")
+
+
+def test_a_statistic_above_the_declared_fixed_bound_is_refused_before_recording():
+    ledger = PrivacyLedger(delta=1e-5)
+    run = GroupReleaseRun(plan_of(Query("losses", Fixed(1.0), batch=drawn(), mechanism="laplace", fixed=2.0)),
+                          Ctx(ledger), private=True)  # fmt: skip
+    with pytest.raises(ConfigError, match="exceeds the plan"):
+        run.laplace("losses", BoundedSum(torch.zeros(3), bound=1.5))
+    assert ledger.num_steps == 0
+    run.laplace("losses", BoundedSum(torch.zeros(3), bound=1.0))
+    assert ledger.num_steps == 1
+
+
+def test_plan_run_refuses_kinds_it_cannot_make():
+    plan = plan_of(Query("losses", Fixed(1.0), batch=drawn(), mechanism="laplace"))
+    with pytest.raises(ConfigError, match="Gaussian releases only"):
+        PlanRun(plan, Ctx(None), private=False)

@@ -38,19 +38,22 @@ from typing import Any, Union
 
 import torch
 
+from privopt.algorithms.release_batches import BatchPlan, FullSampler, PoissonBatch, SingleRecordBatch
+from privopt.algorithms.release_kinds import DrawnBatch, PublicBound, check_kind, gaussian_only, planned_entry
 from privopt.errors import ConfigError, PrivacyBudgetExceeded
 from privopt.grads.release import PrivateBatch
 from privopt.grads.sums import as_bounded
-from privopt.privacy import COMPOSITIONS, FullBatch, Gaussian, Inventory, PlannedStep, Poisson, SingleRecord, Step
-from privopt.sampling import PoissonSampler
+from privopt.privacy import COMPOSITIONS, Gaussian, Inventory, PlannedStep, Step
 
 __all__ = [
     "BatchPlan",
     "PoissonBatch",
     "SingleRecordBatch",
+    "DrawnBatch",
     "FullSampler",
     "Fixed",
     "StepProportional",
+    "PublicBound",
     "Query",
     "Phase",
     "ReleasePlan",
@@ -63,93 +66,6 @@ __all__ = [
 StatFn = Callable[[torch.Tensor, float], Any]  # (batch indices, threshold) -> BoundedSum
 
 
-# ----------------------------------------------------------------------------- batches
-class FullSampler:
-    """Every record, every time (a batch whose nominal size reaches n)."""
-
-    def __init__(self, *, n: int):
-        self.n = n
-        self.sampling = FullBatch()
-        self.expected_batch_size = float(n)
-
-    def sample(self) -> torch.Tensor:
-        return torch.arange(self.n)
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """A nominal batch size resolved against the dataset size.
-
-    ``size >= n`` means the full dataset (``FullBatch``, no amplification, normaliser n);
-    otherwise Poisson sampling with rate ``size/n`` and normaliser ``size`` (the expected size).
-    """
-
-    size: int
-    n: int
-
-    @property
-    def full(self) -> bool:
-        return self.size >= self.n
-
-    @property
-    def sampling(self):
-        return FullBatch() if self.full else Poisson(self.size / self.n)
-
-    @property
-    def normalizer(self) -> float:
-        return float(min(self.size, self.n))
-
-    def sampler(self, rng):
-        if self.full:
-            return FullSampler(n=self.n)
-        return PoissonSampler(n=self.n, rate=self.size / self.n, rng=rng)
-
-
-@dataclass(frozen=True)
-class PoissonBatch:
-    """DP-SGD's batch: Poisson sampling at rate ``size/n`` (``size > n`` is an error), normaliser
-    ``size``; a rate of 1 is still accounted as Poisson sampling."""
-
-    size: int
-    n: int
-
-    def __post_init__(self):
-        if self.size > self.n:
-            raise ConfigError(f"batch_size {self.size} exceeds the training set size {self.n}")
-
-    @property
-    def sampling(self):
-        return Poisson(self.size / self.n)
-
-    @property
-    def normalizer(self) -> int:
-        return self.size
-
-    def sampler(self, rng):
-        return PoissonSampler(n=self.n, rate=self.size / self.n, rng=rng)
-
-
-@dataclass(frozen=True)
-class SingleRecordBatch:
-    """One record drawn uniformly per release (rate 1/n; ``SingleRecord(n)`` in the accountant).
-    The algorithm draws the records itself (:func:`privopt.sampling.single_record_draws`), in
-    vectorised blocks; the plan only declares the sampling."""
-
-    n: int
-
-    @property
-    def sampling(self):
-        return SingleRecord(self.n)
-
-    @property
-    def normalizer(self) -> float:
-        return 1.0
-
-    def sampler(self, rng):
-        raise ConfigError("single-record releases are drawn by the algorithm's own vectorised loop")
-
-
-# ----------------------------------------------------------------------------- sensitivities
 def step_clip(distance: float, *, gamma: float | None, cap: float | None) -> float:
     """Clip threshold of a difference query.
 
@@ -195,7 +111,7 @@ class StepProportional:
         return step_clip(distance, gamma=self.gamma, cap=self.cap)
 
 
-Sensitivity = Union[Fixed, StepProportional]
+Sensitivity = Union[Fixed, StepProportional, PublicBound]
 
 
 # ----------------------------------------------------------------------------- the declaration
@@ -212,6 +128,8 @@ class Query:
         estimate: ``"mean"`` (divide the noisy sum by the expected batch size) or ``"total"``
             (divide by the sampling rate: an unbiased estimate of the full-data sum).
         ratio: noise-multiplier ratio of the family for calibration (default 1: uniform).
+        mechanism, fixed, tree_steps, disjoint: other mechanisms than a calibrated Gaussian, and
+            families on disjoint records (:mod:`privopt.algorithms.release_kinds`).
     """
 
     name: str
@@ -220,8 +138,13 @@ class Query:
     on: str | None = None
     estimate: str = "mean"
     ratio: float = 1.0
+    mechanism: str = "gaussian"
+    fixed: float | None = None
+    tree_steps: int | None = None
+    disjoint: bool = False
 
     def __post_init__(self):
+        check_kind(self)
         if (self.batch is None) == (self.on is None):
             raise ConfigError(f"query {self.name!r} needs exactly one of batch= and on=")
         if self.estimate not in ("mean", "total"):
@@ -280,6 +203,13 @@ class ReleasePlan:
                 return p
         raise ConfigError(f"phase {name!r} is not in the release plan (phases: {[p.name for p in self.phases]})")
 
+    def query(self, name: str) -> Query:
+        """The declaration of family ``name`` (the first phase's, if several declare it)."""
+        found = [q for p in self.phases for q in p.queries if q.name == name]
+        if not found:
+            raise ConfigError(f"release {name!r} is not declared in the release plan")
+        return found[0]
+
     def groups(self, phase: Phase) -> tuple[tuple[Query, ...], ...]:
         """The sampled batches of one execution of ``phase``: each a tuple of queries, leader first."""
         groups: list[list[Query]] = []
@@ -308,8 +238,9 @@ class ReleasePlan:
                     leaders.append(lead)
                     by_leader[lead] = []
                 if phase.count > 0:
-                    mechs = tuple((q.name, q.ratio) for q in g)
-                    by_leader[lead].append(PlannedStep(g[0].batch.sampling, mechs, phase.count))
+                    mechs = tuple(planned_entry(q) for q in g)
+                    count = 1 if all(q.disjoint for q in g) else phase.count  # parallel composition
+                    by_leader[lead].append(PlannedStep(g[0].batch.sampling, mechs, count))
         merged: dict[tuple, int] = {}
         for lead in leaders:
             for s in by_leader[lead]:
@@ -354,6 +285,7 @@ class PlanRun:
     def __init__(self, plan: ReleasePlan, ctx, *, private: bool):
         if plan.composition != "plan":  # adaptive counts or pass-wise batches: the algorithm runs its own
             raise ConfigError(f"PlanRun runs fixed schedules; a {plan.composition!r} plan needs its own runtime")
+        gaussian_only(plan)
         self.plan = plan
         self._ctx = ctx
         self._private = private

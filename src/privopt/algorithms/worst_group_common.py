@@ -3,7 +3,8 @@
 * :class:`WorstGroupConfig`: the hyper-parameters every worst-group algorithm has (loss bound B,
   how group sizes become known, the parameter ball W);
 * :class:`WorstGroupAlgorithm`: the base class. It binds the algorithm's
-  :class:`~privopt.algorithms.worst_group_plan.GroupReleasePlan` to the run, reads the training
+  :class:`~privopt.algorithms.releases.ReleasePlan` to the run (through
+  :class:`~privopt.algorithms.worst_group_plan.GroupReleaseRun`), reads the training
   records' group ids, releases the group sizes (Laplace on the histogram, once, before anything
   else uses them) unless they are public, keeps the model as a flat vector and averages iterates;
 * the λ-player's updates on the probability simplex (multiplicative weights and EXP3), through
@@ -26,7 +27,8 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from privopt.algorithms.base import Algorithm, RunContext
 from privopt.algorithms.config import AlgorithmConfig, flag, one_of, optional_positive, param, positive, positive_int
 from privopt.algorithms.mirror import get_geometry
-from privopt.algorithms.worst_group_plan import GroupRelease, GroupReleasePlan, GroupReleaseRun
+from privopt.algorithms.releases import DrawnBatch, Fixed, Phase, Query, ReleasePlan
+from privopt.algorithms.worst_group_plan import GroupReleaseRun
 from privopt.errors import ConfigError, DataError
 from privopt.grads.flat import trainable_parameters
 from privopt.grads.sums import BoundedSum, batch_losses, chunked_clipped_sum
@@ -125,8 +127,8 @@ def exp3_step(lam: np.ndarray, *, arm: int, loss: float, prob: float, step: floa
 class WorstGroupAlgorithm(Algorithm):
     """Base of the worst-group algorithms (see the module docstring).
 
-    Subclasses implement :meth:`_releases` (their own families; the group-size release is added
-    here), :meth:`steps_for`, :meth:`step` and :meth:`_state` / :meth:`_load_state`.
+    Subclasses implement :meth:`_release_phases` (their own phases of the release plan; the
+    group-size release is added here), :meth:`steps_for`, :meth:`step` and :meth:`_state` / :meth:`_load_state`.
     """
 
     def __init__(self, **kw: Any):
@@ -138,14 +140,15 @@ class WorstGroupAlgorithm(Algorithm):
         self._avg_count = 0
 
     # -- the plan ------------------------------------------------------------------------------
-    def _releases(self, n: int) -> tuple[GroupRelease, ...]:
+    def _release_phases(self, n: int) -> tuple[Phase, ...]:
         raise NotImplementedError
 
-    def release_plan(self, n: int) -> GroupReleasePlan:
-        own = self._releases(n)
+    def release_plan(self, n: int) -> ReleasePlan:
+        own = self._release_phases(n)
         if self.config.group_sizes == "private":
-            own = (GroupRelease(COUNTS, "laplace", count=1, fixed=self.config.count_noise), *own)
-        return GroupReleasePlan(own)
+            counts = Query(COUNTS, Fixed(1.0), batch=DrawnBatch(n), mechanism="laplace", fixed=self.config.count_noise)
+            own = (Phase(COUNTS, 1, (counts,)), *own)
+        return ReleasePlan(phases=own)
 
     def inventory(self, *, n: int):
         return self.release_plan(n).inventory() if self.private else None

@@ -37,8 +37,8 @@ import torch
 
 from privopt.algorithms.base import RunContext, register_algorithm
 from privopt.algorithms.config import one_of, optional_positive, param, positive, positive_int
+from privopt.algorithms.releases import DrawnBatch, Fixed, Phase, Query
 from privopt.algorithms.worst_group_common import WorstGroupAlgorithm, WorstGroupConfig, exp3_step
-from privopt.algorithms.worst_group_plan import GroupRelease
 from privopt.grads.flat import num_trainable
 from privopt.grads.sums import BoundedSum, batch_losses
 from privopt.group_sampling import GroupOracles
@@ -95,14 +95,15 @@ class DPOCOEXP3(WorstGroupAlgorithm):
         c = self.config
         return c.rounds if c.rounds is not None else max(1, n // (2 * c.batch_size))
 
-    def _releases(self, n: int) -> tuple[GroupRelease, ...]:
-        T = self.steps_for(n=n)
+    def _release_phases(self, n: int) -> tuple[Phase, ...]:
+        c, T = self.config, self.steps_for(n=n)
         depth = math.ceil(math.log2(T + 1))
-        ratio = self.config.loss_noise_ratio or 1.0 / math.sqrt(depth)
-        return (
-            GroupRelease(TREE, "tree", count=1, tree_steps=T),
-            GroupRelease(BANDIT, "laplace", count=T, disjoint=True, ratio=ratio),
+        ratio = c.loss_noise_ratio or 1.0 / math.sqrt(depth)
+        tree = Query(TREE, Fixed(c.clip), batch=DrawnBatch(n), mechanism="tree", tree_steps=T)
+        bandit = Query(
+            BANDIT, Fixed(c.loss_bound), batch=DrawnBatch(n), mechanism="laplace", disjoint=True, ratio=ratio
         )
+        return (Phase("ftrl", 1, (tree,)), Phase("round", T, (bandit,)))
 
     def setup(self, ctx: RunContext) -> None:
         super().setup(ctx)

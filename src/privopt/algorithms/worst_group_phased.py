@@ -31,8 +31,8 @@ from torch import nn
 
 from privopt.algorithms.base import RunContext, register_algorithm
 from privopt.algorithms.config import flag, one_of, optional_positive, param, positive, positive_int
+from privopt.algorithms.releases import DrawnBatch, Phase, PublicBound, Query
 from privopt.algorithms.worst_group_common import WorstGroupAlgorithm, WorstGroupConfig
-from privopt.algorithms.worst_group_plan import GroupRelease
 from privopt.algorithms.worst_group_scsc import SaddleObjective, solve_accelerated, solve_ogd
 from privopt.errors import ConfigError, ModelError
 from privopt.grads.sums import BoundedSum
@@ -136,8 +136,9 @@ class MinimaxPhasedERM(WorstGroupAlgorithm):
     def steps_for(self, *, n: int) -> int:
         return self._phases(n)
 
-    def _releases(self, n: int) -> tuple[GroupRelease, ...]:
-        return (GroupRelease(OUTPUT, "gaussian", count=self._phases(n), disjoint=True),)
+    def _release_phases(self, n: int) -> tuple[Phase, ...]:
+        output = Query(OUTPUT, PublicBound(), batch=DrawnBatch(n), disjoint=True)  # Δ_t: public, per phase
+        return (Phase("phase", self._phases(n), (output,)),)
 
     def setup(self, ctx: RunContext) -> None:
         layer = linear_layer(ctx.model)

@@ -1,146 +1,61 @@
-"""Release plans of the worst-group algorithms: one declaration, from which come the accounting
-inventory AND the runtime releases (``docs/algorithms/worst_group.md``, "Privacy inventory").
+"""The runtime of the worst-group algorithms' release plans (``docs/algorithms/worst_group.md``,
+"Privacy inventory").
 
-The worst-group algorithms release more kinds of noisy statistics than a Gaussian on a sampled
-batch: Laplace-privatised losses, report-noisy-max choices, DP-FTRL's tree of noisy prefix sums and
-output perturbations on disjoint parts of the data. A :class:`GroupRelease` declares one family:
-
-* ``mechanism``: ``"gaussian"``, ``"laplace"``, ``"noisy-max"`` or ``"tree"``;
-* ``count``: how many times it is released at most;
-* ``sampling``: the batch it is computed on (``FullBatch()`` or ``Poisson(q)``);
-* ``disjoint``: every release uses records no other release of the family used (parallel
-  composition): the family is accounted ONCE, and the runtime refuses a record used twice;
-* ``fixed``: a fixed multiplier (not calibrated), else the family is calibrated with ``ratio``.
+Each worst-group algorithm declares its releases as a :class:`~privopt.algorithms.releases.ReleasePlan`
+(the project's one declaration type), whose queries use the kinds of
+:mod:`privopt.algorithms.release_kinds`: Laplace-privatised losses, report-noisy-max choices,
+DP-FTRL's tree of noisy prefix sums, Gaussian output perturbations on disjoint parts of the data,
+and batches the algorithm draws itself with its group oracles. :class:`GroupReleaseRun` makes those
+releases: it records each in the ledger before drawing its noise, refuses a family beyond its planned
+count, a record reused by a disjoint family, and a statistic whose per-record bound exceeds a fixed
+declared one.
 
 Multipliers are per unit of the release's per-record bound ``C``: Gaussian std ``z·C`` (L2),
 Laplace scale ``b·C`` (L1), report-noisy-max Laplace scale ``b·Δ`` (an ``1/b``-DP choice), tree
 node std ``z·C``.
 
 Example:
-    >>> from privopt.privacy import FullBatch, Poisson
-    >>> plan = GroupReleasePlan((
-    ...     GroupRelease("grad", "gaussian", count=100, sampling=Poisson(0.1)),
-    ...     GroupRelease("losses", "laplace", count=100, ratio=2.0),
-    ...     GroupRelease("phase", "gaussian", count=5, disjoint=True),
+    >>> from privopt.algorithms.releases import DrawnBatch, Fixed, Phase, PublicBound, Query, ReleasePlan
+    >>> from privopt.privacy import Poisson
+    >>> n = 1000
+    >>> plan = ReleasePlan(phases=(
+    ...     Phase("step", 100, (
+    ...         Query("grad", Fixed(1.0), batch=DrawnBatch(n, Poisson(0.1))),
+    ...         Query("losses", Fixed(5.0), batch=DrawnBatch(n), mechanism="laplace", ratio=2.0))),
+    ...     Phase("phase", 5, (Query("out", PublicBound(), batch=DrawnBatch(n), disjoint=True),)),
     ... ))
-    >>> [(s.mechanisms, s.count) for s in plan.inventory().steps][2]
-    ((('phase', 1.0),), 1)
+    >>> [(s.mechanisms[0][0], s.count) for s in plan.inventory().steps]
+    [('grad', 100), ('losses', 100), ('out', 1)]
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from privopt.algorithms.releases import ReleasePlanExceeded
+from privopt.algorithms.release_kinds import mechanism_of
+from privopt.algorithms.releases import Fixed, Query, ReleasePlan, ReleasePlanExceeded
 from privopt.errors import ConfigError
 from privopt.grads.release import ReleaseEvent, draw_gaussian_noise, draw_laplace_noise, notify_release
 from privopt.grads.sums import BoundedSum, as_bounded
-from privopt.privacy import (
-    FullBatch,
-    Gaussian,
-    Inventory,
-    Laplace,
-    PlannedStep,
-    PureDP,
-    Step,
-    TreeAggregation,
-    laplace_family,
-    noisy_max_family,
-    tree_family,
-)
+from privopt.privacy import Step
 
-__all__ = ["GroupRelease", "GroupReleasePlan", "GroupReleaseRun", "TreeAggregator"]
-
-MECHANISMS = ("gaussian", "laplace", "noisy-max", "tree")
-
-
-@dataclass(frozen=True)
-class GroupRelease:
-    """One family of noisy releases (see the module docstring)."""
-
-    name: str
-    mechanism: str
-    count: int
-    sampling: Any = field(default_factory=FullBatch)
-    disjoint: bool = False
-    fixed: float | None = None
-    ratio: float = 1.0
-    tree_steps: int | None = None
-
-    def __post_init__(self):
-        if self.mechanism not in MECHANISMS:
-            raise ConfigError(f"release {self.name!r}: mechanism must be one of {MECHANISMS}, got {self.mechanism!r}")
-        if not (isinstance(self.count, int) and self.count >= 0):
-            raise ConfigError(f"release {self.name!r}: count must be an integer >= 0, got {self.count!r}")
-        if self.mechanism == "tree" and not (isinstance(self.tree_steps, int) and self.tree_steps >= 1):
-            raise ConfigError(f"tree release {self.name!r} needs tree_steps (leaves) >= 1")
-        if self.mechanism == "tree" and (self.count != 1 or not isinstance(self.sampling, FullBatch)):
-            raise ConfigError(f"tree release {self.name!r} is one pass over a stream: count 1, FullBatch sampling")
-
-    @property
-    def accounted_count(self) -> int:
-        """Executions the accountant composes: one for a disjoint family (parallel composition)."""
-        return min(self.count, 1) if self.disjoint else self.count
-
-    def planned(self):
-        """The inventory entry: a fixed mechanism object or a calibrated family."""
-        if self.fixed is not None:
-            return self.mechanism_with(self.fixed)
-        if self.mechanism == "gaussian":
-            return (self.name, self.ratio)
-        if self.mechanism == "laplace":
-            return laplace_family(self.name, ratio=self.ratio)
-        if self.mechanism == "noisy-max":
-            return noisy_max_family(self.name, ratio=self.ratio)
-        return tree_family(self.name, steps=self.tree_steps, ratio=self.ratio)
-
-    def mechanism_with(self, multiplier: float):
-        """The accounting mechanism of one release with ``multiplier``."""
-        m = float(multiplier)
-        return {
-            "gaussian": lambda: Gaussian(m, name=self.name),
-            "laplace": lambda: Laplace(m, name=self.name),
-            "noisy-max": lambda: PureDP(1.0 / m, name=self.name),
-            "tree": lambda: TreeAggregation(m, steps=self.tree_steps, name=self.name),
-        }[self.mechanism]()
-
-
-@dataclass(frozen=True)
-class GroupReleasePlan:
-    """Every noisy release of a worst-group run, declared once."""
-
-    releases: tuple[GroupRelease, ...]
-
-    def __post_init__(self):
-        names = [r.name for r in self.releases]
-        if len(set(names)) != len(names):
-            raise ConfigError(f"release names must be unique, got {names}")
-
-    def release(self, name: str) -> GroupRelease:
-        for r in self.releases:
-            if r.name == name:
-                return r
-        raise ConfigError(f"release {name!r} is not declared in the plan (declared: {[r.name for r in self.releases]})")
-
-    def inventory(self) -> Inventory:
-        """The accounting inventory the noise is calibrated from."""
-        return Inventory(tuple(PlannedStep(r.sampling, (r.planned(),), r.accounted_count) for r in self.releases))
+__all__ = ["GroupReleaseRun", "TreeAggregator"]
 
 
 class GroupReleaseRun:
     """A plan bound to a run: records every release in the ledger BEFORE drawing its noise.
 
     Args:
-        plan: the :class:`GroupReleasePlan`.
+        plan: the algorithm's :class:`~privopt.algorithms.releases.ReleasePlan`.
         ctx: the run context (``ledger``, ``noise``, ``noise_rng``).
         private: ``False`` releases the exact statistics (no noise, no ledger): reference runs.
     """
 
-    def __init__(self, plan: GroupReleasePlan, ctx, *, private: bool):
+    def __init__(self, plan: ReleasePlan, ctx, *, private: bool):
         self.plan, self._ctx, self._private = plan, ctx, private
+        self._planned = plan.family_counts()
         self._released: dict[str, int] = {}
         self._used: dict[str, torch.Tensor] = {}
 
@@ -150,28 +65,34 @@ class GroupReleaseRun:
 
     def multiplier(self, name: str) -> float:
         """The family's noise multiplier (calibrated, or the plan's fixed value)."""
-        rel = self.plan.release(name)
+        rel = self.plan.query(name)
         if rel.fixed is not None:
             return float(rel.fixed)
         if name not in self._ctx.noise:
             raise ConfigError(f"no calibrated noise for release {name!r}: was the run built from this plan?")
         return float(self._ctx.noise[name])
 
-    def _begin(self, name: str, indices: torch.Tensor | None) -> GroupRelease:
-        """Count one release of ``name`` (refused beyond the plan), check disjointness, record it."""
-        rel = self.plan.release(name)
+    def _begin(self, name: str, indices: torch.Tensor | None, bound: float | None = None) -> Query:
+        """Count one release of ``name`` (refused beyond the plan), check its bound and disjointness,
+        record it."""
+        rel = self.plan.query(name)
         k = self._released.get(name, 0) + 1
-        if k > rel.count:
+        if k > self._planned[name]:
             raise ReleasePlanExceeded(
-                f"release {name!r} would be made {k} times, but the plan declares at most {rel.count}: "
+                f"release {name!r} would be made {k} times, but the plan declares at most {self._planned[name]}: "
                 "nothing was recorded or released"
+            )
+        declared = rel.sensitivity.clip * rel.sensitivity.factor if isinstance(rel.sensitivity, Fixed) else None
+        if bound is not None and declared is not None and bound > declared * (1 + 1e-12):
+            raise ConfigError(
+                f"release {name!r}: the statistic's per-record bound {bound:g} exceeds the plan's {declared:g}"
             )
         if rel.disjoint:
             self.claim(name, indices)
         self._released[name] = k
         ledger = self._ctx.ledger if self._private else None
         if ledger is not None and (not rel.disjoint or k == 1):
-            ledger.record(Step(rel.sampling, (rel.mechanism_with(self.multiplier(name)),)))
+            ledger.record(Step(rel.batch.sampling, (mechanism_of(rel, self.multiplier(name)),)))
         return rel
 
     def claim(self, name: str, indices: torch.Tensor | None) -> None:
@@ -185,13 +106,13 @@ class GroupReleaseRun:
             raise ConfigError(f"release {name!r} would reuse a record: its releases must use disjoint records")
         used[indices] = True
 
-    def _notify(self, name: str, value: torch.Tensor, std: float, bound: float, rel: GroupRelease, norm: float):
-        notify_release(ReleaseEvent(name, value.detach().clone(), std, bound, rel.sampling, norm))
+    def _notify(self, name: str, value: torch.Tensor, std: float, bound: float, rel: Query, norm: float):
+        notify_release(ReleaseEvent(name, value.detach().clone(), std, bound, rel.batch.sampling, norm))
 
     def gaussian(self, name: str, stat, *, normalizer: float = 1.0, indices: torch.Tensor | None = None):
         """``(value + N(0, (z·bound)²)) / normalizer`` of a bounded sum (L2 bound)."""
         stat = as_bounded(stat)
-        rel = self._begin(name, indices)
+        rel = self._begin(name, indices, stat.bound)
         out, std = stat.value, 0.0
         if self._private:
             std = self.multiplier(name) * stat.bound
@@ -203,7 +124,7 @@ class GroupReleaseRun:
     def laplace(self, name: str, stat, *, normalizer: float = 1.0, indices: torch.Tensor | None = None):
         """``(value + Lap(b·bound)) / normalizer`` per coordinate; ``bound`` is the L1 bound of one record."""
         stat = as_bounded(stat)
-        rel = self._begin(name, indices)
+        rel = self._begin(name, indices, stat.bound)
         out, scale = stat.value.to(torch.float64), 0.0
         if self._private:
             scale = self.multiplier(name) * stat.bound
@@ -216,7 +137,7 @@ class GroupReleaseRun:
         """Index of the largest ``value_i + Lap(b·Δ)`` (``values.bound`` = Δ, the most one record moves
         any coordinate, in one direction); only the index is released."""
         stat = as_bounded(values)
-        rel = self._begin(name, indices)
+        rel = self._begin(name, indices, stat.bound)
         v = stat.value.to(torch.float64).reshape(-1)
         if self._private:
             v = v + draw_laplace_noise(v.shape, scale=self.multiplier(name) * stat.bound, rng=self._ctx.noise_rng)
@@ -228,11 +149,11 @@ class GroupReleaseRun:
         """Open the family's tree of noisy prefix sums (recorded once, before any noise); with
         ``state``, reopen a checkpointed tree that was recorded before (nothing is recorded again)."""
         if state is None:
-            rel = self._begin(name, None)
+            rel = self._begin(name, None, bound)
         elif self._released.get(name, 0) < 1:
             raise ConfigError(f"tree {name!r} cannot be reopened: it was never opened in this run")
         else:
-            rel = self.plan.release(name)
+            rel = self.plan.query(name)
         std = self.multiplier(name) * bound if self._private else 0.0
         claim = lambda idx: self.claim(name, idx)  # every record in at most one leaf
         agg = TreeAggregator(leaves=rel.tree_steps, dim=dim, bound=bound, std=std, rng=self._ctx.noise_rng, claim=claim)

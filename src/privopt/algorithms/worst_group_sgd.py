@@ -31,8 +31,8 @@ import torch
 
 from privopt.algorithms.base import RunContext, register_algorithm
 from privopt.algorithms.config import one_of, optional_positive, param, positive, positive_int
+from privopt.algorithms.releases import DrawnBatch, Fixed, Phase, PublicBound, Query
 from privopt.algorithms.worst_group_common import WorstGroupAlgorithm, WorstGroupConfig, hedge_step
-from privopt.algorithms.worst_group_plan import GroupRelease
 from privopt.errors import ConfigError
 from privopt.grads.flat import num_trainable
 from privopt.grads.sums import BoundedSum
@@ -115,8 +115,14 @@ class _GroupSGD(WorstGroupAlgorithm):
         r = self.config.loss_noise_ratio
         return r if r is not None else 1.0 / (2.0 * self._rate(n))
 
-    def _grad_release(self, n: int) -> GroupRelease:
-        return GroupRelease(GRAD, "gaussian", count=self.steps_for(n=n), sampling=Poisson(self._rate(n)))
+    def _step_phase(self, n: int, choice: Query) -> tuple[Phase, ...]:
+        """One phase per step: the gradient on a Poisson(q) batch of the chosen group, and ``choice``."""
+        grad = Query(GRAD, Fixed(self.config.clip), batch=DrawnBatch(n, Poisson(self._rate(n))))
+        return (Phase("step", self.steps_for(n=n), (grad, choice)),)
+
+    def _losses_query(self, n: int) -> Query:
+        c = self.config
+        return Query(LOSSES, Fixed(c.loss_bound), batch=DrawnBatch(n), mechanism="laplace", ratio=self._loss_ratio(n))
 
     def setup(self, ctx: RunContext) -> None:
         super().setup(ctx)
@@ -160,9 +166,8 @@ class NoisySGDMGR(_GroupSGD):
     summary = "Noisy-SGD-MGR: noisy SGD on a λ-sampled group, multiplicative weights on Laplace-noised group losses"
     Config = NoisySGDMGRConfig
 
-    def _releases(self, n: int) -> tuple[GroupRelease, ...]:
-        losses = GroupRelease(LOSSES, "laplace", count=self.steps_for(n=n), ratio=self._loss_ratio(n))
-        return (self._grad_release(n), losses)
+    def _release_phases(self, n: int) -> tuple[Phase, ...]:
+        return self._step_phase(n, self._losses_query(n))
 
     def setup(self, ctx: RunContext) -> None:
         super().setup(ctx)
@@ -207,12 +212,12 @@ class NoisySGDAGS(_GroupSGD):
     summary = "Noisy-SGD-AGS: noisy SGD on the group chosen by report-noisy-max over the group losses"
     Config = NoisySGDAGSConfig
 
-    def _releases(self, n: int) -> tuple[GroupRelease, ...]:
+    def _release_phases(self, n: int) -> tuple[Phase, ...]:
         if self.config.choice == "noisy-losses":
-            pick = GroupRelease(LOSSES, "laplace", count=self.steps_for(n=n), ratio=self._loss_ratio(n))
-        else:
-            pick = GroupRelease(PICK, "noisy-max", count=self.steps_for(n=n), ratio=self._loss_ratio(n))
-        return (self._grad_release(n), pick)
+            return self._step_phase(n, self._losses_query(n))
+        # Δ = B / min n̂: public once the sizes are released
+        pick = Query(PICK, PublicBound(), batch=DrawnBatch(n), mechanism="noisy-max", ratio=self._loss_ratio(n))
+        return self._step_phase(n, pick)
 
     def _choose(self) -> int:
         if self.config.choice == "noisy-losses":

@@ -7,6 +7,7 @@ The code is split by responsibility:
 * :mod:`privopt.experiments.worst_group_runner` — one run, the tuning search, the final grid;
 * :mod:`privopt.experiments.worst_group_rates` — the excess-risk rate of Minimax Phased ERM in K;
 * :mod:`privopt.experiments.worst_group_report` — tables, verdict and figures.
+* :mod:`privopt.experiments.worst_group_reference` — non-private ERM / minimax ceiling (``--minimax-reference``).
 
 Outputs in ``--out``: ``results.jsonl`` (one row per (method, ε, seed) with ``dataset, method,
 epsilon, epsilon_spent, seed, worst_group_accuracy, average_accuracy, worst_group_loss,
@@ -72,6 +73,7 @@ def run_worst_group(
     methods=PAPER_D + BASELINES,
     tune_grid: bool = True,
     rates: bool = True,
+    reference: bool = False,
     insecure_seed: int | None = None,
     log=print,
 ) -> dict[str, Any]:
@@ -108,6 +110,11 @@ def run_worst_group(
         result["rates"] = run_rates(seeds=seeds, insecure_seed=insecure_seed, log=log)
         atomic_write_json(out / "rates.json", result["rates"])
         plot_rates(result["rates"], out / "excess_risk_vs_K.png")
+    if reference:
+        from privopt.experiments.worst_group_reference import minimax_reference
+
+        log("non-private ERM and worst-group minimax references (seed-0 split)")
+        result["minimax_reference"] = minimax_reference(load_group_dataset(dataset, data_dir=data_dir, seed=0))
     plot_vs_epsilon(summary, out / "worst_group_vs_epsilon.png", title=f"{dataset}: worst-group accuracy vs ε")
     result["timing"] = {
         "wall_s": time.perf_counter() - t0,
@@ -144,13 +151,21 @@ def _markdown(result: dict, rows, names) -> str:
                 f"{c['theorem_slope']:g} (with its logs {c['theorem_slope_with_logs']:.3f}); "
                 f"within ±0.15: {c['within_0.15']}"
             )
+    if "minimax_reference" in result:
+        ref = result["minimax_reference"]
+        parts.append("\nNon-private references (seed-0 split, test worst-group / average accuracy):")
+        for k, label in (("erm", "ERM"), ("minimax", "worst-group minimax (certified)")):
+            parts.append(f"- {label}: {ref[k]['worst_group_accuracy']:.4f} / {ref[k]['average_accuracy']:.4f}")
     t = result["timing"]
     parts.append(f"\nwall {t['wall_s']:.0f} s, CPU {t['cpu_s']:.0f} s, load average {t['load_average']}")
     return "\n".join(parts)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", required=True, choices=sorted(DATASETS))
+    parser.add_argument(
+        "--dataset", required=True, choices=sorted(DATASETS),
+        help="group data: adult (sex x race), celeba (Blond_Hair x Male) or synthetic (p-group mixture)",
+    )  # fmt: skip
     parser.add_argument("--epsilons", type=float_list, default=list(EPSILONS), help="comma-separated ε (0.5,1,2,5)")
     parser.add_argument("--seeds", type=int, default=3, help="runs per (method, ε)")
     parser.add_argument("--data-dir", help="folder with adult/ and celeba/ (default $PRIVOPT_DATA)")
@@ -158,12 +173,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-tune", action="store_true", help="skip tuning (the middle grid point)")
     parser.add_argument("--no-rates", action="store_true", help="synthetic: skip the excess-risk-vs-K sweep")
     parser.add_argument(
+        "--minimax-reference", action="store_true",
+        help="also fit non-private ERM and the exact worst-group minimax point (the ceiling of reweighting)",
+    )  # fmt: skip
+    parser.add_argument(
         "--insecure-seed", type=int, metavar="N", default=None,
         help="seed noise and sampling (run s uses N + s): reproducible, NOT private; default: secret randomness",
     )  # fmt: skip
     parser.add_argument("--out", required=True, help="output directory (new)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="print nothing (outputs are still written)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -179,6 +198,7 @@ def main(args: argparse.Namespace) -> int:
         methods=methods,
         tune_grid=not args.no_tune,
         rates=not args.no_rates,
+        reference=args.minimax_reference,
         insecure_seed=args.insecure_seed,
         log=(lambda s: None) if quiet else (lambda s: print(s, flush=True)),
     )
