@@ -341,10 +341,10 @@ def run_bench(
 
     dev = resolve_device(device)
     memory = memory and dev.type == "cpu"  # the peak-RSS probe measures host memory only
-    methods = list(methods)
-    _check_args(models=models, batch_sizes=batch_sizes, repeats=repeats, threads=threads, methods=methods)
-    if "nonprivate" not in methods:  # every ratio needs the baseline
-        methods.insert(0, "nonprivate")
+    _check_args(
+        models=models, batch_sizes=batch_sizes, repeats=repeats, threads=threads, methods=(methods := list(methods))
+    )
+    methods = [*([] if "nonprivate" in methods else ["nonprivate"]), *methods]  # every ratio needs the baseline
     old_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(int(threads))
@@ -353,53 +353,9 @@ def run_bench(
     try:
         for name in models:
             for bs in batch_sizes:
-                base = build_bench_model(name).to(dev)
-                x, y = (t.to(dev) for t in _data(name, int(bs)))
-                steps = {m: _make_step(m, base, x, y) for m in methods}
-                times: dict[str, list[float]] = {m: [] for m in methods if steps[m] is not None}
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # Opacus warns on every step about its hooks
-                    for s in steps.values():  # warm-up (lazy init, allocator)
-                        if s is not None:
-                            s()
-                    for _ in range(repeats):
-                        for m, ts in times.items():
-                            t0 = time.perf_counter()
-                            steps[m]()
-                            ts.append(time.perf_counter() - t0)
-                del steps
-                block = []
-                for m in methods:
-                    row = {
-                        "model": name,
-                        "batch_size": int(bs),
-                        "method": m,
-                        "mode": "step",
-                        "threads": torch.get_num_threads(),
-                        "repeats": repeats,
-                        "median_s": None,
-                        "min_s": None,
-                        "peak_mb": None,
-                        "ratio_to_nonprivate": None,
-                        "mem_ratio_to_nonprivate": None,
-                        "note": "",
-                    }
-                    if m not in times:
-                        row["note"] = "opacus not importable"
-                    else:
-                        row["median_s"] = statistics.median(times[m])
-                        row["min_s"] = min(times[m])
-                        if memory:
-                            row["peak_mb"] = _peak_mb(name, int(bs), m, torch.get_num_threads())
-                    block.append(row)
-                ref = block[0]
-                for row in block:
-                    if row["median_s"] is not None:
-                        row["ratio_to_nonprivate"] = row["median_s"] / ref["median_s"]
-                    # below ~1 MB the baseline is allocator noise and a ratio would mean nothing
-                    if row["peak_mb"] is not None and ref["peak_mb"] is not None and ref["peak_mb"] >= 1.0:
-                        row["mem_ratio_to_nonprivate"] = row["peak_mb"] / ref["peak_mb"]
-                    if progress:
+                block = _bench_block(name, int(bs), methods, repeats=repeats, memory=memory, dev=dev)
+                if progress:
+                    for row in block:
                         print(_fmt_row(row), file=sys.stderr, flush=True)
                 rows.extend(block)
     finally:
@@ -408,6 +364,62 @@ def run_bench(
     for row in rows:
         row["load_avg"] = load
     return rows
+
+
+def _time_steps(name: str, bs: int, methods: list[str], *, repeats: int, dev) -> dict[str, list[float]]:
+    """Per-method step times, the methods interleaved round by round (a load change hits them all)."""
+    base = build_bench_model(name).to(dev)
+    x, y = (t.to(dev) for t in _data(name, bs))
+    steps = {m: _make_step(m, base, x, y) for m in methods}
+    times: dict[str, list[float]] = {m: [] for m in methods if steps[m] is not None}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Opacus warns on every step about its hooks
+        for s in steps.values():  # warm-up (lazy init, allocator)
+            if s is not None:
+                s()
+        for _ in range(repeats):
+            for m, ts in times.items():
+                t0 = time.perf_counter()
+                steps[m]()
+                ts.append(time.perf_counter() - t0)
+    return times
+
+
+def _bench_block(name: str, bs: int, methods: list[str], *, repeats: int, memory: bool, dev) -> list[dict]:
+    """The rows of one (model, batch size); ratios against the first method (non-private)."""
+    times = _time_steps(name, bs, methods, repeats=repeats, dev=dev)
+    block = []
+    for m in methods:
+        row = {
+            "model": name,
+            "batch_size": bs,
+            "method": m,
+            "mode": "step",
+            "threads": torch.get_num_threads(),
+            "repeats": repeats,
+            "median_s": None,
+            "min_s": None,
+            "peak_mb": None,
+            "ratio_to_nonprivate": None,
+            "mem_ratio_to_nonprivate": None,
+            "note": "",
+        }
+        if m not in times:
+            row["note"] = "opacus not importable"
+        else:
+            row["median_s"] = statistics.median(times[m])
+            row["min_s"] = min(times[m])
+            if memory:
+                row["peak_mb"] = _peak_mb(name, bs, m, torch.get_num_threads())
+        block.append(row)
+    ref = block[0]
+    for row in block:
+        if row["median_s"] is not None:
+            row["ratio_to_nonprivate"] = row["median_s"] / ref["median_s"]
+        # below ~1 MB the baseline is allocator noise and a ratio would mean nothing
+        if row["peak_mb"] is not None and ref["peak_mb"] is not None and ref["peak_mb"] >= 1.0:
+            row["mem_ratio_to_nonprivate"] = row["peak_mb"] / ref["peak_mb"]
+    return block
 
 
 def _num(v, fmt):

@@ -9,7 +9,8 @@ import signal
 import sys
 import threading
 
-from privopt.cliargs import int_list, name_list, positive_float, positive_int
+from privopt.cli_bench import add_bench_parser
+from privopt.cliargs import DEVICES
 from privopt.errors import PrivacyBudgetExceeded, PrivoptError
 
 __all__ = ["main", "build_parser"]
@@ -153,38 +154,6 @@ def _cmd_demo(args) -> int:
     from privopt.experiments.demo import run_demo
 
     run_demo(out_dir=args.out, progress=not args.quiet, quick=args.quick)
-    return 0
-
-
-def _cmd_bench(args) -> int:
-    from privopt.bench import format_table, run_bench
-
-    if args.end_to_end:
-        from privopt.bench_e2e import format_e2e, run_end_to_end
-
-        rows = run_end_to_end(
-            models=tuple(args.models),
-            methods=tuple(args.e2e_methods),
-            batch_size=args.e2e_batch_size,
-            epochs=args.epochs,
-            spider_steps=args.spider_steps,
-            dataset=args.dataset,
-            data_dir=args.data_dir,
-            repeats=args.repeats,
-            threads=args.threads,
-            progress=not (args.quiet or args.json),
-        )
-        print(json.dumps(rows) if args.json else format_e2e(rows))
-        return 0
-    rows = run_bench(
-        models=tuple(args.models),
-        batch_sizes=tuple(args.batch_sizes),
-        repeats=args.repeats,
-        threads=args.threads,
-        progress=not (args.quiet or args.json),
-        device=args.device,
-    )
-    print(json.dumps(rows) if args.json else format_table(rows))
     return 0
 
 
@@ -357,63 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--quiet", action="store_true", help="no per-run progress output")
     d.set_defaults(func=_cmd_demo)
 
-    _add_bench_parser(sub)
+    add_bench_parser(sub)
     _add_reproduce_parser(sub)
     return p
-
-
-def _add_bench_parser(sub) -> None:
-    b = sub.add_parser(
-        "bench",
-        help="time DP steps against a non-private step (and Opacus if installed)",
-        description="Median time and peak memory of one optimiser step per method (non-private, DP-SGD with "
-        "each gradient engine, the clipped-difference query, Opacus when installed), on the same model, batch "
-        "and threads. Measured on this machine: run it on a quiet one.",
-    )
-    b.add_argument(
-        "--models",
-        type=name_list,
-        default=["mlp", "cnn", "resnet20"],
-        metavar="M1,M2",
-        help="comma-separated benchmark models: mlp, cnn, resnet20 (tiny: a smoke test) (default mlp,cnn,resnet20)",
-    )
-    b.add_argument(
-        "--batch-sizes",
-        type=int_list,
-        default=[128, 512],
-        metavar="B1,B2",
-        help="comma-separated batch sizes to time (default 128,512)",
-    )
-    b.add_argument(
-        "--repeats", type=positive_int, default=5, help="timed rounds per (model, batch); the median is reported"
-    )
-    b.add_argument(
-        "--threads", type=positive_int, default=None, help="torch threads for every method (default: torch's)"
-    )
-    b.add_argument("--device", choices=DEVICES, default="cpu", help="time the steps on cpu or cuda (default cpu)")
-    b.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
-    b.add_argument("--quiet", action="store_true", help="no progress line per finished row")
-    e = b.add_argument_group("end-to-end mode (--end-to-end): whole training runs with a time breakdown")
-    e.add_argument(
-        "--end-to-end",
-        action="store_true",
-        help="time whole `privopt train` runs (private vs non-private, interleaved, one subprocess each) "
-        "instead of single steps; prints where the time went",
-    )
-    e.add_argument(
-        "--e2e-methods",
-        type=name_list,
-        default=["dp-sgd", "dp-double-spider", "dp-recursive-spider"],
-        metavar="A1,A2",
-        help="comma-separated private algorithms to run end to end (default dp-sgd,dp-double-spider,"
-        "dp-recursive-spider); each beside non-private sgd",
-    )
-    e.add_argument("--e2e-batch-size", type=positive_int, default=256, help="expected batch size (default 256)")
-    e.add_argument("--epochs", type=positive_float, default=1.0, help="epochs of dp-sgd and sgd (default 1)")
-    e.add_argument("--spider-steps", type=positive_int, default=64, help="steps of each DP SPIDER method (default 64)")
-    e.add_argument("--dataset", default="mnist-st", help="registered dataset to train on (default mnist-st)")
-    e.add_argument("--data-dir", default=None, help="data directory (default: $PRIVOPT_DATA)")
-    b.set_defaults(func=_cmd_bench)
 
 
 class _ExperimentParser(argparse.ArgumentParser):
@@ -455,8 +370,6 @@ def _add_reproduce_parser(sub) -> None:
     for name, exp in experiment_entries().items():
         rsub.add_parser(name, help=exp.help_text, description=exp.help_text, experiment=exp)
 
-
-DEVICES = ("cpu", "cuda")
 
 EXIT_CODES = """exit codes: 0 done; 2 a user error (one-line message, nothing half-written); 3 privacy budget
 exhausted; 4 the run failed (e.g. diverged; its record holds the epsilon spent); 130 interrupted (resumable)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["float_list", "int_list", "name_list", "non_negative_int", "positive_float", "positive_int"]
+__all__ = ["DEVICES", "float_list", "int_list", "name_list", "non_negative_int", "positive_float", "positive_int"]
 
 
 def _int(text: str, minimum: int) -> int:
@@ -72,3 +72,6 @@ def float_list(text: str) -> list[float]:
 def name_list(text: str) -> list[str]:
     """Comma-separated names, e.g. ``mlp,cnn``."""
     return _items(text)
+
+
+DEVICES = ("cpu", "cuda")  # the --device choices (config key `device`)

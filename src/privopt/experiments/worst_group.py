@@ -83,13 +83,7 @@ def run_worst_group(
     out.mkdir(parents=True, exist_ok=True)
     t0, c0 = time.perf_counter(), time.process_time()
     spec = Spec(dataset, data_dir=data_dir, insecure_seed=insecure_seed)
-    if tune_grid:
-        log(f"tuning {len(methods)} methods on a validation split (6 grid points each)")
-        best, tuning = tune(methods, spec, log=log)
-    else:
-        from privopt.experiments.worst_group_protocol import grid
-
-        best, tuning = {m: grid(m)[len(grid(m)) // 2] for m in methods}, {"tuned": False}
+    best, tuning = _hyperparameters(methods, spec, tune_grid=tune_grid, log=log)
     atomic_write_json(out / "tuning.json", tuning)
     rows = final_runs(methods, spec, best=best, epsilons=eps, seeds=seeds, out=out, log=log)
     summary = summarize(rows)
@@ -126,6 +120,16 @@ def run_worst_group(
     atomic_write_json(out / "summary.json", {k: v for k, v in result.items() if k != "markdown"})
     (out / "summary.md").write_text(result["markdown"] + "\n")
     return result
+
+
+def _hyperparameters(methods, spec: Spec, *, tune_grid: bool, log) -> tuple[dict, dict]:
+    """Each method's hyper-parameters: tuned on a validation split, or the middle of its grid."""
+    if tune_grid:
+        log(f"tuning {len(methods)} methods on a validation split (6 grid points each)")
+        return tune(methods, spec, log=log)
+    from privopt.experiments.worst_group_protocol import grid
+
+    return {m: grid(m)[len(grid(m)) // 2] for m in methods}, {"tuned": False}
 
 
 def _markdown(result: dict, rows, names) -> str:
