@@ -340,10 +340,8 @@ def run_bench(
     from privopt.config import resolve_device
 
     dev = resolve_device(device)
-    memory = memory and dev.type == "cpu"  # the peak-RSS probe measures host memory only
-    _check_args(
-        models=models, batch_sizes=batch_sizes, repeats=repeats, threads=threads, methods=(methods := list(methods))
-    )
+    memory, methods = memory and dev.type == "cpu", list(methods)  # the peak-RSS probe measures host memory
+    _check_args(models=models, batch_sizes=batch_sizes, repeats=repeats, threads=threads, methods=methods)
     methods = [*([] if "nonprivate" in methods else ["nonprivate"]), *methods]  # every ratio needs the baseline
     old_threads = torch.get_num_threads()
     if threads:
