@@ -19,6 +19,8 @@ Example:
 from __future__ import annotations
 
 import abc
+import atexit
+import contextlib
 import datetime
 import os
 
@@ -113,5 +115,20 @@ def torchrun_comm(*, timeout_s: float = DEFAULT_TIMEOUT_S) -> TorchComm | None:
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+        atexit.register(_destroy_process_group)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     return TorchComm()
+
+
+def _destroy_process_group() -> None:
+    # Left to interpreter teardown, gloo's threads can outlive the group and abort the process
+    # ("terminate called without an active exception", exit -6) after a run that succeeded.
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    # Leave together: a rank that tears down while another still talks to it aborts. If another
+    # rank failed or left already, its error is the one to report.
+    with contextlib.suppress(RuntimeError):
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
+    dist.destroy_process_group()
