@@ -334,12 +334,20 @@ class DROAlgorithm(Algorithm):
         return self._saved
 
     # -- state ------------------------------------------------------------------------------
+    # The subclass's state besides the model, τ and the output: plain values (attribute ``_<name>``
+    # saved under ``<name>``) and estimators (attribute ``<name>`` with ``state_dict``).
+    state_values: tuple[str, ...] = ()
+    state_estimators: tuple[str, ...] = ()
+
     def _state(self) -> dict[str, Any]:
-        """The subclass's estimator state (everything but the model, τ and the output)."""
-        raise NotImplementedError
+        values = {k: getattr(self, f"_{k}") for k in self.state_values}
+        return {**values, **{k: getattr(self, k).state_dict() for k in self.state_estimators}}
 
     def _load_state(self, state: dict[str, Any]) -> None:
-        raise NotImplementedError
+        for k in self.state_values:
+            setattr(self, f"_{k}", state[k])
+        for k in self.state_estimators:
+            getattr(self, k).load_state_dict(state[k])
 
     def state_dict(self) -> dict[str, Any]:
         return {"state": self._state(), "tau": self._tau, "saved": self._saved, "releases": self.releases.state_dict()}

@@ -143,6 +143,7 @@ class DPDoubleSPIDER(DROAlgorithm):
     name = "dp-double-spider"
     summary = "DP Double-SPIDER (Paper A Alg. 2) on the psi-dual L(x, eta)"
     Config = DPDoubleSPIDERConfig
+    state_values, state_estimators = ("eta", "eta_prev", "x_prev"), ("g", "v")
 
     def __init__(self, **kw: Any):
         super().__init__(**kw)
@@ -174,20 +175,6 @@ class DPDoubleSPIDER(DROAlgorithm):
         self.v = SpiderEstimator(refresh="x-refresh", correction="x-diff", period=c.q)
         eta0 = c.eta_init if c.eta_init is not None else initial_loss_scale(ctx) / c.g_eta
         self._eta, self._eta_prev, self._x_prev = self._project_eta(eta0), None, None
-
-    def _state(self) -> dict[str, Any]:
-        return {
-            "eta": self._eta,
-            "eta_prev": self._eta_prev,
-            "x_prev": self._x_prev,
-            "g": self.g.state_dict(),
-            "v": self.v.state_dict(),
-        }
-
-    def _load_state(self, state: dict[str, Any]) -> None:
-        self._eta, self._eta_prev, self._x_prev = state["eta"], state["eta_prev"], state["x_prev"]
-        self.g.load_state_dict(state["g"])
-        self.v.load_state_dict(state["v"])
 
     @property
     def eta(self) -> float:

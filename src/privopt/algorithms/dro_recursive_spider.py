@@ -158,6 +158,7 @@ class DPRecursiveSPIDER(DROAlgorithm):
     name = "dp-recursive-spider"
     summary = "DP Recursive-SPIDER (Paper A Alg. 3) on KL-constrained DRO"
     Config = DPRecursiveSPIDERConfig
+    state_values, state_estimators = ("lam", "lam_prev", "x_prev", "shift"), ("v", "u", "s")
 
     def __init__(self, **kw: Any):
         super().__init__(**kw)
@@ -216,20 +217,6 @@ class DPRecursiveSPIDER(DROAlgorithm):
         self._shift = float(initial_loss_scale(ctx) + c.lam_init * math.log(c.weight_cap))
         self._lam, self._lam_prev, self._x_prev = c.lam_init, None, None
         self._last_thresholds: dict[str, float] = {}
-
-    def _state(self) -> dict[str, Any]:
-        est = {k: getattr(self, k).state_dict() for k in ("v", "u", "s")}
-        return {"lam": self._lam, "lam_prev": self._lam_prev, "x_prev": self._x_prev, "c": self._shift, **est}
-
-    def _load_state(self, state: dict[str, Any]) -> None:
-        self._lam, self._lam_prev, self._x_prev, self._shift = (
-            state["lam"],
-            state["lam_prev"],
-            state["x_prev"],
-            state["c"],
-        )
-        for k in ("v", "u", "s"):
-            getattr(self, k).load_state_dict(state[k])
 
     def _load_output_scalars(self, saved: dict[str, Any]) -> None:
         self._lam = saved["lam"]
