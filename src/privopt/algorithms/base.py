@@ -27,6 +27,7 @@ from torch import nn
 from privopt.algorithms.config import AlgorithmConfig
 from privopt.algorithms.releases import PlanRun, ReleasePlan
 from privopt.errors import ConfigError
+from privopt.registry import Registry
 from privopt.rng import RandomSource, as_source
 
 __all__ = ["Algorithm", "RunContext", "register_algorithm", "get_algorithm", "available_algorithms"]
@@ -145,26 +146,17 @@ class Algorithm(abc.ABC):
         return self.config.to_dict()
 
 
-_ALGORITHMS: dict[str, type[Algorithm]] = {}
-
-
-def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
-    """Class decorator: make an algorithm available by ``cls.name`` to configs and the CLI."""
-    if cls.name in _ALGORITHMS and _ALGORITHMS[cls.name] is not cls:
-        raise ConfigError(f"algorithm name {cls.name!r} registered twice")
-    _ALGORITHMS[cls.name] = cls
-    return cls
+_ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
+register_algorithm = _ALGORITHMS.register  # class decorator: available by ``cls.name`` to configs and the CLI
 
 
 def available_algorithms() -> dict[str, type[Algorithm]]:
     import privopt.algorithms  # noqa: F401  (registers the built-ins)
 
-    return dict(sorted(_ALGORITHMS.items()))
+    return _ALGORITHMS.classes()
 
 
 def get_algorithm(name: str, **hparams: Any) -> Algorithm:
     """Build a registered algorithm; unknown names and unknown hyper-parameters fail clearly."""
-    algos = available_algorithms()
-    if not isinstance(name, str) or name not in algos:
-        raise ConfigError(f"unknown algorithm {name!r}; available: {', '.join(algos)}")
-    return algos[name](**hparams)
+    available_algorithms()  # registers the built-ins
+    return _ALGORITHMS.lookup(name)(**hparams)

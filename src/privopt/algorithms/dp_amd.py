@@ -69,6 +69,7 @@ class DPAMD(LinearERMAlgorithm):
     name = "dp-amd"
     summary = "DP accelerated mirror descent over an l1 ball / simplex (entropy) or l2 ball (Paper B)"
     Config = DPAMDConfig
+    state_arrays = ("y", "z")
 
     def __init__(self, **kw: Any):
         super().__init__(**kw)
@@ -107,17 +108,3 @@ class DPAMD(LinearERMAlgorithm):
         self._z = geo.prox_step(self._z, g, step=alpha)
         self._sync_model()
         return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "y": self._y.tolist(),
-            "z": self._z.tolist(),
-            "grad_evals": self._grad_evals,
-            "releases": self.releases.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._y = np.asarray(state["y"], dtype=np.float64)
-        self._z = np.asarray(state["z"], dtype=np.float64)
-        self._grad_evals = int(state["grad_evals"])
-        self.releases.load_state_dict(state.get("releases", {}))

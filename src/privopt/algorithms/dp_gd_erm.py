@@ -49,6 +49,7 @@ class DPGDERM(LinearERMAlgorithm):
     summary = "DP-GD for linear logistic ERM: full-batch noisy proximal gradient descent (Paper B baseline)"
 
     Config = DPGDERMConfig
+    state_arrays = ("w",)
 
     def __init__(self, **kw: Any):
         super().__init__(**kw)
@@ -75,11 +76,3 @@ class DPGDERM(LinearERMAlgorithm):
         self._w = w if self._set is None else self._set.project(w)
         self._sync_model()
         return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"w": self._w.tolist(), "grad_evals": self._grad_evals, "releases": self.releases.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._w = np.asarray(state["w"], dtype=np.float64)
-        self._grad_evals = int(state["grad_evals"])
-        self.releases.load_state_dict(state.get("releases", {}))

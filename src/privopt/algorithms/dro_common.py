@@ -28,7 +28,7 @@ import torch
 
 from privopt.algorithms.base import Algorithm, RunContext
 from privopt.algorithms.config import AlgorithmConfig, one_of, param, positive, positive_int
-from privopt.algorithms.releases import PlanRun
+from privopt.algorithms.releases import Phase, PlanRun, Query, ReleasePlan
 from privopt.errors import ConfigError
 from privopt.grads.engine import clip_factors
 from privopt.grads.flat import flat_params, num_trainable, params_from_flat, trainable_parameters
@@ -43,6 +43,7 @@ __all__ = [
     "dual_objective",
     "initial_loss_scale",
     "spider_steps",
+    "SpiderDROConfig",
     "weight_cap_value",
 ]
 
@@ -77,6 +78,20 @@ class DROConfig(AlgorithmConfig):
     steps: int | None = param(None, _optional_int)
     output: str = param("random", one_of("random", "last"), role="output")
     chunk_size: int = param(256, positive_int)
+
+
+@dataclass(frozen=True)
+class SpiderDROConfig(DROConfig):
+    """Hyper-parameters of the two SPIDER DRO methods beyond :class:`DROConfig`.
+
+    Attributes:
+        weight_cap: the public cap A on a record's DRO weight (its weighted gradient is at most
+            ``A·clip``; each method says how its weights are capped).
+        q: phase length (iterations between refreshes of the estimators).
+    """
+
+    weight_cap: float = param(4.0, weight_cap_value, role="weight_cap")
+    q: int = param(32, positive_int, role="phase")
 
 
 def spider_steps(*, epochs: float, n: int, q: int, refresh: int, correction: int) -> int:
@@ -151,6 +166,15 @@ class DROAlgorithm(Algorithm):
         """(iterations T, refreshes ceil(T/q)) of a SPIDER schedule on ``n`` records."""
         T = self._T_for(n)
         return T, math.ceil(T / self.config.q)
+
+    def _spider_plan(
+        self, n: int, *, refresh: tuple[Query, ...], diff: tuple[Query, ...], extra: tuple[Phase, ...] = ()
+    ) -> ReleasePlan:
+        """A SPIDER schedule's plan: ``refresh`` queries ceil(T/q) times, ``diff`` queries the other
+        T − ceil(T/q) iterations, then any ``extra`` phases; batches shared when the config says so."""
+        T, refreshes = self._schedule(n)
+        phases = (Phase("refresh", refreshes, refresh), Phase("diff", T - refreshes, diff))
+        return ReleasePlan(share=self.config.share_batches, phases=phases + extra)
 
     def steps_for(self, *, n: int) -> int:
         return self._T_for(n)
@@ -310,12 +334,20 @@ class DROAlgorithm(Algorithm):
         return self._saved
 
     # -- state ------------------------------------------------------------------------------
+    # The subclass's state besides the model, τ and the output: plain values (attribute ``_<name>``
+    # saved under ``<name>``) and estimators (attribute ``<name>`` with ``state_dict``).
+    state_values: tuple[str, ...] = ()
+    state_estimators: tuple[str, ...] = ()
+
     def _state(self) -> dict[str, Any]:
-        """The subclass's estimator state (everything but the model, τ and the output)."""
-        raise NotImplementedError
+        values = {k: getattr(self, f"_{k}") for k in self.state_values}
+        return {**values, **{k: getattr(self, k).state_dict() for k in self.state_estimators}}
 
     def _load_state(self, state: dict[str, Any]) -> None:
-        raise NotImplementedError
+        for k in self.state_values:
+            setattr(self, f"_{k}", state[k])
+        for k in self.state_estimators:
+            getattr(self, k).load_state_dict(state[k])
 
     def state_dict(self) -> dict[str, Any]:
         return {"state": self._state(), "tau": self._tau, "saved": self._saved, "releases": self.releases.state_dict()}

@@ -31,14 +31,13 @@ from privopt.algorithms.config import (
 )
 from privopt.algorithms.dro_common import (
     DROAlgorithm,
-    DROConfig,
+    SpiderDROConfig,
     check_difference_thresholds,
     dual_objective,
     initial_loss_scale,
-    weight_cap_value,
 )
 from privopt.algorithms.estimators import SpiderEstimator
-from privopt.algorithms.releases import BatchPlan, Fixed, Phase, Query, ReleasePlan, StepProportional
+from privopt.algorithms.releases import BatchPlan, Fixed, Query, ReleasePlan, StepProportional
 from privopt.errors import ConfigError
 from privopt.grads.sums import BoundedSum, clipped_scalar_sum
 from privopt.objectives.divergences import get_divergence
@@ -49,7 +48,7 @@ _MIN_MEAN_WEIGHT = 1e-3  # floor of the estimated mean weight in the KL log step
 
 
 @dataclass(frozen=True)
-class DPDoubleSPIDERConfig(DROConfig):
+class DPDoubleSPIDERConfig(SpiderDROConfig):
     """Hyper-parameters of DP Double-SPIDER.
 
     Attributes:
@@ -86,8 +85,6 @@ class DPDoubleSPIDERConfig(DROConfig):
     g_eta: float = param(1.0, positive)
     divergence: str = param("kl", text)
     divergence_params: Mapping[str, Any] = param({}, mapping)
-    weight_cap: float = param(4.0, weight_cap_value, role="weight_cap")
-    q: int = param(32, positive_int, role="phase")
     N1: int = param(2048, positive_int, role="refresh_batch")
     N2: int = param(128, positive_int, role="batch")
     N3: int = param(2048, positive_int, role="refresh_batch")
@@ -146,6 +143,7 @@ class DPDoubleSPIDER(DROAlgorithm):
     name = "dp-double-spider"
     summary = "DP Double-SPIDER (Paper A Alg. 2) on the psi-dual L(x, eta)"
     Config = DPDoubleSPIDERConfig
+    state_values, state_estimators = ("eta", "eta_prev", "x_prev"), ("g", "v")
 
     def __init__(self, **kw: Any):
         super().__init__(**kw)
@@ -157,34 +155,17 @@ class DPDoubleSPIDER(DROAlgorithm):
 
     def release_plan(self, n: int) -> ReleasePlan:
         """Refreshes ceil(T/q) times, corrections T − ceil(T/q) times; η and x share a batch."""
-        c, (T, refreshes) = self.config, self._schedule(n)
-        return ReleasePlan(
-            share=c.share_batches,
-            phases=(
-                Phase(
-                    "refresh",
-                    refreshes,
-                    (
-                        Query("eta-refresh", Fixed(c.eta_clip), batch=BatchPlan(c.N1, n), ratio=c.scalar_noise_ratio),
-                        # a_i·Clip(∇ℓ_i, C) with a_i ≤ A: a record contributes at most A·C.
-                        Query("x-refresh", Fixed(c.clip_x, factor=c.weight_cap), batch=BatchPlan(c.N3, n)),
-                    ),
-                ),
-                Phase(
-                    "diff",
-                    T - refreshes,
-                    (
-                        Query(
-                            "eta-diff",
-                            StepProportional(c.gamma_eta, c.diff_cap("eta")),
-                            batch=BatchPlan(c.N2, n),
-                            ratio=c.scalar_noise_ratio,
-                        ),
-                        Query("x-diff", StepProportional(c.gamma_x, c.diff_cap("x")), batch=BatchPlan(c.N4, n)),
-                    ),
-                ),
-            ),
+        c, r = self.config, self.config.scalar_noise_ratio
+        refresh = (
+            Query("eta-refresh", Fixed(c.eta_clip), batch=BatchPlan(c.N1, n), ratio=r),
+            # a_i·Clip(∇ℓ_i, C) with a_i ≤ A: a record contributes at most A·C.
+            Query("x-refresh", Fixed(c.clip_x, factor=c.weight_cap), batch=BatchPlan(c.N3, n)),
         )
+        diff = (
+            Query("eta-diff", StepProportional(c.gamma_eta, c.diff_cap("eta")), batch=BatchPlan(c.N2, n), ratio=r),
+            Query("x-diff", StepProportional(c.gamma_x, c.diff_cap("x")), batch=BatchPlan(c.N4, n)),
+        )
+        return self._spider_plan(n, refresh=refresh, diff=diff)
 
     # ------------------------------------------------------------------ setup & state
     def setup(self, ctx) -> None:
@@ -194,20 +175,6 @@ class DPDoubleSPIDER(DROAlgorithm):
         self.v = SpiderEstimator(refresh="x-refresh", correction="x-diff", period=c.q)
         eta0 = c.eta_init if c.eta_init is not None else initial_loss_scale(ctx) / c.g_eta
         self._eta, self._eta_prev, self._x_prev = self._project_eta(eta0), None, None
-
-    def _state(self) -> dict[str, Any]:
-        return {
-            "eta": self._eta,
-            "eta_prev": self._eta_prev,
-            "x_prev": self._x_prev,
-            "g": self.g.state_dict(),
-            "v": self.v.state_dict(),
-        }
-
-    def _load_state(self, state: dict[str, Any]) -> None:
-        self._eta, self._eta_prev, self._x_prev = state["eta"], state["eta_prev"], state["x_prev"]
-        self.g.load_state_dict(state["g"])
-        self.v.load_state_dict(state["v"])
 
     @property
     def eta(self) -> float:

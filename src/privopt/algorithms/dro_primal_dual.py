@@ -104,6 +104,8 @@ class PrivateDiffConfig(PrimalDualConfig):
 class _PrimalDualBase(DROAlgorithm):
     """Shared state, statistics and dual step of the reconstructions on the primal–dual form."""
 
+    state_values = ("r", "r_prev", "x_prev")
+
     def __init__(self, **kw: Any):
         super().__init__(**kw)
         self._div = get_divergence(self.config.divergence, **self.config.divergence_params)
@@ -115,12 +117,6 @@ class _PrimalDualBase(DROAlgorithm):
     def _init_state(self, n: int) -> None:
         device = self._ctx.x_train.device
         self._r, self._r_prev, self._x_prev = torch.ones(n, dtype=torch.float64, device=device), None, None
-
-    def _state(self) -> dict[str, Any]:
-        return {"r": self._r, "r_prev": self._r_prev, "x_prev": self._x_prev}
-
-    def _load_state(self, state: dict[str, Any]) -> None:
-        self._r, self._r_prev, self._x_prev = state["r"], state["r_prev"], state["x_prev"]
 
     @property
     def dual_weights(self) -> torch.Tensor:
@@ -224,6 +220,7 @@ class PrivateDiff(_PrimalDualBase):
     name = "private-diff"
     summary = "PrivateDiff-style SPIDER descent-ascent on the primal-dual DRO form (reconstruction)"
     Config = PrivateDiffConfig
+    state_estimators = ("v",)
 
     def _phase_sizes(self) -> tuple[int, int]:
         return self.config.refresh_batch, self.config.batch_size
@@ -244,13 +241,6 @@ class PrivateDiff(_PrimalDualBase):
         self._bind(ctx)
         self._init_state(ctx.n)
         self.v = SpiderEstimator(refresh="x-refresh", correction="x-diff", period=self.config.q)
-
-    def _state(self) -> dict[str, Any]:
-        return {**super()._state(), "v": self.v.state_dict()}
-
-    def _load_state(self, state: dict[str, Any]) -> None:
-        super()._load_state(state)
-        self.v.load_state_dict(state["v"])
 
     def step(self, t: int) -> dict[str, float]:
         r, x_t, r_prev, x_prev = self._r, self._x(), self._r_prev, self._x_prev

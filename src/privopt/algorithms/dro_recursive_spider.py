@@ -31,7 +31,7 @@ from privopt.algorithms.config import (
 )
 from privopt.algorithms.dro_common import (
     DROAlgorithm,
-    DROConfig,
+    SpiderDROConfig,
     check_difference_thresholds,
     initial_loss_scale,
     weight_cap_value,
@@ -50,7 +50,7 @@ def _optional_int(name: str, value: Any) -> int | None:
 
 
 @dataclass(frozen=True)
-class RecursiveSpiderConfig(DROConfig):
+class RecursiveSpiderConfig(SpiderDROConfig):
     """Hyper-parameters shared by DP Recursive-SPIDER and SCDRO.
 
     Attributes:
@@ -73,8 +73,6 @@ class RecursiveSpiderConfig(DROConfig):
     rho: float = param(0.5, positive, role="rho")
     lam0: float = param(1e-3, positive, role="lam0")
     lam_init: float = param(1.0, positive)
-    weight_cap: float = param(4.0, weight_cap_value, role="weight_cap")
-    q: int = param(32, positive_int, role="phase")
     b1: int = param(2048, positive_int, role="refresh_batch")
     b2: int = param(128, positive_int, role="batch")
     b3: int = param(2048, positive_int, role="refresh_batch")
@@ -160,6 +158,7 @@ class DPRecursiveSPIDER(DROAlgorithm):
     name = "dp-recursive-spider"
     summary = "DP Recursive-SPIDER (Paper A Alg. 3) on KL-constrained DRO"
     Config = DPRecursiveSPIDERConfig
+    state_values, state_estimators = ("lam", "lam_prev", "x_prev", "shift"), ("v", "u", "s")
 
     def __init__(self, **kw: Any):
         super().__init__(**kw)
@@ -195,29 +194,17 @@ class DPRecursiveSPIDER(DROAlgorithm):
         v/u corrections and the STORM s update (T − ceil(T/q) times each)."""
         c, (T, refreshes), sens = self.config, self._schedule(n), self._sensitivities()
         r = getattr(c, "scalar_noise_ratio", 1.0)
-        return ReleasePlan(
-            share=c.share_batches,
-            phases=(
-                Phase(
-                    "refresh",
-                    refreshes,
-                    (
-                        Query("v-refresh", sens["v-refresh"], batch=BatchPlan(c.b1, n)),
-                        Query("u-refresh", sens["u-refresh"], batch=BatchPlan(c.b3, n), ratio=r),
-                        Query("s-init", sens["s-init"], on="v-refresh", ratio=r),
-                    ),
-                ),
-                Phase(
-                    "diff",
-                    T - refreshes,
-                    (
-                        Query("v-diff", sens["v-diff"], batch=BatchPlan(c.b2, n)),
-                        Query("u-diff", sens["u-diff"], batch=BatchPlan(c.b4, n), ratio=r),
-                    ),
-                ),
-                Phase("s", T - refreshes, (Query("s", sens["s"], batch=BatchPlan(self.s_batch, n), ratio=r),)),
-            ),
+        refresh = (
+            Query("v-refresh", sens["v-refresh"], batch=BatchPlan(c.b1, n)),
+            Query("u-refresh", sens["u-refresh"], batch=BatchPlan(c.b3, n), ratio=r),
+            Query("s-init", sens["s-init"], on="v-refresh", ratio=r),
         )
+        diff = (
+            Query("v-diff", sens["v-diff"], batch=BatchPlan(c.b2, n)),
+            Query("u-diff", sens["u-diff"], batch=BatchPlan(c.b4, n), ratio=r),
+        )
+        s_phase = Phase("s", T - refreshes, (Query("s", sens["s"], batch=BatchPlan(self.s_batch, n), ratio=r),))
+        return self._spider_plan(n, refresh=refresh, diff=diff, extra=(s_phase,))
 
     # ------------------------------------------------------------------ setup & state
     def setup(self, ctx) -> None:
@@ -230,20 +217,6 @@ class DPRecursiveSPIDER(DROAlgorithm):
         self._shift = float(initial_loss_scale(ctx) + c.lam_init * math.log(c.weight_cap))
         self._lam, self._lam_prev, self._x_prev = c.lam_init, None, None
         self._last_thresholds: dict[str, float] = {}
-
-    def _state(self) -> dict[str, Any]:
-        est = {k: getattr(self, k).state_dict() for k in ("v", "u", "s")}
-        return {"lam": self._lam, "lam_prev": self._lam_prev, "x_prev": self._x_prev, "c": self._shift, **est}
-
-    def _load_state(self, state: dict[str, Any]) -> None:
-        self._lam, self._lam_prev, self._x_prev, self._shift = (
-            state["lam"],
-            state["lam_prev"],
-            state["x_prev"],
-            state["c"],
-        )
-        for k in ("v", "u", "s"):
-            getattr(self, k).load_state_dict(state[k])
 
     def _load_output_scalars(self, saved: dict[str, Any]) -> None:
         self._lam = saved["lam"]

@@ -107,7 +107,12 @@ class LinearERMAlgorithm(Algorithm):
     Attributes (after setup):
         problem: the bound :class:`LogisticERM` (logistic part + ``l2``).
         grad_evals: per-sample gradient evaluations performed so far (for "passes over the data").
+
+    Subclasses name their vector state in ``state_arrays`` (attribute ``_<name>`` saved under
+    ``<name>``); the checkpoint state is those vectors, ``grad_evals`` and the releases' state.
     """
+
+    state_arrays: tuple[str, ...] = ()
 
     def __init__(self, **kw: Any):
         super().__init__(**kw)
@@ -163,6 +168,16 @@ class LinearERMAlgorithm(Algorithm):
         g = self.releases.phase("step").release("grad", lambda idx, clip: self.gradient_sum(w, clip))
         self._grad_evals += self.problem.n
         return g.numpy()
+
+    def state_dict(self) -> dict[str, Any]:
+        arrays = {name: getattr(self, f"_{name}").tolist() for name in self.state_arrays}
+        return {**arrays, "grad_evals": self._grad_evals, "releases": self.releases.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in self.state_arrays:
+            setattr(self, f"_{name}", np.asarray(state[name], dtype=np.float64))
+        self._grad_evals = int(state["grad_evals"])
+        self.releases.load_state_dict(state.get("releases", {}))
 
     @property
     def grad_evals(self) -> int:

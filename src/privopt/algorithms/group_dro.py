@@ -41,7 +41,6 @@ class GroupDRO(SGD):
     """
 
     name = "group-dro"
-    private = False
     summary = "online group DRO of Sagawa et al. (non-private worst-group reference)"
     Config = GroupDROConfig
 

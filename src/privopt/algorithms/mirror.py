@@ -53,6 +53,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from privopt.errors import ConfigError
+from privopt.registry import Registry
 
 __all__ = [
     "EntropicL1Ball",
@@ -389,15 +390,8 @@ def _kl(u: np.ndarray, v: np.ndarray) -> float:
 
 
 # ------------------------------------------------------------------------------------ registry
-_GEOMETRIES: dict[str, type[MirrorGeometry]] = {}
-
-
-def register_geometry(cls: type[MirrorGeometry]) -> type[MirrorGeometry]:
-    """Class decorator: make a geometry available to :func:`get_geometry` by ``cls.name``."""
-    if cls.name in _GEOMETRIES and _GEOMETRIES[cls.name] is not cls:
-        raise ConfigError(f"geometry name {cls.name!r} registered twice")
-    _GEOMETRIES[cls.name] = cls
-    return cls
+_GEOMETRIES: Registry[type[MirrorGeometry]] = Registry("geometry")
+register_geometry = _GEOMETRIES.register  # class decorator: available to get_geometry by ``cls.name``
 
 
 for _cls in (EntropicSimplex, EntropicL1Ball, EuclideanBall):
@@ -406,7 +400,7 @@ for _cls in (EntropicSimplex, EntropicL1Ball, EuclideanBall):
 
 def available_geometries() -> tuple[str, ...]:
     """Registered geometry names."""
-    return tuple(sorted(_GEOMETRIES))
+    return _GEOMETRIES.names()
 
 
 def get_geometry(name: str, *, dim: int, **params: Any) -> MirrorGeometry:
@@ -415,9 +409,8 @@ def get_geometry(name: str, *, dim: int, **params: Any) -> MirrorGeometry:
     Raises:
         ConfigError: unknown name or invalid parameters (``radius`` for the balls only).
     """
-    if name not in _GEOMETRIES:
-        raise ConfigError(f"unknown geometry {name!r}; available: {', '.join(available_geometries())}")
+    cls = _GEOMETRIES.lookup(name)
     try:
-        return _GEOMETRIES[name](dim=dim, **params)
+        return cls(dim=dim, **params)
     except TypeError as exc:
         raise ConfigError(f"bad parameters for geometry {name!r}: {exc}") from None

@@ -128,6 +128,7 @@ class DPSVRGPlusPlusConfig(DPSVRGConfig):
 
 class _SVRGBase(LinearERMAlgorithm):
     doubling: bool = False
+    state_arrays = ("x_start", "snapshot")
 
     def __init__(self, **kw: Any):
         super().__init__(**kw)
@@ -161,20 +162,6 @@ class _SVRGBase(LinearERMAlgorithm):
 
     def num_steps(self) -> int:
         return self.config.epochs
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "x_start": self._x_start.tolist(),
-            "snapshot": self._snapshot.tolist(),
-            "grad_evals": self._grad_evals,
-            "releases": self.releases.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._x_start = np.asarray(state["x_start"], dtype=np.float64)
-        self._snapshot = np.asarray(state["snapshot"], dtype=np.float64)
-        self._grad_evals = int(state["grad_evals"])
-        self.releases.load_state_dict(state.get("releases", {}))
 
     # ------------------------------------------------------------------ one epoch
     def step(self, t: int) -> dict[str, float]:

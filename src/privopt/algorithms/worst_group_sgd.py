@@ -18,6 +18,14 @@ jointly; the loss family's multiplier is ``ratio × z``, by default ``1/(2q)``, 
 two families' per-step Rényi divergences about equal (subsampled Gaussian ≈ ``2q²α/z²``,
 Laplace ≈ ``α/(2b²)`` for small noise-to-signal ratios). No convexity is needed for privacy: any
 ``nn.Module`` works; the utility guarantees of the paper hold for convex losses only.
+
+Example (each step releases the gradient and, per method, the noisy losses or the noisy choice):
+    >>> from privopt.algorithms import get_algorithm
+    >>> for name in ("noisy-sgd-mgr", "noisy-sgd-ags"):
+    ...     algo = get_algorithm(name, batch_size=50, epochs=0.5, group_sizes="public")
+    ...     print(name, [(s.mechanisms[0][0], s.count) for s in algo.inventory(n=1000).steps])
+    noisy-sgd-mgr [('grad', 10), ('group-losses', 10)]
+    noisy-sgd-ags [('grad', 10), ('group-choice', 10)]
 """
 
 from __future__ import annotations
@@ -153,25 +161,19 @@ class _GroupSGD(WorstGroupAlgorithm):
 
 @register_algorithm
 class NoisySGDMGR(_GroupSGD):
-    """Noisy-SGD with Multiplicative Group Reweighting (see the module docstring).
-
-    Example:
-        >>> from privopt.algorithms import get_algorithm
-        >>> algo = get_algorithm("noisy-sgd-mgr", batch_size=50, epochs=0.5, group_sizes="public")
-        >>> [(s.mechanisms[0][0], s.count) for s in algo.inventory(n=1000).steps]
-        [('grad', 10), ('group-losses', 10)]
-    """
+    """Noisy-SGD with Multiplicative Group Reweighting: each step's group is drawn from λ_t, and λ moves
+    by multiplicative weights on the Laplace-noised group losses (see the module docstring)."""
 
     name = "noisy-sgd-mgr"
     summary = "Noisy-SGD-MGR: noisy SGD on a λ-sampled group, multiplicative weights on Laplace-noised group losses"
     Config = NoisySGDMGRConfig
 
-    def _release_phases(self, n: int) -> tuple[Phase, ...]:
-        return self._step_phase(n, self._losses_query(n))
-
     def setup(self, ctx: RunContext) -> None:
         super().setup(ctx)
         self.lam = np.full(self.num_groups, 1.0 / self.num_groups)
+
+    def _release_phases(self, n: int) -> tuple[Phase, ...]:
+        return self._step_phase(n, self._losses_query(n))
 
     def _lam_lr(self) -> float:
         c = self.config
@@ -199,14 +201,9 @@ class NoisySGDMGR(_GroupSGD):
 
 @register_algorithm
 class NoisySGDAGS(_GroupSGD):
-    """Noisy-SGD with Active Group Selection (see the module docstring).
-
-    Example:
-        >>> from privopt.algorithms import get_algorithm
-        >>> algo = get_algorithm("noisy-sgd-ags", batch_size=50, epochs=0.5, group_sizes="public")
-        >>> [(s.mechanisms[0][0], s.count) for s in algo.inventory(n=1000).steps]
-        [('grad', 10), ('group-choice', 10)]
-    """
+    """Noisy-SGD with Active Group Selection: each step trains on the group that report-noisy-max picks
+    as the worst (``choice="noisy-max"``) or on the argmax of the Laplace-noised group losses
+    (``choice="noisy-losses"``; see the module docstring)."""
 
     name = "noisy-sgd-ags"
     summary = "Noisy-SGD-AGS: noisy SGD on the group chosen by report-noisy-max over the group losses"

@@ -29,7 +29,7 @@ from privopt.privacy.events import ADD_REMOVE, Step, check_neighbouring, step_fr
 from privopt.privacy.filter import RdpFilter
 from privopt.privacy.translate import rdp_parts
 
-__all__ = ["MODES", "PrivacyLedger", "release_counts"]
+__all__ = ["MODES", "LedgerBase", "PrivacyLedger", "release_counts"]
 
 _FORMAT_VERSION = 1
 MODES = ("plan", "filter")
@@ -60,7 +60,75 @@ def _counts_from_list(items) -> dict[Step, int]:
     return _acc.normalize_counts(pairs)
 
 
-class PrivacyLedger:
+class LedgerBase:
+    """What every ledger kind shares: the run's (delta, neighbouring, accountant, target) settings,
+    their validation, and the common fields of :meth:`summary` and :meth:`to_dict` records.
+
+    Subclasses define :meth:`spent` (the guarantee of everything recorded so far).
+    """
+
+    def _set_settings(self, *, delta: float, neighbouring: str, accountant: str, target_epsilon: float | None) -> None:
+        self._delta = check_delta(delta)
+        self._neighbouring = check_neighbouring(neighbouring)
+        self._accountant = check_accountant(accountant)
+        self._target = None if target_epsilon is None else check_epsilon(target_epsilon, name="target_epsilon")
+
+    @property
+    def delta(self) -> float:
+        return self._delta
+
+    @property
+    def neighbouring(self) -> str:
+        return self._neighbouring
+
+    @property
+    def accountant(self) -> str:
+        return self._accountant
+
+    @property
+    def target_epsilon(self) -> float | None:
+        return self._target
+
+    def spent(self) -> _acc.EpsilonResult:
+        raise NotImplementedError
+
+    def epsilon(self) -> float:
+        """Epsilon spent so far at the ledger's delta."""
+        return self.spent().epsilon
+
+    def _summary_head(self) -> dict:
+        spent = self.spent()
+        return {
+            "epsilon": spent.epsilon,
+            "delta": self._delta,
+            "accountant": spent.accountant,
+            "neighbouring": self._neighbouring,
+            "target_epsilon": self._target,
+        }
+
+    def _settings_record(self) -> dict:
+        return {
+            "version": _FORMAT_VERSION,
+            "delta": self._delta,
+            "neighbouring": self._neighbouring,
+            "accountant": self._accountant,
+            "target_epsilon": self._target,
+        }
+
+    @staticmethod
+    def _settings_from_record(d: Mapping) -> dict:
+        """The constructor's settings from a :meth:`to_dict` record (after its format check)."""
+        if d.get("version", _FORMAT_VERSION) != _FORMAT_VERSION:
+            raise ConfigError(f"unsupported ledger format version {d.get('version')!r}")
+        return {
+            "delta": d["delta"],
+            "neighbouring": d.get("neighbouring", ADD_REMOVE),
+            "accountant": d.get("accountant", "auto"),
+            "target_epsilon": d.get("target_epsilon"),
+        }
+
+
+class PrivacyLedger(LedgerBase):
     """Counts executed :class:`~privopt.privacy.events.Step` objects and enforces a target epsilon.
 
     Args:
@@ -99,10 +167,7 @@ class PrivacyLedger:
     ):
         if mode not in MODES:
             raise ConfigError(f"unknown ledger mode {mode!r}; use one of {MODES}")
-        self._delta = check_delta(delta)
-        self._neighbouring = check_neighbouring(neighbouring)
-        self._accountant = check_accountant(accountant)
-        self._target = None if target_epsilon is None else check_epsilon(target_epsilon, name="target_epsilon")
+        self._set_settings(delta=delta, neighbouring=neighbouring, accountant=accountant, target_epsilon=target_epsilon)
         self._planned = None if planned is None else _acc.normalize_counts(planned)
         self._counts: dict[Step, int] = {}
         self._spent_cache: tuple[int, _acc.EpsilonResult] | None = None
@@ -148,22 +213,6 @@ class PrivacyLedger:
         return self._filter
 
     @property
-    def delta(self) -> float:
-        return self._delta
-
-    @property
-    def neighbouring(self) -> str:
-        return self._neighbouring
-
-    @property
-    def accountant(self) -> str:
-        return self._accountant
-
-    @property
-    def target_epsilon(self) -> float | None:
-        return self._target
-
-    @property
     def planned(self) -> dict[Step, int] | None:
         return None if self._planned is None else dict(self._planned)
 
@@ -189,10 +238,6 @@ class PrivacyLedger:
         if self._spent_cache is None or self._spent_cache[0] != self._version:
             self._spent_cache = (self._version, self._eps(self._counts))
         return self._spent_cache[1]
-
-    def epsilon(self) -> float:
-        """Epsilon spent so far at the ledger's delta."""
-        return self.spent().epsilon
 
     def record(self, step: Step) -> None:
         """Account one execution of ``step``; call it BEFORE releasing the step's noisy output.
@@ -251,27 +296,17 @@ class PrivacyLedger:
 
     def summary(self) -> dict:
         """JSON-safe summary for run records: spent epsilon and release counts per mechanism name."""
-        releases = release_counts(self._counts)
-        spent = self.spent()
         return {
-            "epsilon": spent.epsilon,
-            "delta": self._delta,
-            "accountant": spent.accountant,
-            "neighbouring": self._neighbouring,
-            "target_epsilon": self._target,
+            **self._summary_head(),
             "num_steps": self.num_steps,
-            "releases": releases,
+            "releases": release_counts(self._counts),
             **({"mode": "filter", "filter": self._filter.to_dict()} if self._filter is not None else {}),
         }
 
     def to_dict(self) -> dict:
         """JSON-safe state; :meth:`from_dict` restores an identical ledger."""
         return {
-            "version": _FORMAT_VERSION,
-            "delta": self._delta,
-            "neighbouring": self._neighbouring,
-            "accountant": self._accountant,
-            "target_epsilon": self._target,
+            **self._settings_record(),
             "planned": None if self._planned is None else _counts_to_list(self._planned),
             "counts": _counts_to_list(self._counts),
             **({"mode": "filter", "filter_order": self._filter.order} if self._filter is not None else {}),
@@ -286,15 +321,10 @@ class PrivacyLedger:
         """
         if not isinstance(d, Mapping):
             raise ConfigError(f"ledger record must be a mapping, got {type(d).__name__}")
-        if d.get("version", _FORMAT_VERSION) != _FORMAT_VERSION:
-            raise ConfigError(f"unsupported ledger format version {d.get('version')!r}")
         try:
             planned = None if d.get("planned") is None else _counts_from_list(d["planned"])
             ledger = cls(
-                delta=d["delta"],
-                neighbouring=d.get("neighbouring", ADD_REMOVE),
-                accountant=d.get("accountant", "auto"),
-                target_epsilon=d.get("target_epsilon"),
+                **cls._settings_from_record(d),
                 planned=planned,
                 mode=d.get("mode", "plan"),
                 filter_order=d.get("filter_order"),

@@ -42,13 +42,10 @@ from collections.abc import Mapping
 
 from privopt.errors import ConfigError, PrivacyBudgetExceeded
 from privopt.privacy import accountant as _acc
-from privopt.privacy.checks import check_accountant, check_delta, check_epsilon
-from privopt.privacy.events import ADD_REMOVE, FullBatch, Gaussian, Step, check_neighbouring, step_from_dict
-from privopt.privacy.ledger import PrivacyLedger, release_counts
+from privopt.privacy.events import ADD_REMOVE, FullBatch, Gaussian, Step, step_from_dict
+from privopt.privacy.ledger import LedgerBase, PrivacyLedger, release_counts
 
 __all__ = ["ParallelLedger", "make_ledger", "ledger_from_dict"]
-
-_FORMAT_VERSION = 1
 
 
 def _effective_multiplier(step: Step) -> float:
@@ -75,7 +72,7 @@ def _pass_step(planned: Mapping[Step, int] | None) -> tuple[Step, int]:
     return step, passes
 
 
-class ParallelLedger:
+class ParallelLedger(LedgerBase):
     """Certifies ``passes``-fold composition of one pass step; each pass holds disjoint part releases.
 
     Args:
@@ -103,10 +100,7 @@ class ParallelLedger:
         target_epsilon: float | None = None,
         planned: Mapping[Step, int] | None = None,
     ):
-        self._delta = check_delta(delta)
-        self._neighbouring = check_neighbouring(neighbouring)
-        self._accountant = check_accountant(accountant)
-        self._target = None if target_epsilon is None else check_epsilon(target_epsilon, name="target_epsilon")
+        self._set_settings(delta=delta, neighbouring=neighbouring, accountant=accountant, target_epsilon=target_epsilon)
         self._pass, self._planned_passes = _pass_step(planned)
         self._z_pass = _effective_multiplier(self._pass)
         self._passes = 0
@@ -121,22 +115,6 @@ class ParallelLedger:
                 )
 
     # ---------------------------------------------------------------- properties
-    @property
-    def delta(self) -> float:
-        return self._delta
-
-    @property
-    def neighbouring(self) -> str:
-        return self._neighbouring
-
-    @property
-    def accountant(self) -> str:
-        return self._accountant
-
-    @property
-    def target_epsilon(self) -> float | None:
-        return self._target
-
     @property
     def filter(self) -> None:
         return None
@@ -228,35 +206,22 @@ class ParallelLedger:
         """The guarantee of everything recorded so far: ``passes``-fold composition of the pass step."""
         return self._eps(self._passes)
 
-    def epsilon(self) -> float:
-        return self.spent().epsilon
-
     # ---------------------------------------------------------------- records
     def summary(self) -> dict:
         """JSON-safe summary: epsilon, passes, and part releases per mechanism name."""
-        releases = release_counts(self._parts)
-        spent = self.spent()
         return {
-            "epsilon": spent.epsilon,
-            "delta": self._delta,
-            "accountant": spent.accountant,
-            "neighbouring": self._neighbouring,
-            "target_epsilon": self._target,
+            **self._summary_head(),
             "mode": self.mode,
             "passes": self._passes,
             "num_steps": self.num_steps,
-            "releases": releases,
+            "releases": release_counts(self._parts),
         }
 
     def to_dict(self) -> dict:
         """JSON-safe state; :meth:`from_dict` restores an identical ledger."""
         return {
-            "version": _FORMAT_VERSION,
+            **self._settings_record(),
             "mode": self.mode,
-            "delta": self._delta,
-            "neighbouring": self._neighbouring,
-            "accountant": self._accountant,
-            "target_epsilon": self._target,
             "planned": [{"step": self._pass.to_dict(), "count": self._planned_passes}],
             "passes": self._passes,
             "parts": [{"step": s.to_dict(), "count": int(c)} for s, c in self._parts.items()],
@@ -271,17 +236,9 @@ class ParallelLedger:
         """
         if not isinstance(d, Mapping) or d.get("mode") != cls.mode:
             raise ConfigError("not a parallel-ledger record")
-        if d.get("version", _FORMAT_VERSION) != _FORMAT_VERSION:
-            raise ConfigError(f"unsupported ledger format version {d.get('version')!r}")
         try:
             planned = {step_from_dict(it["step"]): it["count"] for it in d["planned"]}
-            ledger = cls(
-                delta=d["delta"],
-                neighbouring=d.get("neighbouring", ADD_REMOVE),
-                accountant=d.get("accountant", "auto"),
-                target_epsilon=d.get("target_epsilon"),
-                planned=planned,
-            )
+            ledger = cls(**cls._settings_from_record(d), planned=planned)
             passes = int(d["passes"])
             parts = [(step_from_dict(it["step"]), int(it["count"])) for it in d["parts"]]
         except (KeyError, TypeError, ValueError) as e:
