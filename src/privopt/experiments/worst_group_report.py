@@ -141,13 +141,12 @@ def rates_lines(rates: dict[str, Any]) -> list[str]:
             f"- rates, ε = {eps}, K = {c['ks'][0]:,}…{c['ks'][-1]:,} ({rates['seeds']} seeds): measured slope "
             f"{c['measured_slope']:.3f} [95 % CI {lo:.3f}, {hi:.3f}]; privacy share of the excess {share}; "
         )
-        if c["dominant_term"] == "mixed":
-            line += "no single term dominates (the share crosses 1/2): no slope to compare"
-        else:
-            line += (
-                f"dominant term: {c['dominant_term']}, Theorem 2 slope {c['theorem_slope']:g} (with its logs "
-                f"{c['theorem_slope_with_logs']:.3f}); within ±0.15: {c['within_015']}"
-            )
+        crossing = " (the share crosses 1/2 inside the range)" if c["share_crosses_half"] else ""
+        line += (
+            f"dominant term: {c['dominant_term']}{crossing}"
+            f", Theorem 2 slope {c['theorem_slope']:g} (with its logs {c['theorem_slope_with_logs']:.3f}); "
+            f"within ±0.15: {c['within_015']}"
+        )
         lines.append(line)
     return lines
 
