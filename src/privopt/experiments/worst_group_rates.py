@@ -30,9 +30,10 @@ import torch
 
 __all__ = ["ETA_SCALE", "RATE_GRID", "run_rates", "slope_with_ci", "theorem2_eta", "theorem2_terms"]
 
-# K range per ε (docs/algorithms/worst_group.md, "The rate in K"): at ε = 20 the phases' noise is below the
-# ball's radius from K ≈ 1,000; at ε = 2 only from K ≈ 256,000 (below it the noisy outputs fill the ball
-# and the excess sits at its ceiling, ≈ 0.25, whatever K).
+# K range per ε, fixed in advance (docs/algorithms/worst_group.md, "The rate in K"): the expected norm of
+# phase 1's noise is 4.8 at K = 1,000 and below W's radius from K ≈ 4,000 at ε = 20; at ε = 2 it is below
+# the radius only from K ≈ 300,000 (for K ≤ 64,000 the noisy outputs fill the ball and the excess sits at
+# its ceiling, ≈ 0.25, whatever K).
 RATE_GRID: dict[float, tuple[int, ...]] = {
     20.0: (1000, 2000, 4000, 8000, 16000, 32000, 64000),
     2.0: (256_000, 512_000, 1_024_000, 2_048_000, 4_096_000),
