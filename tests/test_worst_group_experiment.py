@@ -11,7 +11,7 @@ from privopt.errors import ConfigError
 from privopt.eval.worst_group import evaluate_groups, worst_group_metrics
 from privopt.experiments import worst_group_protocol as protocol
 from privopt.experiments.worst_group import run_worst_group
-from privopt.experiments.worst_group_rates import _fit, theorem2_terms
+from privopt.experiments.worst_group_rates import _fit, run_rates, theorem2_terms
 from privopt.experiments.worst_group_report import summarize, verdict
 
 
@@ -54,13 +54,35 @@ def test_verdict_compares_the_best_paper_d_method_with_dp_sgd_at_each_epsilon():
     assert v[2.0]["best_method"] == "dp-oco-exp3" and not v[2.0]["higher"]
 
 
-def test_rate_fit_recovers_a_power_law_and_names_the_dominant_term():
+def _runs(ks, private, twin):
+    return [{"private": private(k), "non_private": twin(k), "z": [1.0, 1.0]} for k in ks]
+
+
+def test_rate_fit_recovers_a_power_law_and_names_the_measured_dominant_term():
     ks = [1000, 4000, 16000, 64000]
-    curve = _fit(ks, [3.0 * k**-0.5 for k in ks], 20.0)
+    # the twin (no noise) carries almost all of the excess: the statistical term dominates
+    curve = _fit(ks, _runs(ks, lambda k: [2.9 * k**-0.5, 3.1 * k**-0.5], lambda k: [2.0 * k**-0.5] * 2), 20.0)
     assert curve["measured_slope"] == pytest.approx(-0.5, abs=1e-9)
-    assert curve["dominant_term"] == "statistical" and curve["within_0.15"]
+    lo, hi = curve["measured_slope_ci95"]
+    assert lo < -0.5 < hi and hi - lo < 0.2
+    assert curve["dominant_term"] == "statistical" and curve["theorem_slope"] == -0.5 and curve["within_015"]
+    # the noise carries most of it and falls like 1/K: the privacy term
+    curve = _fit(ks, _runs(ks, lambda k: [50.0 / k] * 2, lambda k: [1.0 / k] * 2), 2.0)
+    assert curve["dominant_term"] == "privacy" and curve["theorem_slope"] == -1.0 and curve["within_015"]
+    # the share crosses 1/2 (0.99 … 0.36): the larger average share names the term, and the crossing is flagged
+    curve = _fit(ks, _runs(ks, lambda k: [1e-3] * 2, lambda k: [k * 1e-8] * 2), 2.0)
+    assert curve["dominant_term"] == "privacy" and curve["share_crosses_half"]
+    assert not curve["within_015"]  # a flat curve is no −1 slope
     t = theorem2_terms(1000.0, p=4, d=22, epsilon=0.01)
     assert t["privacy"] > t["statistical"]  # at tiny ε the privacy term dominates
+
+
+def test_rate_sweep_runs_private_and_twin_runs():
+    rates = run_rates(seeds=2, grid={20.0: (400, 800)}, insecure_seed=0, log=lambda s: None)
+    curve = rates["curves"]["20.0"]
+    assert len(curve["runs"]) == 2 and len(curve["runs"][0]["private"]) == 2
+    assert all(r["phase1_noise_norm"][0] > 0 for r in curve["runs"])
+    assert all(x >= -1e-3 for r in curve["runs"] for x in r["non_private"])  # excess over the minimax value
 
 
 @pytest.fixture

@@ -79,20 +79,23 @@ class SaddleObjective:
         self.center = center.to(torch.float64)
         self.ball_center, self.radius = ball_center.to(torch.float64), float(radius)
         self.passes = 0
-        self._onehot = torch.nn.functional.one_hot(self.y, self.k).to(torch.float64)
+        # class-major layout ([K, N]): reductions over the few classes run along contiguous memory
+        self._onehot_t = torch.nn.functional.one_hot(self.y, self.k).to(torch.float64).T.contiguous()
 
     def _split(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         kd = self.k * self.d
         return w[:kd].reshape(self.k, self.d), w[kd:]
 
     def _per_record(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(per-record cross-entropy, softmax − onehot)."""
+        """(per-record cross-entropy ``[N]``, softmax − onehot ``[K, N]``)."""
         self.passes += 1
         weight, bias = self._split(w)
-        z = self.x @ weight.T + bias
-        lse = torch.logsumexp(z, dim=1)
-        ce = lse - (z * self._onehot).sum(1)
-        return ce, torch.softmax(z, dim=1) - self._onehot
+        z = torch.addmm(bias.unsqueeze(1), weight, self.x.T)
+        top = z.max(dim=0).values
+        e = torch.exp(z - top)
+        total = e.sum(0)
+        ce = top + total.log() - (z * self._onehot_t).sum(0)
+        return ce, e / total - self._onehot_t
 
     def _group_means(self, per_record: torch.Tensor) -> torch.Tensor:
         return torch.zeros(self.p, dtype=torch.float64).index_add_(0, self.g, per_record) / self.norm
@@ -103,9 +106,9 @@ class SaddleObjective:
 
     def _grad_weighted(self, w: torch.Tensor, resid: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
         """``Σ_i λ_i ∇L_i(w) + μ_w (w − c)`` from the per-record residuals."""
-        r = resid * (lam / self.norm)[self.g].unsqueeze(1)
-        gw = (r.T @ self.x).reshape(-1)
-        return torch.cat([gw, r.sum(0)]) + self.mu_w * (w - self.center)
+        r = resid * (lam / self.norm)[self.g]
+        gw = (r @ self.x).reshape(-1)
+        return torch.cat([gw, r.sum(1)]) + self.mu_w * (w - self.center)
 
     def value_grad(self, w: torch.Tensor) -> tuple[float, torch.Tensor, torch.Tensor]:
         """``(Φ(w), ∇Φ(w), λ*(w))``."""

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from privopt.checkpoint import atomic_write_json
-from privopt.cliargs import float_list
+from privopt.cliargs import float_list, positive_int
 from privopt.errors import ConfigError
 from privopt.experiments.dro_runner import single_threaded
 from privopt.experiments.worst_group_protocol import BASELINES, DATASETS, EPSILONS, PAPER_D, load_group_dataset
@@ -34,6 +34,7 @@ from privopt.experiments.worst_group_report import (
     per_group_table,
     plot_rates,
     plot_vs_epsilon,
+    rates_lines,
     results_table,
     summarize,
     verdict,
@@ -73,6 +74,7 @@ def run_worst_group(
     methods=PAPER_D + BASELINES,
     tune_grid: bool = True,
     rates: bool = True,
+    rate_seeds: int = 8,
     reference: bool = False,
     insecure_seed: int | None = None,
     log=print,
@@ -101,7 +103,7 @@ def run_worst_group(
     if rates and dataset == "synthetic":
         from privopt.experiments.worst_group_rates import run_rates
 
-        result["rates"] = run_rates(seeds=seeds, insecure_seed=insecure_seed, log=log)
+        result["rates"] = run_rates(seeds=rate_seeds, insecure_seed=insecure_seed, log=log)
         atomic_write_json(out / "rates.json", result["rates"])
         plot_rates(result["rates"], out / "excess_risk_vs_K.png")
     if reference:
@@ -149,12 +151,7 @@ def _markdown(result: dict, rows, names) -> str:
             f"(avg {v['dp_sgd_average_accuracy']:.3f}): {'higher' if v['higher'] else 'NOT higher'}"
         )
     if "rates" in result:
-        for e, c in result["rates"]["curves"].items():
-            parts.append(
-                f"- rates, ε = {e}: measured slope {c['measured_slope']:.3f}, Theorem 2 {c['dominant_term']} term "
-                f"{c['theorem_slope']:g} (with its logs {c['theorem_slope_with_logs']:.3f}); "
-                f"within ±0.15: {c['within_0.15']}"
-            )
+        parts.extend(rates_lines(result["rates"]))
     if "minimax_reference" in result:
         ref = result["minimax_reference"]
         parts.append("\nNon-private references (seed-0 split, test worst-group / average accuracy):")
@@ -176,6 +173,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", help="comma-separated algorithm names (default: Paper D's four + baselines)")
     parser.add_argument("--no-tune", action="store_true", help="skip tuning (the middle grid point)")
     parser.add_argument("--no-rates", action="store_true", help="synthetic: skip the excess-risk-vs-K sweep")
+    parser.add_argument(
+        "--rate-seeds", type=positive_int, default=8, help="synthetic: runs per (ε, K) of the excess-risk-vs-K sweep"
+    )
     parser.add_argument(
         "--minimax-reference", action="store_true",
         help="also fit non-private ERM and the exact worst-group minimax point (the ceiling of reweighting)",
@@ -202,6 +202,7 @@ def main(args: argparse.Namespace) -> int:
         methods=methods,
         tune_grid=not args.no_tune,
         rates=not args.no_rates,
+        rate_seeds=args.rate_seeds,
         reference=args.minimax_reference,
         insecure_seed=args.insecure_seed,
         log=(lambda s: None) if quiet else (lambda s: print(s, flush=True)),
