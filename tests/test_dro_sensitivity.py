@@ -118,7 +118,11 @@ def test_primal_dual_queries(name):
     r = torch.rand(N + 1, generator=g, dtype=torch.float64) * 5
     r_prev = torch.rand(N + 1, generator=g, dtype=torch.float64) * 5
     x_prev = x + 0.3 * torch.randn(x.shape, generator=g)
-    check(lambda i: algo.x_grad_sum(i, r=r, clip=0.5, x=x), 0.5)
+    # r_i·Clip(∇ℓ_i, C) with r_i clamped to the weight cap A (4 by default): bound A·C, reached by
+    # the adversarial record, whose dual weight is above the cap.
+    cap = algo.config.weight_cap
+    r[N], r_prev[N] = 2 * cap, 0.0
+    check(lambda i: algo.x_grad_sum(i, r=r, clip=0.5, x=x), cap * 0.5)
     check(lambda i: algo.x_diff_sum(i, r=r, r_prev=r_prev, x_prev=x_prev, clip=0.5, x=x), 0.5)
     # The loss vector: one record moves one coordinate, by at most the loss bound.
     check(lambda i: algo.loss_vector_sum(i, x=x), 4.0)

@@ -1,11 +1,12 @@
 """DP-SGDA and PrivateDiff: reconstructions of Paper A's baselines on the primal–dual form.
 
-Both solve ``min_x max_{p∈Δ_n} Σ_i p_i ℓ_i − λ·D_ψ(p, 1/n)`` with the dual iterate stored as
-``r = n·p`` (mean 1). Each step releases the batch's clamped losses as an n-vector with Gaussian
-noise on every coordinate (an unbiased estimate of the full loss vector) for the ascent on r,
-followed by a projection onto ``{r ≥ 0, mean r = 1}``; the x-query is a clipped sum of
-``r_i·∇ℓ_i`` (DP-SGDA) or a SPIDER estimator of it (PrivateDiff). The paper specifies neither:
-see ``docs/algorithms/dro.md`` ("Baselines") for what is reconstructed and the privacy inventory.
+Both solve ``min_x max_{p∈Δ_n, n·p ≤ A} Σ_i p_i ℓ_i − λ·D_ψ(p, 1/n)`` with the dual iterate stored
+as ``r = n·p`` (mean 1, at most the public weight cap A). Each step releases the batch's clamped
+losses as an n-vector with Gaussian noise on every coordinate (an unbiased estimate of the full
+loss vector) for the ascent on r, followed by a projection onto ``{0 ≤ r ≤ A, mean r = 1}``; the
+x-query is the capped-weight sum ``Σ r_i·Clip(∇ℓ_i, C)`` (DP-SGDA) or a SPIDER estimator of it
+(PrivateDiff), as for every DRO method. The paper specifies neither: see ``docs/algorithms/dro.md``
+("Baselines") for what is reconstructed and the privacy inventory.
 """
 
 from __future__ import annotations
@@ -19,16 +20,17 @@ import torch
 
 from privopt.algorithms.base import register_algorithm
 from privopt.algorithms.config import flag, mapping, one_of, optional_positive, param, positive, positive_int, text
-from privopt.algorithms.dro_common import DROAlgorithm, DROConfig, check_difference_thresholds
+from privopt.algorithms.dro_common import DROAlgorithm, DROConfig, check_difference_thresholds, weight_cap_value
 from privopt.algorithms.estimators import SpiderEstimator
 from privopt.algorithms.releases import BatchPlan, Fixed, Phase, Query, ReleasePlan, StepProportional
 from privopt.errors import ConfigError
 from privopt.grads.sums import BoundedSum
 from privopt.objectives.divergences import get_divergence
 
-__all__ = ["DPSGDA", "DPSGDAConfig", "PrivateDiff", "PrivateDiffConfig", "project_mean_one"]
+__all__ = ["DPSGDA", "DPSGDAConfig", "PrivateDiff", "PrivateDiffConfig", "project_capped_mean_one", "project_mean_one"]
 
 _R_FLOOR = 1e-12
+_BISECTION_STEPS = 100  # halves the bracket [min r − A, max r] to below float64 resolution
 
 
 def project_mean_one(r: torch.Tensor) -> torch.Tensor:
@@ -53,10 +55,42 @@ def project_mean_one(r: torch.Tensor) -> torch.Tensor:
     return torch.clamp(r - theta, min=0.0)
 
 
+def project_capped_mean_one(r: torch.Tensor, cap: float) -> torch.Tensor:
+    """Euclidean projection of ``r`` onto ``{0 ≤ r ≤ cap, mean(r) = 1}`` (``cap ≥ 1``).
+
+    The projection is ``clamp(r − θ, 0, cap)`` for the ``θ`` at which the mean is 1 (the mean is
+    non-increasing in θ): found by bisection. An infinite cap is :func:`project_mean_one`.
+
+    Example:
+        >>> r = project_capped_mean_one(torch.tensor([9.0, 0.0, 0.0, 0.0], dtype=torch.float64), 2.0)
+        >>> [round(v, 6) for v in r.tolist()]
+        [2.0, 0.666667, 0.666667, 0.666667]
+    """
+    if math.isinf(cap):
+        return project_mean_one(r)
+    lo, hi = float(r.min()) - cap, float(r.max())  # mean(clamp(r − lo)) = cap ≥ 1, mean(clamp(r − hi)) = 0
+    for _ in range(_BISECTION_STEPS):
+        mid = 0.5 * (lo + hi)
+        if float((r - mid).clamp(0.0, cap).mean()) >= 1.0:
+            lo = mid
+        else:
+            hi = mid
+    return (r - lo).clamp(0.0, cap)
+
+
+def _aligned(weights: torch.Tensor, chunk: int):
+    """The weights of a batch as the per-chunk callable of ``DROAlgorithm._weighted_grad_sum`` (it
+    visits the batch in consecutive chunks of ``chunk`` records, once per point)."""
+    parts = iter(weights.split(chunk))
+    return lambda _losses: next(parts)
+
+
 @dataclass(frozen=True)
 class PrimalDualConfig(DROConfig):
     """Shared hyper-parameters: ψ, the penalty λ, the x step ``lr``, the dual step ``dual_lr``, the
-    x-gradient threshold ``clip_x`` and the loss clamp B (the loss vector's per-record bound)."""
+    x-gradient threshold ``clip_x``, the weight cap A (``r ≤ A``: the x-query's per-record bound is
+    ``A·clip_x``), the loss clamp B (the loss vector's per-record bound) and ``loss_noise_ratio``,
+    the loss vector's noise multiplier relative to the x-query's (one calibration)."""
 
     divergence: str = param("kl", text)
     divergence_params: Mapping[str, Any] = param({}, mapping)
@@ -64,7 +98,9 @@ class PrimalDualConfig(DROConfig):
     lr: float = param(0.1, positive, role="lr")
     dual_lr: float = param(0.01, positive)
     clip_x: float = param(1.0, positive, role="clip")
+    weight_cap: float = param(4.0, weight_cap_value, role="weight_cap")
     loss_bound: float = param(10.0, positive)
+    loss_noise_ratio: float = param(1.0, positive)
     output: str = param("last", one_of("random", "last"), role="output")
     private: bool = param(True, flag)
 
@@ -112,7 +148,8 @@ class _PrimalDualBase(DROAlgorithm):
 
     def _loss_query(self, host: str) -> Query:
         """The loss-vector release riding on ``host``'s batch (one record moves one coordinate ≤ B)."""
-        return Query("p-grad", Fixed(self.config.loss_bound), on=host, estimate="total")
+        c = self.config
+        return Query("p-grad", Fixed(c.loss_bound), on=host, estimate="total", ratio=c.loss_noise_ratio)
 
     def _init_state(self, n: int) -> None:
         device = self._ctx.x_train.device
@@ -133,8 +170,9 @@ class _PrimalDualBase(DROAlgorithm):
         return BoundedSum(out, bound=clip)
 
     def x_grad_sum(self, idx: torch.Tensor, *, r: torch.Tensor, clip: float, x: torch.Tensor | None = None):
-        """``Σ_{i∈idx} Clip(r_i ∇ℓ_i(x), C)`` ([d])."""
-        return self._grad_sum(idx, clip=clip, x=x, weights=r[idx].to(torch.float32))
+        """``Σ_{i∈idx} r_i·Clip(∇ℓ_i(x), C)`` with ``r_i`` clamped to ``[0, A]`` (bound ``A·C``; [d])."""
+        chunk = self.config.chunk_size
+        return self._weighted_grad_sum(idx, clip=clip, x=x, weights=_aligned(r[idx], chunk), cap=self.config.weight_cap)
 
     def x_diff_sum(
         self,
@@ -146,13 +184,23 @@ class _PrimalDualBase(DROAlgorithm):
         clip: float,
         x: torch.Tensor | None = None,
     ):
-        """``Σ Clip(r_i ∇ℓ_i(x) − r'_i ∇ℓ_i(x_prev), C)`` ([d])."""
-        w, w_prev = r[idx].to(torch.float32), r_prev[idx].to(torch.float32)
-        return self._grad_sum(idx, clip=clip, x=x, weights=w, x_prev=x_prev, weights_prev=w_prev)
+        """``Σ Clip(r_i·Clip(∇ℓ_i(x), C_x) − r'_i·Clip(∇ℓ_i(x_prev), C_x), C)`` ([d]): the difference of
+        the per-record terms of :meth:`x_grad_sum` at the two points."""
+        c = self.config
+        return self._weighted_diff_sum(
+            idx,
+            clip=clip,
+            grad_clip=c.clip_x,
+            weights=_aligned(r[idx], c.chunk_size),
+            weights_prev=_aligned(r_prev[idx], c.chunk_size),
+            cap=c.weight_cap,
+            x=x,
+            x_prev=x_prev,
+        )
 
     def _dual_step(self, r: torch.Tensor, loss_estimate: torch.Tensor) -> torch.Tensor:
         direction = loss_estimate - self.config.lam * self._div.psi_grad(r.clamp_min(_R_FLOOR))
-        return project_mean_one(r + self.config.dual_lr * direction)
+        return project_capped_mean_one(r + self.config.dual_lr * direction, self.config.weight_cap)
 
     def _losses_released(self, phase) -> torch.Tensor:
         return phase.release("p-grad", lambda idx, c: self.loss_vector_sum(idx, clip=c))
@@ -163,9 +211,10 @@ class DPSGDA(_PrimalDualBase):
     """DP-SGDA on the primal–dual form — a RECONSTRUCTION (the paper gives no pseudocode).
 
     Each step draws one Poisson batch and releases, as one accounted step, the x-gradient
-    ``(Σ Clip(r_i ∇ℓ_i, C) + N(0,(z C)² I_d))/b`` and the loss vector
-    ``(Σ_{i∈B} ℓ_i e_i + N(0,(z B)² I_n))/(b/n)``; then simultaneously
-    ``x ← x − lr·ĝ_x`` and ``r ← Proj(r + dual_lr·(ℓ̂ − λψ'(r)))``.
+    ``(Σ r_i·Clip(∇ℓ_i, C) + N(0,(z A C)² I_d))/b`` and the loss vector
+    ``(Σ_{i∈B} ℓ_i e_i + N(0,(z' B)² I_n))/(b/n)`` (``z' = loss_noise_ratio·z``); then simultaneously
+    ``x ← x − lr·ĝ_x`` and ``r ← Proj(r + dual_lr·(ℓ̂ − λψ'(r)))`` onto ``{0 ≤ r ≤ A, mean r = 1}``.
+    With ``q = 1`` and ``refresh_batch = batch_size``, :class:`PrivateDiff` is this algorithm.
 
     Example:
         >>> from privopt.algorithms import get_algorithm
@@ -182,7 +231,8 @@ class DPSGDA(_PrimalDualBase):
 
     def release_plan(self, n: int) -> ReleasePlan:
         """Every step: the x-gradient and the loss vector from one batch."""
-        x_grad = Query("x-grad", Fixed(self.config.clip_x), batch=BatchPlan(self.config.batch_size, n))
+        c = self.config
+        x_grad = Query("x-grad", Fixed(c.clip_x, factor=c.weight_cap), batch=BatchPlan(c.batch_size, n))
         return ReleasePlan(phases=(Phase("step", self._T_for(n), (x_grad, self._loss_query("x-grad"))),))
 
     def setup(self, ctx) -> None:
@@ -228,7 +278,7 @@ class PrivateDiff(_PrimalDualBase):
     def release_plan(self, n: int) -> ReleasePlan:
         """Refresh ceil(T/q) times and correct T − ceil(T/q) times; the loss vector every step."""
         c, (T, refreshes) = self.config, self._schedule(n)
-        x_refresh = Query("x-refresh", Fixed(c.clip_x), batch=BatchPlan(c.refresh_batch, n))
+        x_refresh = Query("x-refresh", Fixed(c.clip_x, factor=c.weight_cap), batch=BatchPlan(c.refresh_batch, n))
         x_diff = Query("x-diff", StepProportional(c.gamma_x, c.clip_x_diff), batch=BatchPlan(c.batch_size, n))
         return ReleasePlan(
             phases=(

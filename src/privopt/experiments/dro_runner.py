@@ -171,6 +171,7 @@ def run_one(
     n = int(data.x_train.shape[0])
     model_name, module, model_params = _model_for(spec.model, budget, data)
     params = method_params(method, budget=budget, lr=hp["lr"], clip=hp["clip"], epochs=epochs)
+    params.update(hp.get("algorithm_params", {}))  # per-method overrides of fixed hyper-parameters (the demo's)
     total = _planned_steps(method, params, n) or max(1, math.ceil(epochs * n / budget.batch_size))
     cfg = RunConfig.from_dict(
         {
@@ -397,7 +398,8 @@ class GridRequest:
             returning a fresh ``nn.Module``.
         progress: per-run progress bars. log: line printer (default ``print``).
         tune_grid: grid-search (lr, clip) per method on a validation split (same grid for all).
-        hyperparameters: skip tuning and use ``{method: {"lr": .., "clip": ..}}``.
+        hyperparameters: skip tuning and use ``{method: {"lr": .., "clip": ..}}`` (optionally with
+            ``"algorithm_params": {field: value}``, which override that method's config fields).
         insecure_seed: ``None`` (secret noise and sampling) or a base seed — NOT private.
         device: ``"cpu"`` or ``"cuda"`` for every run.
     """
