@@ -18,7 +18,16 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["DEVICES", "float_list", "int_list", "name_list", "non_negative_int", "positive_float", "positive_int"]
+__all__ = [
+    "DEVICES",
+    "add_run_outputs",
+    "float_list",
+    "int_list",
+    "name_list",
+    "non_negative_int",
+    "positive_float",
+    "positive_int",
+]
 
 
 def _int(text: str, minimum: int) -> int:
@@ -75,3 +84,24 @@ def name_list(text: str) -> list[str]:
 
 
 DEVICES = ("cpu", "cuda")  # the --device choices (config key `device`)
+
+
+def add_run_outputs(parser: argparse.ArgumentParser, *, out_help: str = "output directory (new)", quiet: bool = True):
+    """The options every reproduction shares: ``--insecure-seed``, ``--out``, ``--json`` and ``--quiet``.
+
+    Example:
+        >>> p = argparse.ArgumentParser(prog="x")
+        >>> add_run_outputs(p)
+        >>> a = p.parse_args(["--out", "runs/x", "--insecure-seed", "3"])
+        >>> (a.out, a.insecure_seed, a.json, a.quiet)
+        ('runs/x', 3, False, False)
+    """
+    parser.add_argument(
+        "--insecure-seed", type=non_negative_int, metavar="N", default=None,
+        help="seed the noise and sampling of every run (run s uses N + s): reproducible, NOT private "
+        "(anyone who reads the seed can replay the noise); default: secret randomness",
+    )  # fmt: skip
+    parser.add_argument("--out", required=True, help=out_help)
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    if quiet:
+        parser.add_argument("--quiet", action="store_true", help="print nothing (outputs are still written)")

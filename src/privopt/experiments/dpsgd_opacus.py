@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from privopt.checkpoint import atomic_write_json, atomic_write_text
-from privopt.cliargs import float_list, non_negative_int, positive_float, positive_int
+from privopt.cliargs import add_run_outputs, float_list, positive_float, positive_int
 from privopt.config import RunConfig
 from privopt.errors import ConfigError
 
@@ -192,15 +192,7 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-size", type=positive_int, default=256, help="expected Poisson batch size (default 256)")
     p.add_argument("--lr", type=positive_float, default=0.5, help="SGD learning rate (default 0.5)")
     p.add_argument("--clip", type=positive_float, default=1.0, help="per-example clipping threshold (default 1)")
-    p.add_argument(
-        "--insecure-seed",
-        type=non_negative_int,
-        metavar="N",
-        default=None,
-        help="seed privopt's noise and sampling (run s uses N + s): reproducible, NOT private",
-    )
-    p.add_argument("--out", required=True, help="output folder (results.jsonl, summary.json, table.md)")
-    p.add_argument("--json", action="store_true", help="print every run's result as JSON")
+    add_run_outputs(p, out_help="output folder (results.jsonl, summary.json, table.md)", quiet=False)
 
 
 def main(args) -> int:

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from privopt.cliargs import float_list, non_negative_int, positive_int
+from privopt.cliargs import add_run_outputs, float_list, non_negative_int, positive_int
 from privopt.errors import ConfigError
 from privopt.experiments.erm_covertype_data import POSITIVE_COVER_TYPE, load_covertype_binary, load_covertype_split
 from privopt.experiments.erm_covertype_plots import plot_results
@@ -204,16 +204,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--settings", default=",".join(SETTINGS), help=f"subset of {','.join(SETTINGS)}")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="data selection key (public)")
-    parser.add_argument(
-        "--insecure-seed",
-        type=int,
-        default=None,
-        metavar="N",
-        help="seed the noise and sampling: reproducible but NOT private; default: secret",
-    )
     parser.add_argument("--accountant", choices=("rdp", "pld"), default=None, help="default: the budget's")
-    parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_run_outputs(parser, out_help="output folder", quiet=False)
 
 
 def main(args: argparse.Namespace) -> int:

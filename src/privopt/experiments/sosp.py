@@ -25,7 +25,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from privopt.cliargs import float_list, int_list
+from privopt.cliargs import add_run_outputs, float_list, int_list
 from privopt.errors import ConfigError
 from privopt.experiments.sosp_protocol import (
     BUDGETS,
@@ -275,13 +275,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=2, help="parallel runs with --launcher simulate (default 2)")
     parser.add_argument("--data-dir", help="folder with one sub-folder per dataset (default $PRIVOPT_DATA)")
     parser.add_argument("--tune", action="store_true", help="run the tuning grid instead (docs/algorithms/sosp.md)")
-    parser.add_argument(
-        "--insecure-seed", type=int, metavar="N", default=None,
-        help="seed the noise and sampling of every run (run s uses N + s): reproducible, NOT private",
-    )  # fmt: skip
-    parser.add_argument("--out", required=True, help="output directory (new)")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines and no closing table")
+    add_run_outputs(parser)
 
 
 def main(args: argparse.Namespace) -> int:

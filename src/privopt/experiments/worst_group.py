@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from privopt.checkpoint import atomic_write_json
-from privopt.cliargs import float_list, positive_int
+from privopt.cliargs import add_run_outputs, float_list, positive_int
 from privopt.errors import ConfigError
 from privopt.experiments.dro_runner import single_threaded
 from privopt.experiments.worst_group_protocol import BASELINES, DATASETS, EPSILONS, PAPER_D, load_group_dataset
@@ -180,13 +180,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--minimax-reference", action="store_true",
         help="also fit non-private ERM and the exact worst-group minimax point (the ceiling of reweighting)",
     )  # fmt: skip
-    parser.add_argument(
-        "--insecure-seed", type=int, metavar="N", default=None,
-        help="seed noise and sampling (run s uses N + s): reproducible, NOT private; default: secret randomness",
-    )  # fmt: skip
-    parser.add_argument("--out", required=True, help="output directory (new)")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument("--quiet", action="store_true", help="print nothing (outputs are still written)")
+    add_run_outputs(parser)
 
 
 def main(args: argparse.Namespace) -> int:
