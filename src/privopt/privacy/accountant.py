@@ -35,6 +35,7 @@ import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from privopt.errors import ConfigError
+from privopt.privacy.cache import DiskCache
 from privopt.privacy.checks import (
     ACCOUNTANTS,
     check_accountant,
@@ -326,8 +327,24 @@ def _coins(items, neighbouring: str) -> frozenset:
 # ---------------------------------------------------------------- cached core
 
 
+# PLD results persist across runs (RDP ones cost milliseconds): docs/accounting.md, "Caching".
+_DISK = DiskCache("epsilon")
+
+
 @functools.lru_cache(maxsize=1024)
 def _epsilon_cached(items, delta: float, neighbouring: str, accountant: str) -> EpsilonResult:
+    if accountant == "rdp" or not items:
+        return _epsilon_computed(items, delta, neighbouring, accountant)
+    key = {"items": repr(items), "delta": delta, "neighbouring": neighbouring, "accountant": accountant}
+    hit = _DISK.get(key)
+    if isinstance(hit, dict) and hit.get("accountant") in ("pld", "rdp") and isinstance(hit.get("epsilon"), float):
+        return EpsilonResult(hit["epsilon"], delta, hit["accountant"])
+    res = _epsilon_computed(items, delta, neighbouring, accountant)
+    _DISK.put(key, {"epsilon": res.epsilon, "accountant": res.accountant})
+    return res
+
+
+def _epsilon_computed(items, delta: float, neighbouring: str, accountant: str) -> EpsilonResult:
     if not items:
         return EpsilonResult(0.0, delta, "rdp" if accountant == "rdp" else "pld")
     curve = sum((c * _step_rdp(s, neighbouring, DEFAULT_ORDERS) for s, c in items), np.zeros(len(DEFAULT_ORDERS)))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from privopt.errors import ConfigError
 from privopt.privacy.accountant import epsilon_of, pld_supported
+from privopt.privacy.cache import DiskCache
 from privopt.privacy.checks import check_accountant, check_count, check_delta, check_epsilon, check_ratio
 from privopt.privacy.events import ADD_REMOVE, REPLACE_ONE, Poisson, WithoutReplacement, check_neighbouring
 from privopt.privacy.inventory import Inventory, PlannedStep
@@ -47,6 +48,8 @@ _LONG_SCHEDULE = 100_000
 _LONG_SCHEDULE_TOL = 1e-3
 _CACHE: OrderedDict = OrderedDict()
 _CACHE_SIZE = 256
+# Complete calibrations persist across runs (docs/accounting.md, "Caching").
+_DISK = DiskCache("calibration")
 
 
 @dataclass(frozen=True)
@@ -148,13 +151,33 @@ def calibrate(
     key = (inventory, epsilon, delta, neighbouring, accountant, tuple(sorted(merged.items())))
     cal = _CACHE.get(key)
     if cal is None:
-        cal = _Calibrator(inventory, merged, epsilon, delta, neighbouring, limit, progress).run(accountant)
+        disk_key = {"inventory": repr(key[0]), "target": key[1:5], "ratios": [list(kv) for kv in key[5]]}
+        cal = _from_disk(_DISK.get(disk_key), inventory, merged, key)
+        if cal is None:
+            cal = _Calibrator(inventory, merged, epsilon, delta, neighbouring, limit, progress).run(accountant)
+            if not cal.extra:
+                _DISK.put(disk_key, cal.to_dict())
         if not cal.extra:
             _CACHE[key] = cal
             while len(_CACHE) > _CACHE_SIZE:
                 _CACHE.popitem(last=False)
     # Copy the mutable parts so callers cannot corrupt the cached result.
     return replace(cal, noise=dict(cal.noise), extra=dict(cal.extra))
+
+
+def _from_disk(entry, inventory: Inventory, ratios: dict[str, float], key: tuple) -> Calibration | None:
+    """A stored calibration, if it is one for these inputs and the accountant certifies it again now."""
+    _, epsilon, delta, neighbouring, accountant, _ = key
+    try:
+        cal = Calibration(**entry)
+        same = (cal.target_epsilon, cal.delta, cal.neighbouring) == (epsilon, delta, neighbouring)
+        if not same or cal.extra or cal.noise != {n: cal.scale * r for n, r in ratios.items()}:
+            return None
+        # The check costs one accountant call, itself cached on disk: a stored noise is never trusted blindly.
+        again = epsilon_of(inventory.steps_for(cal.noise), delta=delta, neighbouring=neighbouring, accountant=accountant)
+    except (TypeError, ValueError, ConfigError):
+        return None
+    return cal if cal.epsilon <= epsilon and again.epsilon <= epsilon else None
 
 
 class _Calibrator:
