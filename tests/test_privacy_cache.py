@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from tests._run_helpers import cfg, read_record
 
 from privopt.privacy import Inventory, PlannedStep, Poisson, PrivacyLedger, calibrate, epsilon_of
 from privopt.privacy import accountant as acc_mod
 from privopt.privacy import cache as cache_mod
 from privopt.privacy import calibration as cal_mod
 from privopt.training import train
-from tests._run_helpers import cfg, read_record
 
 
 @pytest.fixture

@@ -180,7 +180,8 @@ def _from_disk(entry, inventory: Inventory, ratios: dict[str, float], key: tuple
         if not same or cal.extra or cal.noise != {n: cal.scale * r for n, r in ratios.items()}:
             return None
         # The check costs one accountant call, itself cached on disk: a stored noise is never trusted blindly.
-        again = epsilon_of(inventory.steps_for(cal.noise), delta=delta, neighbouring=neighbouring, accountant=accountant)
+        steps = inventory.steps_for(cal.noise)
+        again = epsilon_of(steps, delta=delta, neighbouring=neighbouring, accountant=accountant)
     except (TypeError, ValueError, ConfigError):
         return None
     return cal if cal.epsilon <= epsilon and again.epsilon <= epsilon else None
