@@ -208,6 +208,7 @@ def _rows(runs, *, batch_size, threads, repeats, load) -> list[dict]:
             "median_s": statistics.median(wall),
             "min_s": min(wall),
             "wall_s_each": wall,  # in round order: the first round may pay a cold accounting cache
+            "cpu_s_each": [r["cpu_s"] for r in rs],
             "cpu_s": statistics.median(r["cpu_s"] for r in rs),
             "peak_mb": statistics.median(r["peak_mb"] or 0.0 for r in rs),
             "steps": rs[0]["steps"],

@@ -1,11 +1,16 @@
 """Noise calibration: the smallest noise whose accounted epsilon meets a target.
 
 :func:`calibrate` scales every calibrated family of an :class:`~privopt.privacy.Inventory`
-(``z_name = scale * ratio_name``) and searches the scale in two stages:
+(``z_name = scale * ratio_name``) and searches the scale in stages:
 
 1. with the RDP accountant, which is fast for any schedule and any delta: a valid answer;
-2. with the requested accountant (``auto``: the smaller of PLD and RDP), starting from the RDP
-   answer, until the time budget runs out.
+2. with the requested accountant on a coarser PLD grid, starting from the RDP answer: a guide to
+   where the crossing is and how steeply epsilon falls there (never an answer);
+3. with the requested accountant (``auto``: the smaller of PLD and RDP), starting from the guide,
+   until the time budget runs out.
+
+Complete results are also kept on disk across runs (:mod:`privopt.privacy.cache`) and certified
+again by the accountant when read back.
 
 The answer is the smallest scale found whose epsilon is within target, so a search cut short by
 the time budget still returns a safe (if slightly larger) noise. See docs/accounting.md,
