@@ -75,7 +75,13 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--device", choices=DEVICES, default="cpu", help="time the steps on cpu or cuda (default cpu)")
     b.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     b.add_argument("--quiet", action="store_true", help="no progress line per finished row")
-    e = b.add_argument_group("end-to-end mode (--end-to-end): whole training runs with a time breakdown")
+    _add_end_to_end_options(
+        b.add_argument_group("end-to-end mode (--end-to-end): whole training runs with a time breakdown")
+    )
+    b.set_defaults(func=_cmd_bench)
+
+
+def _add_end_to_end_options(e) -> None:
     e.add_argument(
         "--end-to-end",
         action="store_true",
@@ -103,4 +109,3 @@ def add_bench_parser(sub) -> None:
         "calibration and later rounds reuse it, like a user's repeated run), off (every run computes "
         "everything), user (your own cache as it is)",
     )
-    b.set_defaults(func=_cmd_bench)

@@ -160,20 +160,25 @@ def calibrate(
     merged = _merged_ratios(inventory, ratios)
     limit = DEFAULT_TIME_LIMIT if time_limit is None else check_epsilon(time_limit, name="time_limit")
     key = (inventory, epsilon, delta, neighbouring, accountant, tuple(sorted(merged.items())))
-    cal = _CACHE.get(key)
-    if cal is None:
-        disk_key = {"inventory": repr(key[0]), "target": key[1:5], "ratios": [list(kv) for kv in key[5]]}
-        cal = _from_disk(_DISK.get(disk_key), inventory, merged, key)
-        if cal is None:
-            cal = _Calibrator(inventory, merged, epsilon, delta, neighbouring, limit, progress).run(accountant)
-            if not cal.extra:
-                _DISK.put(disk_key, cal.to_dict())
-        if not cal.extra:
-            _CACHE[key] = cal
-            while len(_CACHE) > _CACHE_SIZE:
-                _CACHE.popitem(last=False)
+    cal = _CACHE.get(key) or _stored_or_run(key, merged, limit, progress)
     # Copy the mutable parts so callers cannot corrupt the cached result.
     return replace(cal, noise=dict(cal.noise), extra=dict(cal.extra))
+
+
+def _stored_or_run(key: tuple, ratios: dict[str, float], limit: float, progress) -> Calibration:
+    """The calibration from the disk cache, else computed (and stored when complete)."""
+    inventory, epsilon, delta, neighbouring, accountant, _ = key
+    disk_key = {"inventory": repr(inventory), "target": key[1:5], "ratios": [list(kv) for kv in key[5]]}
+    cal = _from_disk(_DISK.get(disk_key), inventory, ratios, key)
+    if cal is None:
+        cal = _Calibrator(inventory, ratios, epsilon, delta, neighbouring, limit, progress).run(accountant)
+        if not cal.extra:
+            _DISK.put(disk_key, cal.to_dict())
+    if not cal.extra:
+        _CACHE[key] = cal
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return cal
 
 
 def _from_disk(entry, inventory: Inventory, ratios: dict[str, float], key: tuple) -> Calibration | None:
