@@ -22,6 +22,9 @@ def shared_data() -> Path:
 
 
 def pytest_configure(config):
+    # Accounting results are not read from or written to the user's on-disk cache: every test
+    # computes its own (tests of the cache point it at a temporary directory).
+    os.environ["PRIVOPT_ACCOUNTING_CACHE"] = "off"
     # Tests run in parallel workers on 2 cores: one intra-op thread each avoids oversubscription.
     import torch
 

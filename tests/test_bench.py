@@ -143,8 +143,10 @@ def test_end_to_end_rows_pair_each_method_with_its_reference():
         repeats=1,
         threads=1,
         progress=False,
+        accounting_cache="off",
     )
     by = {r["method"]: r for r in rows}
+    assert all(r["accounting_cache"] == "off" and len(r["wall_s_each"]) == 1 for r in rows)
     assert set(by) == {"sgd", "dp-double-spider", "sgd@dp-double-spider"}
     assert all(r["mode"] == "end-to-end" and r["median_s"] > 0 and r["peak_mb"] > 0 for r in rows)
     spider, ref = by["dp-double-spider"], by["sgd@dp-double-spider"]
@@ -161,3 +163,5 @@ def test_end_to_end_rejects_unknown_methods():
 
     with pytest.raises(ConfigError, match="sgdx"):
         run_end_to_end(methods=("sgdx",), dataset="digits")
+    with pytest.raises(ConfigError, match="accounting_cache"):
+        run_end_to_end(methods=("dp-sgd",), dataset="digits", accounting_cache="warm")

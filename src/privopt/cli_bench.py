@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from privopt.bench_e2e import ACCOUNTING_CACHES
 from privopt.cliargs import DEVICES, int_list, name_list, positive_float, positive_int
 
 __all__ = ["add_bench_parser"]
@@ -26,6 +27,7 @@ def _cmd_bench(args) -> int:
             repeats=args.repeats,
             threads=args.threads,
             progress=not (args.quiet or args.json),
+            accounting_cache=args.accounting_cache,
         )
         print(json.dumps(rows) if args.json else format_e2e(rows))
         return 0
@@ -73,7 +75,13 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--device", choices=DEVICES, default="cpu", help="time the steps on cpu or cuda (default cpu)")
     b.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     b.add_argument("--quiet", action="store_true", help="no progress line per finished row")
-    e = b.add_argument_group("end-to-end mode (--end-to-end): whole training runs with a time breakdown")
+    _add_end_to_end_options(
+        b.add_argument_group("end-to-end mode (--end-to-end): whole training runs with a time breakdown")
+    )
+    b.set_defaults(func=_cmd_bench)
+
+
+def _add_end_to_end_options(e) -> None:
     e.add_argument(
         "--end-to-end",
         action="store_true",
@@ -93,4 +101,11 @@ def add_bench_parser(sub) -> None:
     e.add_argument("--spider-steps", type=positive_int, default=64, help="steps of each DP SPIDER method (default 64)")
     e.add_argument("--dataset", default="mnist-st", help="registered dataset to train on (default mnist-st)")
     e.add_argument("--data-dir", default=None, help="data directory (default: $PRIVOPT_DATA)")
-    b.set_defaults(func=_cmd_bench)
+    e.add_argument(
+        "--accounting-cache",
+        choices=ACCOUNTING_CACHES,
+        default="fresh",
+        help="the runs' on-disk accounting cache: fresh (default; empty at start, so round 1 pays every "
+        "calibration and later rounds reuse it, like a user's repeated run), off (every run computes "
+        "everything), user (your own cache as it is)",
+    )

@@ -35,6 +35,7 @@ import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from privopt.errors import ConfigError
+from privopt.privacy.cache import DiskCache
 from privopt.privacy.checks import (
     ACCOUNTANTS,
     check_accountant,
@@ -308,12 +309,12 @@ def _pld_accountant(event: dpa.DpEvent, interval: float):
     return acc
 
 
-def _pld_run(event, interval: float, delta: float, rdp_tail: float, coins: frozenset):
+def _pld_run(event, interval: float, delta: float, rdp_tail: float, coins: frozenset, coarsen: float = 1.0):
     """PLD accountant for the composed event; refined once on a finer grid if the first pass
     shows that the epsilon is much smaller than the RDP estimate the grid was chosen from."""
     acc = _pld_accountant(event, _snap(interval, coins))
     tail = float(acc.get_epsilon(_TAIL_DELTA))
-    finer = _interval(float(acc.get_epsilon(delta)), tail if math.isfinite(tail) else rdp_tail)
+    finer = coarsen * _interval(float(acc.get_epsilon(delta)), tail if math.isfinite(tail) else rdp_tail)
     if finer * _PLD_REFINE_GAIN <= interval:
         acc = _pld_accountant(event, _snap(finer, coins))
     return acc
@@ -326,8 +327,24 @@ def _coins(items, neighbouring: str) -> frozenset:
 # ---------------------------------------------------------------- cached core
 
 
+# PLD results persist across runs (RDP ones cost milliseconds): docs/accounting.md, "Caching".
+_DISK = DiskCache("epsilon")
+
+
 @functools.lru_cache(maxsize=1024)
 def _epsilon_cached(items, delta: float, neighbouring: str, accountant: str) -> EpsilonResult:
+    if accountant == "rdp" or not items:
+        return _epsilon_computed(items, delta, neighbouring, accountant)
+    key = {"items": repr(items), "delta": delta, "neighbouring": neighbouring, "accountant": accountant}
+    hit = _DISK.get(key)
+    if isinstance(hit, dict) and hit.get("accountant") in ("pld", "rdp") and isinstance(hit.get("epsilon"), float):
+        return EpsilonResult(hit["epsilon"], delta, hit["accountant"])
+    res = _epsilon_computed(items, delta, neighbouring, accountant)
+    _DISK.put(key, {"epsilon": res.epsilon, "accountant": res.accountant})
+    return res
+
+
+def _epsilon_computed(items, delta: float, neighbouring: str, accountant: str, coarsen: float = 1.0) -> EpsilonResult:
     if not items:
         return EpsilonResult(0.0, delta, "rdp" if accountant == "rdp" else "pld")
     curve = sum((c * _step_rdp(s, neighbouring, DEFAULT_ORDERS) for s, c in items), np.zeros(len(DEFAULT_ORDERS)))
@@ -336,11 +353,14 @@ def _epsilon_cached(items, delta: float, neighbouring: str, accountant: str) -> 
         return rdp
     rdp_tail = _rdp_epsilon(curve, _TAIL_DELTA)
     interval = _interval(rdp.epsilon, rdp_tail)
+    if coarsen != 1.0 and math.isfinite(interval):
+        interval = min(coarsen * interval, _PLD_MAX_INTERVAL)
     pld = EpsilonResult(math.inf, delta, "pld")
     # A numerically extreme schedule can make PLD fail: RDP's answer stands then.
     with contextlib.suppress(ArithmeticError, MemoryError):
         if math.isfinite(interval):
-            acc = _pld_run(_pld_event(items, neighbouring), interval, delta, rdp_tail, _coins(items, neighbouring))
+            coins = _coins(items, neighbouring)
+            acc = _pld_run(_pld_event(items, neighbouring), interval, delta, rdp_tail, coins, coarsen)
             pld = EpsilonResult(float(acc.get_epsilon(delta)), delta, "pld")
     if accountant == "pld" or pld.epsilon <= rdp.epsilon:
         return pld
@@ -397,6 +417,20 @@ def epsilon_of(counts, *, delta: float, neighbouring: str = ADD_REMOVE, accounta
     counts = normalize_counts(counts)
     kind = _resolve(counts, neighbouring, accountant)
     return _epsilon_cached(_canonical(counts), delta, neighbouring, kind)
+
+
+def coarse_epsilon_of(counts, *, delta: float, neighbouring: str, accountant: str, coarsen: float) -> EpsilonResult:
+    """:func:`epsilon_of` on a PLD grid ``coarsen`` times coarser (about ``coarsen`` times cheaper):
+    an approximation to steer a search, never a guarantee (calibration certifies its answer with
+    :func:`epsilon_of`)."""
+    counts = normalize_counts(counts)
+    kind = _resolve(counts, neighbouring, accountant)
+    return _coarse_cached(_canonical(counts), check_delta(delta), neighbouring, kind, float(coarsen))
+
+
+@functools.lru_cache(maxsize=256)
+def _coarse_cached(items, delta: float, neighbouring: str, accountant: str, coarsen: float) -> EpsilonResult:
+    return _epsilon_computed(items, delta, neighbouring, accountant, coarsen)
 
 
 def delta_of(counts, *, epsilon: float, neighbouring: str = ADD_REMOVE, accountant: str = "auto") -> float:

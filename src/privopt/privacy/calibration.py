@@ -1,11 +1,16 @@
 """Noise calibration: the smallest noise whose accounted epsilon meets a target.
 
 :func:`calibrate` scales every calibrated family of an :class:`~privopt.privacy.Inventory`
-(``z_name = scale * ratio_name``) and searches the scale in two stages:
+(``z_name = scale * ratio_name``) and searches the scale in stages:
 
 1. with the RDP accountant, which is fast for any schedule and any delta: a valid answer;
-2. with the requested accountant (``auto``: the smaller of PLD and RDP), starting from the RDP
-   answer, until the time budget runs out.
+2. with the requested accountant on a coarser PLD grid, starting from the RDP answer: a guide to
+   where the crossing is and how steeply epsilon falls there (never an answer);
+3. with the requested accountant (``auto``: the smaller of PLD and RDP), starting from the guide,
+   until the time budget runs out.
+
+Complete results are also kept on disk across runs (:mod:`privopt.privacy.cache`) and certified
+again by the accountant when read back.
 
 The answer is the smallest scale found whose epsilon is within target, so a search cut short by
 the time budget still returns a safe (if slightly larger) noise. See docs/accounting.md,
@@ -21,7 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from privopt.errors import ConfigError
-from privopt.privacy.accountant import epsilon_of, pld_supported
+from privopt.privacy.accountant import coarse_epsilon_of, epsilon_of, pld_supported
+from privopt.privacy.cache import DiskCache
 from privopt.privacy.checks import check_accountant, check_count, check_delta, check_epsilon, check_ratio
 from privopt.privacy.events import ADD_REMOVE, REPLACE_ONE, Poisson, WithoutReplacement, check_neighbouring
 from privopt.privacy.inventory import Inventory, PlannedStep
@@ -45,8 +51,16 @@ _REL_TOL = 1e-5
 # error is larger than that); smaller ones until it is within 1e-5.
 _LONG_SCHEDULE = 100_000
 _LONG_SCHEDULE_TOL = 1e-3
+# The exact search is steered by a first search on a PLD grid this many times coarser (about as
+# many times cheaper per evaluation), so that only two or three exact evaluations remain.
+_COARSEN = 10.0
+_COARSE_TOL = 1e-4
+# The guide is used when the exact epsilon at its scale is within this (log) distance of the coarse one.
+_GUIDE_AGREEMENT = 0.1
 _CACHE: OrderedDict = OrderedDict()
 _CACHE_SIZE = 256
+# Complete calibrations persist across runs (docs/accounting.md, "Caching").
+_DISK = DiskCache("calibration")
 
 
 @dataclass(frozen=True)
@@ -146,15 +160,41 @@ def calibrate(
     merged = _merged_ratios(inventory, ratios)
     limit = DEFAULT_TIME_LIMIT if time_limit is None else check_epsilon(time_limit, name="time_limit")
     key = (inventory, epsilon, delta, neighbouring, accountant, tuple(sorted(merged.items())))
-    cal = _CACHE.get(key)
-    if cal is None:
-        cal = _Calibrator(inventory, merged, epsilon, delta, neighbouring, limit, progress).run(accountant)
-        if not cal.extra:
-            _CACHE[key] = cal
-            while len(_CACHE) > _CACHE_SIZE:
-                _CACHE.popitem(last=False)
+    cal = _CACHE.get(key) or _stored_or_run(key, merged, limit, progress)
     # Copy the mutable parts so callers cannot corrupt the cached result.
     return replace(cal, noise=dict(cal.noise), extra=dict(cal.extra))
+
+
+def _stored_or_run(key: tuple, ratios: dict[str, float], limit: float, progress) -> Calibration:
+    """The calibration from the disk cache, else computed (and stored when complete)."""
+    inventory, epsilon, delta, neighbouring, accountant, _ = key
+    disk_key = {"inventory": repr(inventory), "target": key[1:5], "ratios": [list(kv) for kv in key[5]]}
+    cal = _from_disk(_DISK.get(disk_key), inventory, ratios, key)
+    if cal is None:
+        cal = _Calibrator(inventory, ratios, epsilon, delta, neighbouring, limit, progress).run(accountant)
+        if not cal.extra:
+            _DISK.put(disk_key, cal.to_dict())
+    if not cal.extra:
+        _CACHE[key] = cal
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return cal
+
+
+def _from_disk(entry, inventory: Inventory, ratios: dict[str, float], key: tuple) -> Calibration | None:
+    """A stored calibration, if it is one for these inputs and the accountant certifies it again now."""
+    _, epsilon, delta, neighbouring, accountant, _ = key
+    try:
+        cal = Calibration(**entry)
+        same = (cal.target_epsilon, cal.delta, cal.neighbouring) == (epsilon, delta, neighbouring)
+        if not same or cal.extra or cal.noise != {n: cal.scale * r for n, r in ratios.items()}:
+            return None
+        # The check costs one accountant call, itself cached on disk: a stored noise is never trusted blindly.
+        steps = inventory.steps_for(cal.noise)
+        again = epsilon_of(steps, delta=delta, neighbouring=neighbouring, accountant=accountant)
+    except (TypeError, ValueError, ConfigError):
+        return None
+    return cal if cal.epsilon <= epsilon and again.epsilon <= epsilon else None
 
 
 class _Calibrator:
@@ -166,14 +206,50 @@ class _Calibrator:
         now = time.monotonic()
         self.clock = {"started": now, "deadline": now + time_limit, "evaluations": 0, "progress": progress}
 
-    def _search(self, accountant: str) -> ScaleSearch:
+    def _search(self, accountant: str, *, coarsen: float = 1.0, slope: float = -1.0) -> ScaleSearch:
+        kw = dict(delta=self.delta, neighbouring=self.neighbouring, accountant=accountant)
+
         def eps_at(scale: float):
             counts = self.inventory.steps_for({n: scale * r for n, r in self.ratios.items()})
-            return epsilon_of(counts, delta=self.delta, neighbouring=self.neighbouring, accountant=accountant)
+            return epsilon_of(counts, **kw) if coarsen == 1.0 else coarse_epsilon_of(counts, coarsen=coarsen, **kw)
 
         long = accountant != "rdp" and sum(s.count for s in self.inventory.steps) >= _LONG_SCHEDULE
         tol = _LONG_SCHEDULE_TOL if long else EPSILON_TOL
-        return ScaleSearch(eps_at, self.epsilon, stage=accountant, clock=self.clock, epsilon_tol=tol)
+        if coarsen != 1.0:  # a guide: as close as its own grid error
+            tol = max(tol, _COARSE_TOL)
+        stage = accountant if coarsen == 1.0 else f"{accountant}, coarse grid"
+        return ScaleSearch(eps_at, self.epsilon, stage=stage, clock=self.clock, epsilon_tol=tol, slope=slope)
+
+    def _coarse(self, accountant: str, start: float) -> tuple[float, float, float] | None:
+        """Where the crossing is (scale, slope of log eps there, eps) by the PLD on a coarse grid:
+        a guide only, every answer comes from the exact accountant. None if no scale meets the target."""
+        search = self._search(accountant, coarsen=_COARSEN)
+        try:
+            search.run(start, rel_tol=_REL_TOL)
+        except NoFeasibleScale:
+            return None
+        except SearchTimeout:
+            pass
+        if search.best is None:
+            return None
+        scale, res = search.best
+        return scale, search.slope_near(scale), res.epsilon
+
+    def _exact(self, accountant: str, start: float):
+        """The exact search, from the coarse guide when the exact epsilon there agrees with it, else
+        (a schedule at the edge of what the PLD's grid can express) from ``start`` as if unguided."""
+        guide = self._coarse(accountant, start)
+        if guide is not None:
+            search = self._search(accountant, slope=guide[1])
+            try:
+                agrees = abs(math.log(search.evaluate(math.log(guide[0])).epsilon / guide[2])) < _GUIDE_AGREEMENT
+            except SearchTimeout:
+                return search.best, False
+            except (ValueError, ZeroDivisionError):  # inf or 0 epsilon: the grids disagree
+                agrees = False
+            if agrees:
+                return self._stage(search, guide[0])
+        return self._stage(self._search(accountant), start)
 
     def run(self, accountant: str) -> Calibration:
         probe = self.inventory.steps_for(dict.fromkeys(self.ratios, 1.0))
@@ -183,7 +259,7 @@ class _Calibrator:
         first, complete = self._stage(self._search("rdp"), 1.0)
         if accountant == "rdp" or (accountant == "auto" and not supported):
             return self._result(first, accountant, complete)
-        best, complete = self._stage(self._search(accountant), 1.0 if first is None else first[0])
+        best, complete = self._exact(accountant, 1.0 if first is None else first[0])
         if accountant == "auto" and first is not None and (best is None or first[0] < best[0]):
             best = first  # auto's epsilon is never above RDP's, so the RDP answer stays valid
         return self._result(best, accountant, complete)

@@ -96,9 +96,10 @@ class ScaleSearch:
         stage: str,
         clock: dict,
         epsilon_tol: float = EPSILON_TOL,
+        slope: float = -1.0,
     ):
         self._eps_at, self._target, self._stage, self._clock = eps_at, target, stage, clock
-        self._tol = epsilon_tol
+        self._tol, self._slope = epsilon_tol, slope
         self._memo: dict[float, EpsilonResult] = {}
         self._slowest = 0.0
         self.best: tuple[float, EpsilonResult] | None = None
@@ -139,11 +140,12 @@ class ScaleSearch:
         overshooting slightly so that a good prediction brackets the crossing at once."""
         gap, prev, limit = self._gap(u), None, math.log(2.0)
         while True:
-            slope = -1.0
+            slope = self._slope
             if prev is not None:
                 secant = (gap - prev[1]) / (u - prev[0])
                 slope = secant if -math.inf < secant < 0 else slope
-            step = -gap / slope * 1.05
+            # A known starting slope (from a coarser search) aims straight at the window's middle.
+            step = -gap / slope * (1.0 if prev is None and self._slope != -1.0 else 1.05)
             step = math.copysign(min(max(abs(step), 1e-6), limit), step)
             nu = u + step
             if nu < math.log(SCALE_MIN):
@@ -154,6 +156,16 @@ class ScaleSearch:
             if (ngap > 0) != (gap > 0):
                 return (nu, u) if ngap > 0 else (u, nu)
             prev, u, gap, limit = (u, gap), nu, ngap, 2 * limit
+
+    def slope_near(self, scale: float) -> float:
+        """d log(eps) / d log(scale) from the two evaluated scales nearest ``scale`` (-1 if unknown)."""
+        pts = sorted(
+            ((abs(u - math.log(scale)), u, r.epsilon) for u, r in self._memo.items() if 0 < r.epsilon < math.inf),
+        )[:2]
+        if len(pts) < 2 or pts[0][1] == pts[1][1]:
+            return -1.0
+        slope = math.log(pts[0][2] / pts[1][2]) / (pts[0][1] - pts[1][1])
+        return slope if -math.inf < slope < 0 else -1.0
 
     def run(self, start: float, *, rel_tol: float) -> tuple[float, EpsilonResult] | None:
         """Search from scale ``start`` until the best scale is within ``rel_tol`` of the crossing

@@ -21,6 +21,7 @@ from privopt.checkpoint import load_checkpoint, save_checkpoint
 from privopt.config import RunConfig
 from privopt.distributed import torchrun_comm
 from privopt.errors import ConfigError, DataError, PrivacyBudgetExceeded, PrivoptError
+from privopt.privacy import PrivacyLedger, epsilon_of
 from privopt.training.builder import Run, build_run
 from privopt.training.callbacks import AlgorithmDone, DivergenceGuard, ProgressCallback, RunDiverged, SignalGuard
 from privopt.training.loop import Every, LoopState, StepLimit, run_loop
@@ -60,8 +61,24 @@ class _Session:
         self.diag_header = diagnostics_header(run) if run.cfg.non_private_diagnostics else None
 
     # ------------------------------------------------------------------ measuring
-    def _epsilon(self) -> float | None:
-        return self.run.ledger.epsilon() if self.run.ledger is not None else None
+    def _epsilon(self, *, final: bool) -> float | None:
+        """Epsilon spent so far: exact at the end; during the run an upper bound that costs no PLD
+        evaluation (one per new step count costs up to seconds): the smaller of the RDP bound and
+        the exact epsilon of the whole planned schedule (computed once). docs/accounting.md, "Caching"."""
+        ledger = self.run.ledger
+        if ledger is None:
+            return None
+        if final or not isinstance(ledger, PrivacyLedger) or ledger.mode != "plan" or ledger.accountant == "rdp":
+            return ledger.epsilon()
+        kw = dict(delta=ledger.delta, neighbouring=ledger.neighbouring)
+        counts, planned = ledger.counts, ledger.planned or {}
+        bound = epsilon_of(counts, accountant="rdp", **kw).epsilon
+        if planned and all(c <= planned.get(s, 0) for s, c in counts.items()):  # epsilon grows with the counts
+            bound = min(bound, epsilon_of(planned, accountant=ledger.accountant, **kw).epsilon)
+        return bound
+
+    def _last_row(self) -> bool:
+        return self.state.step >= self.run.total or self.state.stop == "done"
 
     def _record_view(self) -> dict[str, Any]:
         return dict(self.base, privacy=privacy_section(self.run.cfg, self.run.ledger))
@@ -69,7 +86,7 @@ class _Session:
     def _measure(self, *, final: bool, logs: dict[str, float] | None = None) -> tuple[dict, dict]:
         """(public row, non-private row) of the model now; the second is filled only with diagnostics on."""
         run, cfg = self.run, self.run.cfg
-        pub: dict[str, Any] = {"step": self.state.step, "epsilon_spent": self._epsilon()}
+        pub: dict[str, Any] = {"step": self.state.step, "epsilon_spent": self._epsilon(final=final or self._last_row())}
         diag: dict[str, Any] = {"step": self.state.step}
         # A private algorithm's logs are post-processed releases; a non-private one's read the data.
         (pub if run.algo.private else diag).update({k: float(v) for k, v in (logs or {}).items()})
@@ -80,7 +97,8 @@ class _Session:
                 f"diverged at step {self.state.step}: non-finite {cfg.eval_split} loss (try a smaller lr)"
             )
         (pub if cfg.eval_split == "test" else diag).update(split)
-        kw = dict(model=run.model, loss_fn=run.loss_fn, record=self._record_view())
+        # The record view holds the exact epsilon (an accountant call): only built for a metric that reads it.
+        kw = dict(model=run.model, loss_fn=run.loss_fn, record=self._record_view() if run.metrics else None)
         pub.update(compute_run_metrics(run.metrics, final=final, private=False, data=run.data, **kw))
         if cfg.non_private_diagnostics:
             diag.update(compute_run_metrics(run.metrics, final=final, private=True, data=run.data, **kw))
