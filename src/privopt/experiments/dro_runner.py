@@ -167,8 +167,8 @@ def run_one(
     from privopt.config import RunConfig
     from privopt.training import train
 
-    private, budget = available_algorithms()[method].private, spec.budget
     n = int(data.x_train.shape[0])
+    private, budget = available_algorithms()[method].private, spec.budget.fitted(n)
     model_name, module, model_params = _model_for(spec.model, budget, data)
     params = method_params(method, budget=budget, lr=hp["lr"], clip=hp["clip"], epochs=epochs)
     total = _planned_steps(method, params, n) or max(1, math.ceil(epochs * n / budget.batch_size))
