@@ -180,9 +180,8 @@ def apply_features(dataset: Any, name: str | None, *, cache: bool = True, scale:
             raise ConfigError(f"feature options {given} given without a feature map")
         return dataset
     fmap = build_feature_map(name, input_shape=tuple(dataset.input_shape), **params)
-    splits = {
-        f: _transform_split(fmap, getattr(dataset, f), cache=cache) * float(scale) for f in ("x_train", "x_val", "x_test")
-    }
+    splits = {f: _transform_split(fmap, getattr(dataset, f), cache=cache) for f in ("x_train", "x_val", "x_test")}
+    splits = {f: x * float(scale) for f, x in splits.items()}
     meta = dict(dataset.meta)
     public = dict(meta.get("public", {}))
     scaled = "" if scale == 1.0 else f" x {float(scale):g}"
