@@ -320,7 +320,7 @@ def method_params(method: str, *, budget: Budget, lr: float, clip: float, epochs
     Example:
         >>> p = method_params("sgd", budget=BUDGETS["quick"], lr=0.1, clip=1.0, epochs=2)
         >>> p["lr"], p["batch_size"], p["epochs"]
-        (0.1, 256, 2)
+        (0.1, 1024, 2)
     """
     from privopt.algorithms import available_algorithms
 
