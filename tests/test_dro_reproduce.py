@@ -196,3 +196,10 @@ def test_a_budget_with_features_trains_its_feature_model_on_them():
     assert _model_for(None, quick, feats) == ("logreg", None, {})
     assert _model_for(None, quick, images)[0] == quick.image_model  # raw images keep the image model
     assert _model_for("mlp", quick, feats)[0] == "mlp"  # an explicit --model wins
+
+
+def test_budget_batches_fit_small_datasets():
+    quick = BUDGETS["quick"]
+    assert quick.fitted(10**6) == quick  # large data: the budget's own batches
+    small = quick.fitted(807)  # cifar10-st: a batch of 1024 would exceed the data
+    assert small.batch_size == small.refresh == 201 and small.epochs == quick.epochs

@@ -46,6 +46,20 @@ def test_apply_features_replaces_every_split_and_notes_it(cache):
     assert apply_features(ds, None) is ds and apply_features(ds, "none") is ds
 
 
+def test_scale_multiplies_the_cached_features_by_a_public_constant(cache):
+    ds = _dataset(_images())
+    unit = apply_features(ds, "scattering", J=1)
+    scaled = apply_features(ds, "scattering", J=1, scale=64.0)  # a cache hit, then scaled
+    assert torch.allclose(scaled.x_train, 64.0 * unit.x_train) and torch.allclose(scaled.x_test, 64.0 * unit.x_test)
+    assert torch.allclose(scaled.x_train.norm(dim=1), torch.full((12,), 64.0), rtol=1e-3)
+    assert "x 64" in scaled.meta["public"]["features"]
+    for bad in (0.0, -1.0, float("inf"), True, "64"):
+        with pytest.raises(ConfigError, match="feature scale"):
+            apply_features(ds, "scattering", J=1, scale=bad)
+    with pytest.raises(ConfigError, match="without a feature map"):
+        apply_features(ds, None, scale=2.0)
+
+
 def test_cache_reuses_records_across_splits_and_recovers_from_torn_blocks(cache):
     x = _images(16)
     first = apply_features(_dataset(x[:12]), "scattering", J=1)

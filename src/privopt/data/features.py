@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -155,7 +156,7 @@ def build_feature_map(name: str, *, input_shape: tuple[int, ...], **params: Any)
         raise ConfigError(f"feature map {name!r}: {e}") from None
 
 
-def apply_features(dataset: Any, name: str | None, *, cache: bool = True, **params: Any) -> Any:
+def apply_features(dataset: Any, name: str | None, *, cache: bool = True, scale: float = 1.0, **params: Any) -> Any:
     """``dataset`` with every split's inputs replaced by the features ``name`` (``None``/``"none"``: unchanged).
 
     Args:
@@ -163,21 +164,29 @@ def apply_features(dataset: Any, name: str | None, *, cache: bool = True, **para
         name: a registered feature map (:func:`available_features`).
         cache: reuse / store the features in :func:`feature_cache_dir` (keyed by a hash of the
             inputs and the map's parameters).
+        scale: a public constant multiplying every feature, applied after the map and the cache
+            (the scattering rows have unit norm; a linear head trains better on rows of norm ~√D,
+            Tramèr & Boneh's per-feature unit scale, see ``docs/data.md``).
         **params: the map's options (e.g. ``J``, ``L`` for ``scattering``).
 
     Raises:
         ConfigError: unknown map or option, or inputs the map cannot take.
     """
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ConfigError(f"feature scale must be a finite number > 0, got {scale!r}")
     if name in (None, "none"):
-        if params:
-            raise ConfigError(f"feature options {sorted(params)} given without a feature map")
+        if params or scale != 1.0:
+            given = sorted([*params, *(["scale"] if scale != 1.0 else [])])
+            raise ConfigError(f"feature options {given} given without a feature map")
         return dataset
     fmap = build_feature_map(name, input_shape=tuple(dataset.input_shape), **params)
     splits = {f: _transform_split(fmap, getattr(dataset, f), cache=cache) for f in ("x_train", "x_val", "x_test")}
+    splits = {f: x * float(scale) for f, x in splits.items()}
     meta = dict(dataset.meta)
     public = dict(meta.get("public", {}))
+    scaled = "" if scale == 1.0 else f" x {float(scale):g}"
     public["features"] = (
-        f"{fmap.describe()}: a fixed per-record transform with public constants (no statistic of the data)"
+        f"{fmap.describe()}{scaled}: a fixed per-record transform with public constants (no statistic of the data)"
     )
     meta["public"] = public
     return dataclasses.replace(dataset, **splits, input_shape=tuple(splits["x_train"].shape[1:]), meta=meta)

@@ -167,8 +167,8 @@ def run_one(
     from privopt.config import RunConfig
     from privopt.training import train
 
-    private, budget = available_algorithms()[method].private, spec.budget
     n = int(data.x_train.shape[0])
+    private, budget = available_algorithms()[method].private, spec.budget.fitted(n)
     model_name, module, model_params = _model_for(spec.model, budget, data)
     params = method_params(method, budget=budget, lr=hp["lr"], clip=hp["clip"], epochs=epochs)
     params.update(hp.get("algorithm_params", {}))  # per-method overrides of fixed hyper-parameters (the demo's)
