@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from privopt.cliargs import float_list, positive_int
+from privopt.cliargs import DEVICES, add_run_outputs, float_list, positive_int
 from privopt.errors import ConfigError
 from privopt.experiments.dro_protocol import (
     BUDGETS,
@@ -80,19 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", help="comma-separated algorithm names (default: the paper's)")
     parser.add_argument("--no-tune", action="store_true", help="skip tuning (budget-default lr/clip)")
     parser.add_argument(
-        "--insecure-seed",
-        type=int,
-        metavar="N",
-        default=None,
-        help="seed the privacy noise and batch sampling of every run (run s uses N + s): reproducible research "
-        "runs, NOT private (anyone who reads the seed can replay the noise); default: secret randomness",
+        "--device", choices=DEVICES, default="cpu", help="run every training on cpu or cuda (default cpu)"
     )
-    parser.add_argument(
-        "--device", choices=("cpu", "cuda"), default="cpu", help="run every training on cpu or cuda (default cpu)"
-    )
-    parser.add_argument("--out", required=True, help="output directory (new)")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument("--quiet", action="store_true", help="no per-run log lines and no table")
+    add_run_outputs(parser)
 
 
 def main(args: argparse.Namespace) -> int:
