@@ -232,16 +232,7 @@ def _random_task(n, gen):
     return torch.randn(n, 20, generator=gen), torch.randint(0, 2, (n,), generator=gen)
 
 
-@pytest.fixture
-def one_thread():
-    # Tiny models train ~50x slower with 2 intra-op threads on a loaded 2-core machine.
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-def test_overfit_model_is_detected_and_violates_a_small_epsilon_bound(one_thread):
+def test_overfit_model_is_detected_and_violates_a_small_epsilon_bound():  # 1 thread: conftest
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     x_in, y_in = _random_task(60, gen)  # random labels: only memorisation can fit them

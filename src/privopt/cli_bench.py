@@ -13,32 +13,25 @@ __all__ = ["add_bench_parser"]
 def _cmd_bench(args) -> int:
     from privopt.bench import format_table, run_bench
 
+    common = dict(
+        models=tuple(args.models), repeats=args.repeats, threads=args.threads, progress=not (args.quiet or args.json)
+    )
     if args.end_to_end:
         from privopt.bench_e2e import format_e2e, run_end_to_end
 
         rows = run_end_to_end(
-            models=tuple(args.models),
+            **common,
             methods=tuple(args.e2e_methods),
             batch_size=args.e2e_batch_size,
             epochs=args.epochs,
             spider_steps=args.spider_steps,
             dataset=args.dataset,
             data_dir=args.data_dir,
-            repeats=args.repeats,
-            threads=args.threads,
-            progress=not (args.quiet or args.json),
             accounting_cache=args.accounting_cache,
         )
         print(json.dumps(rows) if args.json else format_e2e(rows))
         return 0
-    rows = run_bench(
-        models=tuple(args.models),
-        batch_sizes=tuple(args.batch_sizes),
-        repeats=args.repeats,
-        threads=args.threads,
-        progress=not (args.quiet or args.json),
-        device=args.device,
-    )
+    rows = run_bench(**common, batch_sizes=tuple(args.batch_sizes), device=args.device)
     print(json.dumps(rows) if args.json else format_table(rows))
     return 0
 
