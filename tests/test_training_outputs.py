@@ -58,7 +58,28 @@ def test_released_model_reproduces_the_recorded_test_metrics(tmp_path):
     model = build_model("logreg", input_shape=data.input_shape, num_classes=10)
     model.load_state_dict(torch.load(tmp_path / "r" / "model.pt"))
     again = evaluate(model, build_loss("cross_entropy"), data.x_test, data.y_test, num_classes=10, prefix="test")
-    assert again == {k: v for k, v in rec["metrics"].items() if k.startswith("test_")}
+    assert again == {k: v for k, v in rec["metrics"].items() if k.startswith("test_") and k != "test_records"}
+    assert rec["metrics"]["test_records"] == len(data.y_test)  # the final row reads the whole split
+
+
+def test_intermediate_evaluations_read_an_evenly_spaced_subsample(tmp_path):
+    rec = train(
+        cfg(algorithm_params={"epochs": 1}, eval_every=5, eval_subsample=50), out_dir=tmp_path / "r", progress=False
+    )
+    counts = [row["test_records"] for row in rec["history"]]
+    assert counts[:-1] and set(counts[:-1]) == {50} and counts[-1] > 50
+
+    from privopt.training.builder import Run
+
+    class _Data:
+        x_test = torch.arange(10.0).reshape(10, 1)
+        y_test = torch.arange(10)
+
+    run = Run.__new__(Run)
+    run.cfg, run.data = cfg(eval_subsample=4), _Data()
+    x, y = run.eval_split(subsample=True)
+    assert y.tolist() == [0, 3, 6, 9] and torch.equal(x[:, 0].long(), y)  # both ends, evenly spaced
+    assert len(run.eval_split()[1]) == 10
 
 
 def test_dp_sgd_learns_digits(tmp_path):

@@ -1,8 +1,10 @@
-"""Name → class registries for privopt's extension points (algorithms, mirror geometries, ...).
+"""Name → object registries for privopt's extension points (algorithms, geometries, models, datasets, ...).
 
-A class registers under its ``name`` attribute; registering a different class under a taken name
-and looking up an unknown name both fail with a :class:`~privopt.errors.ConfigError` that names the
-kind of thing and the choices.
+A class registers under its ``name`` attribute (:meth:`Registry.register`), any other object —
+a factory function, a spec — under an explicit name (:meth:`Registry.register_as`,
+:meth:`Registry.add`). Registering a different object under a taken name and looking up an unknown
+name both fail with a :class:`~privopt.errors.ConfigError` that names the kind of thing and the
+choices.
 
 Example:
     >>> from privopt.registry import Registry
@@ -16,51 +18,69 @@ Example:
     Traceback (most recent call last):
     ...
     privopt.errors.ConfigError: unknown shape 'circle'; available: square
+    >>> @shapes.register_as("triangle")
+    ... def make_triangle():
+    ...     return "▲"
+    >>> shapes.lookup("triangle")()
+    '▲'
 """
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from privopt.errors import ConfigError
 
 __all__ = ["Registry"]
 
-T = TypeVar("T", bound=type)
+T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """Classes of one kind by their ``name`` attribute.
+    """Objects of one kind by name.
 
     Args:
-        kind: what the classes are, for error messages (``"algorithm"``, ``"geometry"``).
+        kind: what the objects are, for error messages (``"algorithm"``, ``"model"``).
     """
 
     def __init__(self, kind: str):
         self.kind = kind
-        self._classes: dict[str, T] = {}
+        self._entries: dict[str, T] = {}
+
+    def add(self, name: str, obj: T) -> T:
+        """Make ``obj`` available under ``name`` (re-adding the same object is a no-op)."""
+        if name in self._entries and self._entries[name] is not obj:
+            raise ConfigError(f"{self.kind} name {name!r} registered twice")
+        self._entries[name] = obj
+        return obj
 
     def register(self, cls: T) -> T:
         """Class decorator: make ``cls`` available under ``cls.name``."""
-        name = cls.name
-        if name in self._classes and self._classes[name] is not cls:
-            raise ConfigError(f"{self.kind} name {name!r} registered twice")
-        self._classes[name] = cls
-        return cls
+        return self.add(cls.name, cls)  # type: ignore[attr-defined]
+
+    def register_as(self, name: str) -> Callable[[Any], Any]:
+        """Decorator: make the decorated object available under ``name``; returns it unchanged."""
+
+        def deco(obj: Any) -> Any:
+            self.add(name, obj)
+            return obj
+
+        return deco
 
     def names(self) -> tuple[str, ...]:
         """The registered names, sorted."""
-        return tuple(sorted(self._classes))
+        return tuple(sorted(self._entries))
 
-    def classes(self) -> dict[str, T]:
-        """The registered classes by name, sorted by name."""
-        return dict(sorted(self._classes.items()))
+    def entries(self) -> dict[str, T]:
+        """The registered objects by name, sorted by name."""
+        return dict(sorted(self._entries.items()))
 
     def lookup(self, name: str) -> T:
-        """The class registered as ``name``; an unknown name fails with the available choices."""
-        if not isinstance(name, str) or name not in self._classes:
+        """The object registered as ``name``; an unknown name fails with the available choices."""
+        if not isinstance(name, str) or name not in self._entries:
             raise ConfigError(f"unknown {self.kind} {name!r}; available: {', '.join(self.names())}")
-        return self._classes[name]
+        return self._entries[name]
 
     def __contains__(self, name: object) -> bool:
-        return name in self._classes
+        return name in self._entries

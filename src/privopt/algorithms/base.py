@@ -153,7 +153,7 @@ register_algorithm = _ALGORITHMS.register  # class decorator: available by ``cls
 def available_algorithms() -> dict[str, type[Algorithm]]:
     import privopt.algorithms  # noqa: F401  (registers the built-ins)
 
-    return _ALGORITHMS.classes()
+    return _ALGORITHMS.entries()
 
 
 def get_algorithm(name: str, **hparams: Any) -> Algorithm:

@@ -28,10 +28,11 @@ from typing import Any
 import torch
 
 from privopt.errors import ConfigError, DataError
+from privopt.registry import Registry
 
 __all__ = ["FeatureMap", "apply_features", "available_features", "feature_cache_dir", "register_features"]
 
-_FEATURES: dict[str, Callable[..., FeatureMap]] = {}
+_FEATURES: Registry[Callable[..., FeatureMap]] = Registry("feature map")
 _CHUNK = 512  # records per transform call: bounds the memory of the intermediate wavelet maps
 
 
@@ -52,21 +53,14 @@ class FeatureMap:
 
 def register_features(name: str) -> Callable:
     """Decorator registering ``factory(*, input_shape, **params) -> FeatureMap`` as ``name``."""
-
-    def deco(fn: Callable[..., FeatureMap]) -> Callable[..., FeatureMap]:
-        if name in _FEATURES:
-            raise ConfigError(f"feature map {name!r} is already registered")
-        _FEATURES[name] = fn
-        return fn
-
-    return deco
+    return _FEATURES.register_as(name)
 
 
 def available_features() -> list[str]:
     """Names accepted by :func:`apply_features` (``"none"`` keeps the inputs)."""
     import privopt.data.scattering  # noqa: F401  (registers the built-in maps)
 
-    return ["none", *sorted(_FEATURES)]
+    return ["none", *_FEATURES.names()]
 
 
 def feature_cache_dir() -> Path:
@@ -151,7 +145,7 @@ def build_feature_map(name: str, *, input_shape: tuple[int, ...], **params: Any)
     if name not in _FEATURES:
         raise ConfigError(f"unknown feature map {name!r}; available: {', '.join(available)}")
     try:
-        return _FEATURES[name](input_shape=tuple(input_shape), **params)
+        return _FEATURES.lookup(name)(input_shape=tuple(input_shape), **params)
     except TypeError as e:
         raise ConfigError(f"feature map {name!r}: {e}") from None
 

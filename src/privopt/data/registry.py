@@ -33,6 +33,7 @@ from privopt.data.dataset import Dataset, Part, RawData
 from privopt.data.preprocess import check_mode
 from privopt.data.splits import carve
 from privopt.errors import ConfigError, DataError
+from privopt.registry import Registry
 
 __all__ = [
     "register_dataset",
@@ -58,7 +59,7 @@ class _Spec:
     description: str
 
 
-_DATASETS: dict[str, _Spec] = {}
+_DATASETS: Registry[_Spec] = Registry("dataset")
 
 
 def register_dataset(name: str, *, needs_files: bool = True) -> Callable:
@@ -70,12 +71,10 @@ def register_dataset(name: str, *, needs_files: bool = True) -> Callable:
     """
 
     def deco(fn: Callable[..., RawData]) -> Callable[..., RawData]:
-        if name in _DATASETS:
-            raise ConfigError(f"dataset {name!r} is already registered")
         params = inspect.signature(fn).parameters.values()
         opts = {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
         doc = (inspect.getdoc(fn) or "").split("\n")[0]
-        _DATASETS[name] = _Spec(name, fn, opts, needs_files, doc)
+        _DATASETS.add(name, _Spec(name, fn, opts, needs_files, doc))
         return fn
 
     return deco
@@ -84,7 +83,7 @@ def register_dataset(name: str, *, needs_files: bool = True) -> Callable:
 def available_datasets() -> list[str]:
     """Names accepted by :func:`load_dataset`."""
     _ensure_builtin()
-    return sorted(_DATASETS)
+    return list(_DATASETS.names())
 
 
 def dataset_options(name: str) -> dict[str, Any]:
@@ -97,16 +96,13 @@ def describe_datasets() -> dict[str, dict[str, Any]]:
     _ensure_builtin()
     return {
         n: {"description": s.description, "needs_files": s.needs_files, "options": dict(s.options)}
-        for n, s in sorted(_DATASETS.items())
+        for n, s in _DATASETS.entries().items()
     }
 
 
 def _spec(name: str) -> _Spec:
     _ensure_builtin()
-    try:
-        return _DATASETS[name]
-    except KeyError:
-        raise ConfigError(f"unknown dataset {name!r}; available: {', '.join(sorted(_DATASETS))}") from None
+    return _DATASETS.lookup(name)
 
 
 def _ensure_builtin() -> None:

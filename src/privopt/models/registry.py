@@ -14,28 +14,22 @@ import torch
 from torch import nn
 
 from privopt.errors import ConfigError, ModelError
+from privopt.registry import Registry
 
 __all__ = ["register_model", "available_models", "build_model", "count_parameters"]
 
-_MODELS: dict[str, Callable[..., nn.Module]] = {}
+_MODELS: Registry[Callable[..., nn.Module]] = Registry("model")
 
 
 def register_model(name: str) -> Callable:
     """Decorator registering ``factory(*, input_shape, num_classes, **kw) -> nn.Module`` as ``name``."""
-
-    def deco(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-        if name in _MODELS:
-            raise ConfigError(f"model {name!r} is already registered")
-        _MODELS[name] = fn
-        return fn
-
-    return deco
+    return _MODELS.register_as(name)
 
 
 def available_models() -> list[str]:
     """Names accepted by :func:`build_model`."""
     _ensure_builtin()
-    return sorted(_MODELS)
+    return list(_MODELS.names())
 
 
 def _ensure_builtin() -> None:
@@ -77,10 +71,7 @@ def build_model(
         torch.Size([2, 10])
     """
     _ensure_builtin()
-    try:
-        factory = _MODELS[name]
-    except KeyError:
-        raise ConfigError(f"unknown model {name!r}; available: {', '.join(sorted(_MODELS))}") from None
+    factory = _MODELS.lookup(name)
     shape = tuple(input_shape)
     if not shape or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape):
         raise ConfigError(f"input_shape must be a non-empty tuple of positive ints, got {input_shape!r}")

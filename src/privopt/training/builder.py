@@ -64,10 +64,19 @@ class Run:
         every = self.eval_every
         return every * max(1, round(_interval(0, self.total, 10) / every))
 
-    def eval_split(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.cfg.eval_split == "val":
-            return self.data.x_val, self.data.y_val
-        return self.data.x_test, self.data.y_test
+    def eval_split(self, *, subsample: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The evaluation records; with ``subsample``, ``cfg.eval_subsample`` of them, evenly spaced.
+
+        Even spacing (a public rule) keeps every part of a split ordered by class in the subsample.
+        """
+        x, y = (
+            (self.data.x_val, self.data.y_val) if self.cfg.eval_split == "val" else (self.data.x_test, self.data.y_test)
+        )
+        k = self.cfg.eval_subsample
+        if subsample and 0 < k < len(y):
+            idx = torch.linspace(0, len(y) - 1, k).round().long()
+            return x[idx], y[idx]
+        return x, y
 
 
 def _interval(value: int, total: int, default_count: int) -> int:

@@ -90,13 +90,13 @@ class _Session:
         diag: dict[str, Any] = {"step": self.state.step}
         # A private algorithm's logs are post-processed releases; a non-private one's read the data.
         (pub if run.algo.private else diag).update({k: float(v) for k, v in (logs or {}).items()})
-        x, y = run.eval_split()
+        x, y = run.eval_split(subsample=not (final or self._last_row()))
         split = evaluate(run.model, run.loss_fn, x, y, num_classes=run.data.num_classes, prefix=cfg.eval_split)
         if not math.isfinite(split[f"{cfg.eval_split}_loss"]):
             raise RunDiverged(
                 f"diverged at step {self.state.step}: non-finite {cfg.eval_split} loss (try a smaller lr)"
             )
-        (pub if cfg.eval_split == "test" else diag).update(split)
+        (pub if cfg.eval_split == "test" else diag).update(split, **{f"{cfg.eval_split}_records": len(y)})
         # The record view holds the exact epsilon (an accountant call): only built for a metric that reads it.
         kw = dict(model=run.model, loss_fn=run.loss_fn, record=self._record_view() if run.metrics else None)
         pub.update(compute_run_metrics(run.metrics, final=final, private=False, data=run.data, **kw))
