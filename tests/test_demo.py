@@ -20,15 +20,24 @@ def test_quick_demo_runs_every_method(tmp_path, capsys):
 
 
 def test_demo_schedule_does_not_follow_the_quick_budget(monkeypatch):
-    # The reproduction's quick budget is tuned for mnist-st and may change; the demo states its own.
-    from dataclasses import replace
+    # The reproduction's quick budget is tuned for mnist-st and may change; the demo states every
+    # field of its own budget, so moving ANY field of the quick budget leaves the demo unchanged.
+    from dataclasses import fields, replace
 
     from privopt.experiments import demo
     from privopt.experiments.dro import BUDGETS
 
     before = demo._demo_budget(False)
-    moved = replace(BUDGETS["quick"], epochs=3, batch_size=64, refresh=999, q=7, weight_cap=9.0, ds_lam=0.1)
-    monkeypatch.setitem(BUDGETS, "quick", moved)
+    quick = BUDGETS["quick"]
+    moved = {
+        "epochs": 3, "batch_size": 64, "refresh": 999, "q": 7, "weight_cap": 9.0, "ds_lam": 0.1, "gamma": 0.5,
+        "features": None, "feature_params": {"scale": 3.0}, "feature_model": "mlp", "eval_points": 2,
+        "max_train": 100, "image_model": "cnn", "tabular_model": "logreg", "model_params": {"hidden": 3},
+        "lrs": (0.5,), "clips": (0.5,), "tune_epochs": 1, "tune_at": "each", "val_fraction": 0.5,
+    }  # fmt: skip
+    assert set(moved) == {f.name for f in fields(quick)} - {"name"}
+    assert all(getattr(quick, k) != v for k, v in moved.items())
+    monkeypatch.setitem(BUDGETS, "quick", replace(quick, **moved))
     after = demo._demo_budget(False)
     assert after == before
     assert {k: getattr(after, k) for k in demo.DEMO_SCHEDULE} == demo.DEMO_SCHEDULE
