@@ -14,7 +14,15 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ConvOuterProducts", "DenseGrads", "EmbeddingGrads", "OuterProductGrads", "Piece", "tensor_key"]
+__all__ = [
+    "ConvOuterProducts",
+    "DenseGrads",
+    "EmbeddingGrads",
+    "LinearBiasGrads",
+    "OuterProductGrads",
+    "Piece",
+    "tensor_key",
+]
 
 
 def tensor_key(t: torch.Tensor) -> tuple:
@@ -88,6 +96,20 @@ class DenseGrads(Piece):
         self._zero_scale(valid)
 
 
+class LinearBiasGrads(DenseGrads):
+    """The bias of a Linear layer without token dimensions: its per-sample gradient is the
+    output-gradient row ``g_i`` that the weight's piece ``partner`` (``g_i a_i^T``) already holds.
+    When the weight's term is one outer product per sample, the two are clipped and summed as one
+    vector ``[g_i a_i^T, g_i]`` (``||.||^2 = ||g_i||^2 (||a_i||^2 + 1)``) and this piece needs no
+    block of its own; otherwise it is an ordinary dense piece."""
+
+    kind = "bias"
+
+    def __init__(self, grads: torch.Tensor, partner: OuterProductGrads):
+        super().__init__(grads)
+        self.partner = partner
+
+
 class OuterProductGrads(Piece):
     """Per-sample gradient ``sum_t outer(G[i, j, :, t], A[i, j, :, t])`` for each group ``j``, with
     ``G: [B, g, p, T]`` (output-gradients) and ``A: [B, g, q, T]`` (inputs); the parameter is that
@@ -97,6 +119,7 @@ class OuterProductGrads(Piece):
 
     def __init__(self, G: torch.Tensor, A: torch.Tensor, shape: torch.Size):
         self._G, self._A, self.shape = G, A, torch.Size(shape)
+        self.merged_from: tuple[OuterProductGrads, ...] = (self,)  # the pieces whose sum this is
 
     @classmethod
     def from_tokens(cls, grad_output: torch.Tensor, activation: torch.Tensor, shape) -> OuterProductGrads:
@@ -182,6 +205,7 @@ class ConvOuterProducts(OuterProductGrads):
             x, grad_out = x.unsqueeze(2), grad_out.unsqueeze(2)
             stride, dilation, padding = (1, *stride), (1, *dilation), (0, *padding)
         self.x, self.grad_out, self.shape = x, grad_out, weight.shape
+        self.merged_from = (self,)
         self.w4 = weight.reshape(weight.shape[0], weight.shape[1], -1, weight.shape[-1])
         self.stride, self.dilation, self.padding, self.groups = stride, dilation, padding, groups
         B, cout = grad_out.shape[:2]
