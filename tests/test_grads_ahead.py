@@ -112,3 +112,15 @@ def test_normals_have_the_declared_distribution():
     z = torch.cat([ahead.normal((10_000,)) for _ in range(20)])
     ahead.close()
     assert abs(float(z.mean())) < 0.01 and abs(float(z.std()) - 1.0) < 0.01
+
+
+def test_runs_draw_noise_ahead_with_the_seeded_stream():
+    """``privopt train``'s noise source is wrapped, and a seeded run's noise is unchanged by it."""
+    from privopt.rng import make_sources
+    from privopt.training import run_sources
+
+    wrapped, plain = run_sources(7)["noise"], make_sources(insecure_seed=7)["noise"]
+    assert isinstance(wrapped, NoiseAhead) and not wrapped.secure
+    assert all(torch.equal(wrapped.normal((9,)), plain.normal((9,))) for _ in range(3))
+    assert run_sources(None)["noise"].secure
+    wrapped.close()

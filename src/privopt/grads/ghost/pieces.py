@@ -30,6 +30,11 @@ def tensor_key(t: torch.Tensor) -> tuple:
     return (t.data_ptr(), tuple(t.shape), t.stride(), t._version)
 
 
+def _rows(t: torch.Tensor, sl: slice) -> torch.Tensor:
+    """``t[sl]``, without an indexing op for the whole batch (the common case)."""
+    return t if sl == slice(None) else t[sl]
+
+
 def zero_rows(t: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """A copy of ``t`` whose samples (dim 0) outside ``valid`` are exactly zero (out of place:
     captures may share storage with the caller's input)."""
@@ -125,6 +130,8 @@ class OuterProductGrads(Piece):
     def from_tokens(cls, grad_output: torch.Tensor, activation: torch.Tensor, shape) -> OuterProductGrads:
         """A token-wise linear map: ``grad_output [B, ..., p]`` and ``activation [B, ..., q]``
         with the same middle (token) dimensions; the weight is ``[p, q]``."""
+        if grad_output.dim() == 2:  # no tokens: [B, 1, p, 1] views, without the reshapes
+            return cls(grad_output[:, None, :, None], activation[:, None, :, None], shape)
         B = grad_output.shape[0]
         A = activation.reshape(B, -1, activation.shape[-1]).transpose(1, 2).unsqueeze(1)
         G = grad_output.reshape(B, -1, grad_output.shape[-1]).transpose(1, 2).unsqueeze(1)
@@ -160,13 +167,13 @@ class OuterProductGrads(Piece):
 
     def G(self, sl: slice) -> torch.Tensor:
         """Scaled output-gradients of the samples in ``sl``."""
-        g = self._G[sl]
+        g = _rows(self._G, sl)
         if self.scale is not None:
-            g = g * self.scale[sl].view(-1, 1, 1, 1)
+            g = g * _rows(self.scale, sl).view(-1, 1, 1, 1)
         return g
 
     def A(self, sl: slice) -> torch.Tensor:
-        return self._A[sl]
+        return _rows(self._A, sl)
 
     def with_output_grad(self, G: torch.Tensor) -> OuterProductGrads:
         """The same input with (already scaled) output-gradients ``G``."""
