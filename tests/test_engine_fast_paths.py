@@ -2,6 +2,8 @@
 Linear biases fused into their weight's outer-product term, the folded GroupNorm rule, chunked
 float64 row norms."""
 
+import gc
+
 import pytest
 import torch
 from torch import nn
@@ -155,3 +157,26 @@ def test_chunked_row_norms_equal_one_float64_pass(cols):
     got = row_sq(m)
     assert got.dtype == torch.float64 and bool(torch.isfinite(got).all())
     torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+
+
+def test_clipped_sums_leave_no_reference_cycles():
+    """Everything a query allocates is freed by reference counting: a cycle (e.g. a piece that
+    refers to itself) would keep captured activations alive until a full garbage collection,
+    which on a small model costs more than the step itself."""
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.GroupNorm(2, 4), nn.ReLU(), nn.Flatten(), nn.Linear(64, 3))
+    x, y = torch.randn(32, 1, 6, 6), torch.randint(0, 3, (32,))
+    prev = {n: p.detach() + 0.1 for n, p in model.named_parameters()}
+    engine = get_engine("ghost")
+    engine.clipped_sum(model, ce, x, y, clip=1.0, params_prev=prev)  # structure and layout caches
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(3):
+            engine.clipped_sum(model, ce, x, y, clip=1.0)
+            engine.clipped_sum(model, ce, x, y, clip=1.0, params_prev=prev)
+        found = gc.collect()
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert found == 0

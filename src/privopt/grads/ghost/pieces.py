@@ -124,7 +124,8 @@ class OuterProductGrads(Piece):
 
     def __init__(self, G: torch.Tensor, A: torch.Tensor, shape: torch.Size):
         self._G, self._A, self.shape = G, A, torch.Size(shape)
-        self.merged_from: tuple[OuterProductGrads, ...] = (self,)  # the pieces whose sum this is
+        # the pieces whose merged sum this is (None: only itself; no self-reference, so no cycle)
+        self.merged_from: tuple[OuterProductGrads, ...] | None = None
 
     @classmethod
     def from_tokens(cls, grad_output: torch.Tensor, activation: torch.Tensor, shape) -> OuterProductGrads:
@@ -212,7 +213,7 @@ class ConvOuterProducts(OuterProductGrads):
             x, grad_out = x.unsqueeze(2), grad_out.unsqueeze(2)
             stride, dilation, padding = (1, *stride), (1, *dilation), (0, *padding)
         self.x, self.grad_out, self.shape = x, grad_out, weight.shape
-        self.merged_from = (self,)
+        self.merged_from = None
         self.w4 = weight.reshape(weight.shape[0], weight.shape[1], -1, weight.shape[-1])
         self.stride, self.dilation, self.padding, self.groups = stride, dilation, padding, groups
         B, cout = grad_out.shape[:2]

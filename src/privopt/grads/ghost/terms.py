@@ -164,7 +164,7 @@ def fuse_bias(pieces: list[Piece], built: dict[str, Term]) -> Term | None:
         if (
             isinstance(term, SingleOuterTerm)
             and not term.bias
-            and {id(x) for x in term.pieces[0].merged_from} == partners
+            and {id(x) for x in (term.pieces[0].merged_from or term.pieces)} == partners
         ):
             term.bias = True
             return BiasOfTerm(term)
