@@ -14,6 +14,8 @@ Methods:
         default of every run; the other private methods use a seeded ``TorchSource``. Both are
         wrapped in :class:`~privopt.grads.ahead.NoiseAhead`, as in ``privopt train``: the next
         step's noise is drawn in a background thread while the engine runs.
+    dp-sgd-sync: dp-sgd with the seeded noise drawn synchronously after the engine (what drawing
+        ahead saves).
     opacus-hooks / opacus-ghost: Opacus DP-SGD (hooks mode, and ghost clipping), when importable.
     noise-only / noise-only-secure: just the Gaussian noise draw (``d`` values, synchronous: the
         cost that drawing ahead hides) and the update, from the seeded or the secure source.
@@ -56,6 +58,7 @@ METHODS = (
     "dp-sgd-vmap",
     "clipped-difference",
     "dp-sgd-secure",
+    "dp-sgd-sync",
     "opacus-hooks",
     "opacus-ghost",
     "noise-only",
@@ -122,7 +125,7 @@ def _noise_source(method: str):
     from privopt.rng import SecureSource, TorchSource
 
     src = SecureSource() if method.endswith("-secure") else TorchSource(seed=2)
-    return src if method.startswith("noise-only") else NoiseAhead(src)
+    return src if method.startswith("noise-only") or method.endswith("-sync") else NoiseAhead(src)
 
 
 def _make_step(method: str, base: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None] | None:
@@ -142,7 +145,7 @@ def _make_step(method: str, base: nn.Module, x: torch.Tensor, y: torch.Tensor) -
 
         return step
     update = _FlatUpdate(model)
-    if method in ("dp-sgd", "dp-sgd-vmap", "clipped-difference", "dp-sgd-secure"):
+    if method in ("dp-sgd", "dp-sgd-vmap", "clipped-difference", "dp-sgd-secure", "dp-sgd-sync"):
         engine = get_engine("vmap" if method == "dp-sgd-vmap" else "auto")
         prev = None
         if method == "clipped-difference":
