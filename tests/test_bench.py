@@ -165,3 +165,17 @@ def test_end_to_end_rejects_unknown_methods():
         run_end_to_end(methods=("sgdx",), dataset="digits")
     with pytest.raises(ConfigError, match="accounting_cache"):
         run_end_to_end(methods=("dp-sgd",), dataset="digits", accounting_cache="warm")
+
+
+def test_cli_times_the_chosen_methods_without_the_memory_probe(capsys):
+    """``--methods`` picks rows (non-private always first), ``--no-memory`` skips the probe; the
+    secure-generator and synchronous-noise rows run."""
+    import json
+
+    from privopt.cli import main
+
+    argv = ["bench", "--models", "tiny", "--batch-sizes", "4", "--repeats", "1", "--json", "--no-memory"]
+    assert main([*argv, "--methods", "dp-sgd-secure,dp-sgd-sync,noise-only-secure"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["method"] for r in rows] == ["nonprivate", "dp-sgd-secure", "dp-sgd-sync", "noise-only-secure"]
+    assert all(r["peak_mb"] is None and r["median_s"] > 0 for r in rows)

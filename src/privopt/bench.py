@@ -10,9 +10,15 @@ Methods:
     dp-sgd-vmap: the same with the reference ``vmap`` engine.
     clipped-difference: auto engine, clipped sum of per-sample gradient *differences* between the
         current point and a fixed second point (the SPIDER/SVRG query) + noise + update.
+    dp-sgd-secure: dp-sgd with the noise from privopt.rng's secret ``SecureSource`` (AES-CTR), the
+        default of every run; the other private methods use a seeded ``TorchSource``. Both are
+        wrapped in :class:`~privopt.grads.ahead.NoiseAhead`, as in ``privopt train``: the next
+        step's noise is drawn in a background thread while the engine runs.
+    dp-sgd-sync: dp-sgd with the seeded noise drawn synchronously after the engine (what drawing
+        ahead saves).
     opacus-hooks / opacus-ghost: Opacus DP-SGD (hooks mode, and ghost clipping), when importable.
-    noise-only: just the Gaussian noise draw (``d`` values) and the update — the part of every
-        private step that no gradient engine can remove (it dominates on small models).
+    noise-only / noise-only-secure: just the Gaussian noise draw (``d`` values, synchronous: the
+        cost that drawing ahead hides) and the update, from the seeded or the secure source.
 
 Peak memory (``peak_mb``) is measured for CPU tensors, which ``tracemalloc`` cannot see: each
 (model, batch, method) runs in a fresh subprocess that builds the model, data and optimiser state,
@@ -51,9 +57,12 @@ METHODS = (
     "dp-sgd",
     "dp-sgd-vmap",
     "clipped-difference",
+    "dp-sgd-secure",
+    "dp-sgd-sync",
     "opacus-hooks",
     "opacus-ghost",
     "noise-only",
+    "noise-only-secure",
 )
 MODELS = ("mlp", "cnn", "resnet20", "tiny")
 _INPUT = {
@@ -97,19 +106,32 @@ def _per_sample_ce(out, y):
     return nn.functional.cross_entropy(out, y, reduction="none")
 
 
-def _apply_flat(model: nn.Module, flat: torch.Tensor, lr: float) -> None:
-    off = 0
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                n = p.numel()
-                p.add_(flat[off : off + n].view_as(p), alpha=-lr)
-                off += n
+class _FlatUpdate:
+    """``p -= lr * flat[slice of p]`` for every trainable parameter, in one fused call."""
+
+    def __init__(self, model: nn.Module):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.numels = [p.numel() for p in self.params]
+        self.dim = sum(self.numels)
+
+    def __call__(self, flat: torch.Tensor, lr: float) -> None:
+        with torch.no_grad():
+            views = [v.view_as(p) for v, p in zip(flat.split(self.numels), self.params)]
+            torch._foreach_add_(self.params, views, alpha=-lr)
+
+
+def _noise_source(method: str):
+    from privopt.grads.ahead import NoiseAhead
+    from privopt.rng import SecureSource, TorchSource
+
+    src = SecureSource() if method.endswith("-secure") else TorchSource(seed=2)
+    return src if method.startswith("noise-only") or method.endswith("-sync") else NoiseAhead(src)
 
 
 def _make_step(method: str, base: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None] | None:
     """A closure performing one step of ``method`` on a private copy of ``base`` (None: unavailable)."""
     from privopt.grads import get_engine
+    from privopt.grads.release import draw_gaussian_noise
 
     model = copy.deepcopy(base)
     B = x.shape[0]
@@ -122,9 +144,9 @@ def _make_step(method: str, base: nn.Module, x: torch.Tensor, y: torch.Tensor) -
             opt.step()
 
         return step
-    if method in ("dp-sgd", "dp-sgd-vmap", "clipped-difference"):
+    update = _FlatUpdate(model)
+    if method in ("dp-sgd", "dp-sgd-vmap", "clipped-difference", "dp-sgd-secure", "dp-sgd-sync"):
         engine = get_engine("vmap" if method == "dp-sgd-vmap" else "auto")
-        d = sum(p.numel() for p in model.parameters() if p.requires_grad)
         prev = None
         if method == "clipped-difference":
             g = torch.Generator().manual_seed(1)
@@ -132,20 +154,19 @@ def _make_step(method: str, base: nn.Module, x: torch.Tensor, y: torch.Tensor) -
                 n: p.detach() + 0.01 * torch.randn(p.shape, generator=g).to(p.device)
                 for n, p in model.named_parameters()
             }
-        gen = torch.Generator().manual_seed(2)
+        rng = _noise_source(method)
 
         def step():
             res = engine.clipped_sum(model, _per_sample_ce, x, y, clip=_CLIP, params_prev=prev)
-            noisy = res.total + torch.randn(d, generator=gen).to(x.device) * (_SIGMA * _CLIP)
-            _apply_flat(model, noisy / B, _LR)
+            noise = draw_gaussian_noise(update.dim, std=_SIGMA * _CLIP, rng=rng, device=x.device)
+            update(res.total.add_(noise), _LR / B)
 
         return step
-    if method == "noise-only":
-        d = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        gen = torch.Generator().manual_seed(2)
+    if method in ("noise-only", "noise-only-secure"):
+        rng = _noise_source(method)
 
         def step():
-            _apply_flat(model, torch.randn(d, generator=gen).to(x.device) * (_SIGMA * _CLIP) / B, _LR)
+            update(draw_gaussian_noise(update.dim, std=_SIGMA * _CLIP, rng=rng, device=x.device), _LR / B)
 
         return step
     if method in ("opacus-hooks", "opacus-ghost"):

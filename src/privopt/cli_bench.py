@@ -31,7 +31,12 @@ def _cmd_bench(args) -> int:
         )
         print(json.dumps(rows) if args.json else format_e2e(rows))
         return 0
-    rows = run_bench(**common, batch_sizes=tuple(args.batch_sizes), device=args.device)
+    from privopt.bench import METHODS
+
+    methods = METHODS if args.methods is None else tuple(args.methods)
+    rows = run_bench(
+        **common, batch_sizes=tuple(args.batch_sizes), device=args.device, methods=methods, memory=not args.no_memory
+    )
     print(json.dumps(rows) if args.json else format_table(rows))
     return 0
 
@@ -66,6 +71,18 @@ def add_bench_parser(sub) -> None:
         "--threads", type=positive_int, default=None, help="torch threads for every method (default: torch's)"
     )
     b.add_argument("--device", choices=DEVICES, default="cpu", help="time the steps on cpu or cuda (default cpu)")
+    b.add_argument(
+        "--methods",
+        type=name_list,
+        default=None,
+        metavar="M1,M2",
+        help="comma-separated step methods to time (default all: nonprivate, dp-sgd, dp-sgd-vmap, "
+        "clipped-difference, dp-sgd-secure, dp-sgd-sync, opacus-hooks, opacus-ghost, noise-only, "
+        "noise-only-secure); nonprivate is always included",
+    )
+    b.add_argument(
+        "--no-memory", action="store_true", help="skip the peak-memory probe (one subprocess per row) to save time"
+    )
     b.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     b.add_argument("--quiet", action="store_true", help="no progress line per finished row")
     _add_end_to_end_options(

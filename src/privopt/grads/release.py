@@ -129,7 +129,7 @@ def draw_gaussian_noise(
 ) -> torch.Tensor:
     """N(0, std²) noise of ``shape`` from the dedicated privacy-noise source (every privacy noise
     in privopt is drawn here)."""
-    noise = rng.normal(shape, dtype=dtype, device=device) * std
+    noise = rng.normal(shape, dtype=dtype, device=device).mul_(std)  # a fresh tensor: scaled in place
     scale = _NOISE_SCALE.get()
     return noise if scale == 1.0 else noise * scale
 

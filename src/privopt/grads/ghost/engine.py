@@ -24,10 +24,16 @@ def clip_terms(terms: dict[str, Term], clip: float, B: int) -> tuple[torch.Tenso
     The bound is the norm plus every rounding the terms declare (``docs/engines.md``); a sample
     whose bound is not finite gets factor 0 and its terms are zeroed.
     """
-    parts = [t.norms() for t in terms.values()]
+    parts = [p for p in (t.norms() for t in terms.values()) if p is not None]  # None: counted in another term
     if not parts:
         return torch.zeros(B, dtype=torch.float64), torch.ones(B, dtype=torch.float64)
-    norms = (parts[0].sq if len(parts) == 1 else torch.stack([p.sq for p in parts]).sum(0)).sqrt()
+    if len(parts) <= 4:  # a few parts: chained adds; many: one stacked sum (fewer ops either way)
+        sq = parts[0].sq
+        for p in parts[1:]:
+            sq = sq + p.sq
+    else:
+        sq = torch.stack([p.sq for p in parts]).sum(0)
+    norms = sq.sqrt()
     bounded = [p for p in parts if p.slack is not None]
     if bounded:
         slack = sum(p.slack for p in bounded)
@@ -132,9 +138,10 @@ class GhostEngine(GradEngine):
             )
         B = inputs.shape[0]
         with torch.no_grad():
-            terms = {
-                n: build_term(n, pieces.get(n, []), keep, B) for n in st.names if pieces.get(n) or n in keep.blocks
-            }
+            terms: dict[str, Term] = {}
+            for n in st.names:
+                if pieces.get(n) or n in keep.blocks:
+                    terms[n] = build_term(n, pieces.get(n, []), keep, B, terms)
             norms, coef = clip_terms(terms, clip, B)
             zeros = losses[0].new_zeros
             total = torch.cat([terms[n].clipped_sum(coef) if n in terms else zeros(st.numels[n]) for n in st.names])

@@ -14,12 +14,25 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ConvOuterProducts", "DenseGrads", "EmbeddingGrads", "OuterProductGrads", "Piece", "tensor_key"]
+__all__ = [
+    "ConvOuterProducts",
+    "DenseGrads",
+    "EmbeddingGrads",
+    "LinearBiasGrads",
+    "OuterProductGrads",
+    "Piece",
+    "tensor_key",
+]
 
 
 def tensor_key(t: torch.Tensor) -> tuple:
     """Identity of a tensor's contents (same storage, view and version): equal keys, equal values."""
     return (t.data_ptr(), tuple(t.shape), t.stride(), t._version)
+
+
+def _rows(t: torch.Tensor, sl: slice) -> torch.Tensor:
+    """``t[sl]``, without an indexing op for the whole batch (the common case)."""
+    return t if sl == slice(None) else t[sl]
 
 
 def zero_rows(t: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -88,6 +101,20 @@ class DenseGrads(Piece):
         self._zero_scale(valid)
 
 
+class LinearBiasGrads(DenseGrads):
+    """The bias of a Linear layer without token dimensions: its per-sample gradient is the
+    output-gradient row ``g_i`` that the weight's piece ``partner`` (``g_i a_i^T``) already holds.
+    When the weight's term is one outer product per sample, the two are clipped and summed as one
+    vector ``[g_i a_i^T, g_i]`` (``||.||^2 = ||g_i||^2 (||a_i||^2 + 1)``) and this piece needs no
+    block of its own; otherwise it is an ordinary dense piece."""
+
+    kind = "bias"
+
+    def __init__(self, grads: torch.Tensor, partner: OuterProductGrads):
+        super().__init__(grads)
+        self.partner = partner
+
+
 class OuterProductGrads(Piece):
     """Per-sample gradient ``sum_t outer(G[i, j, :, t], A[i, j, :, t])`` for each group ``j``, with
     ``G: [B, g, p, T]`` (output-gradients) and ``A: [B, g, q, T]`` (inputs); the parameter is that
@@ -97,11 +124,15 @@ class OuterProductGrads(Piece):
 
     def __init__(self, G: torch.Tensor, A: torch.Tensor, shape: torch.Size):
         self._G, self._A, self.shape = G, A, torch.Size(shape)
+        # the pieces whose merged sum this is (None: only itself; no self-reference, so no cycle)
+        self.merged_from: tuple[OuterProductGrads, ...] | None = None
 
     @classmethod
     def from_tokens(cls, grad_output: torch.Tensor, activation: torch.Tensor, shape) -> OuterProductGrads:
         """A token-wise linear map: ``grad_output [B, ..., p]`` and ``activation [B, ..., q]``
         with the same middle (token) dimensions; the weight is ``[p, q]``."""
+        if grad_output.dim() == 2:  # no tokens: [B, 1, p, 1] views, without the reshapes
+            return cls(grad_output[:, None, :, None], activation[:, None, :, None], shape)
         B = grad_output.shape[0]
         A = activation.reshape(B, -1, activation.shape[-1]).transpose(1, 2).unsqueeze(1)
         G = grad_output.reshape(B, -1, grad_output.shape[-1]).transpose(1, 2).unsqueeze(1)
@@ -137,13 +168,13 @@ class OuterProductGrads(Piece):
 
     def G(self, sl: slice) -> torch.Tensor:
         """Scaled output-gradients of the samples in ``sl``."""
-        g = self._G[sl]
+        g = _rows(self._G, sl)
         if self.scale is not None:
-            g = g * self.scale[sl].view(-1, 1, 1, 1)
+            g = g * _rows(self.scale, sl).view(-1, 1, 1, 1)
         return g
 
     def A(self, sl: slice) -> torch.Tensor:
-        return self._A[sl]
+        return _rows(self._A, sl)
 
     def with_output_grad(self, G: torch.Tensor) -> OuterProductGrads:
         """The same input with (already scaled) output-gradients ``G``."""
@@ -182,6 +213,7 @@ class ConvOuterProducts(OuterProductGrads):
             x, grad_out = x.unsqueeze(2), grad_out.unsqueeze(2)
             stride, dilation, padding = (1, *stride), (1, *dilation), (0, *padding)
         self.x, self.grad_out, self.shape = x, grad_out, weight.shape
+        self.merged_from = None
         self.w4 = weight.reshape(weight.shape[0], weight.shape[1], -1, weight.shape[-1])
         self.stride, self.dilation, self.padding, self.groups = stride, dilation, padding, groups
         B, cout = grad_out.shape[:2]

@@ -33,7 +33,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privopt.grads.ghost.pieces import ConvOuterProducts, DenseGrads, EmbeddingGrads, OuterProductGrads, Piece
+from privopt.grads.ghost.pieces import (
+    ConvOuterProducts,
+    DenseGrads,
+    EmbeddingGrads,
+    LinearBiasGrads,
+    OuterProductGrads,
+    Piece,
+)
 
 __all__ = ["LayerRule", "Unsupported", "register_layer_rule", "rule_for", "unregister_layer_rule"]
 
@@ -107,8 +114,11 @@ def rule_for(module: nn.Module) -> LayerRule | None:
 
 @register_layer_rule(nn.Linear, trailing_dims=1)
 def _linear(m: nn.Linear, x, gout):
-    out = {"weight": OuterProductGrads.from_tokens(gout, x, m.weight.shape)}
-    if m.bias is not None:
+    weight = OuterProductGrads.from_tokens(gout, x, m.weight.shape)
+    out = {"weight": weight}
+    if m.bias is not None and gout.dim() == 2:  # no tokens: the bias's gradient is the weight's g_i
+        out["bias"] = LinearBiasGrads(gout, weight)
+    elif m.bias is not None:
         out["bias"] = DenseGrads(gout.reshape(gout.shape[0], -1, gout.shape[-1]).sum(1))
     return out
 
@@ -163,11 +173,19 @@ if hasattr(nn, "RMSNorm"):
 
 @register_layer_rule(nn.GroupNorm)
 def _group_norm(m: nn.GroupNorm, x, gout):
+    # A batch of B samples is one sample of B*C channels in B*groups groups (groups never straddle
+    # samples), so the fused GroupNorm backward kernel of that folded layer returns the per-sample
+    # affine gradients in one pass over x and grad_out, with the very statistics the forward used.
     B, C = x.shape[:2]
-    xn = F.group_norm(x, m.num_groups, None, None, m.eps).reshape(B, C, -1)
-    g = gout.reshape(B, C, -1)
-    # vecdot reduces the spatial dimension without a [B, C, HW] product temporary.
-    out = {"weight": DenseGrads(torch.linalg.vecdot(g, xn))}
+    hw = x[0, 0].numel()
+    folded = x.reshape(1, B * C, hw)
+    _, mean, rstd = torch.native_group_norm(folded, None, None, 1, B * C, hw, B * m.num_groups, m.eps)
+    ones = x.new_ones(B * C)  # the affine weight does not enter its own (or the bias's) gradient
+    mask = [False, True, m.bias is not None]
+    _, dw, db = torch.ops.aten.native_group_norm_backward(
+        gout.reshape(1, B * C, hw), folded, mean, rstd, ones, 1, B * C, hw, B * m.num_groups, mask
+    )
+    out = {"weight": DenseGrads(dw.reshape(B, C))}
     if m.bias is not None:
-        out["bias"] = DenseGrads(g.sum(2))
+        out["bias"] = DenseGrads(db.reshape(B, C))
     return out

@@ -45,9 +45,18 @@ def gamma(n: int) -> float:
     return nu / (1.0 - nu)
 
 
+# Rows converted to float64 at a time in row_sq: the conversion buffer stays small enough for the
+# allocator to reuse it, instead of a fresh (page-faulting) mapping the size of the whole block.
+_ROW_SQ_ELEMS = 1 << 18
+
+
 def row_sq(m: torch.Tensor) -> torch.Tensor:
     """Squared L2 norm of each row, accumulated in float64 (no float32 overflow)."""
-    return torch.linalg.vector_norm(m, dim=1, dtype=torch.float64).square()
+    if m.dtype == torch.float64 or m.numel() <= _ROW_SQ_ELEMS:
+        return torch.linalg.vector_norm(m, dim=1, dtype=torch.float64).square()
+    step = max(1, _ROW_SQ_ELEMS // max(m.shape[1], 1))
+    parts = [torch.linalg.vector_norm(m[s : s + step], dim=1, dtype=torch.float64) for s in range(0, m.shape[0], step)]
+    return torch.cat(parts).square()
 
 
 @dataclass
@@ -70,7 +79,8 @@ class Term(abc.ABC):
     """One parameter's per-sample terms, in the form chosen by :func:`build_term`."""
 
     @abc.abstractmethod
-    def norms(self) -> NormPart: ...
+    def norms(self) -> NormPart | None:
+        """This term's share of the per-sample norm bound (None: counted in another term)."""
 
     @abc.abstractmethod
     def clipped_sum(self, coef: torch.Tensor) -> torch.Tensor:
@@ -109,17 +119,56 @@ class _PiecesTerm(Term):
 
 
 class SingleOuterTerm(_PiecesTerm):
-    """One outer product per sample and group: ``||h||^2 = sum_groups ||g||^2 ||a||^2``."""
+    """One outer product per sample and group: ``||h||^2 = sum_groups ||g||^2 ||a||^2``; with the
+    layer's bias fused in (:class:`BiasOfTerm`), ``||g||^2 (||a||^2 + 1)``."""
+
+    bias = False
 
     def norms(self):
         (pc,) = self.pieces
-        g = torch.linalg.vector_norm(pc.G(slice(None)), dim=(2, 3), dtype=torch.float64)
-        a = torch.linalg.vector_norm(pc.A(slice(None)), dim=(2, 3), dtype=torch.float64)
-        return NormPart((g * a).square().sum(1))
+        g = torch.linalg.vector_norm(pc.G(slice(None)), dim=(2, 3), dtype=torch.float64).square()
+        a = torch.linalg.vector_norm(pc.A(slice(None)), dim=(2, 3), dtype=torch.float64).square()
+        return NormPart((g * (a + 1.0) if self.bias else g * a).sum(1))
 
     def clipped_sum(self, coef):
         (pc,) = self.pieces
         return pc.weighted_sum(coef.to(pc.dtype)).reshape(-1)
+
+
+class BiasOfTerm(Term):
+    """The bias of a Linear layer fused into its weight's :class:`SingleOuterTerm`: its per-sample
+    gradient is that term's output-gradient row, its norm is counted there (``norms`` is None),
+    and its sum ``sum_i coef_i g_i`` reads the same rows (one product per record)."""
+
+    def __init__(self, weight: SingleOuterTerm):
+        self.weight = weight
+
+    def norms(self):
+        return None
+
+    def clipped_sum(self, coef):
+        (pc,) = self.weight.pieces  # read now: zero_samples may have replaced its tensors
+        return pc._coef(coef).to(pc.dtype) @ pc._G[:, 0, :, 0]
+
+    def zero_samples(self, valid):
+        pass  # the shared rows are zeroed by the weight's term
+
+
+def fuse_bias(pieces: list[Piece], built: dict[str, Term]) -> Term | None:
+    """A :class:`BiasOfTerm` when ``pieces`` are Linear biases whose weight pieces form exactly
+    one already-built :class:`SingleOuterTerm`, else None."""
+    partners = {id(pc.partner) for pc in pieces}
+    if len(partners) != len(pieces):
+        return None
+    for term in reversed(built.values()):  # the weight is normally the parameter just before
+        if (
+            isinstance(term, SingleOuterTerm)
+            and not term.bias
+            and {id(x) for x in (term.pieces[0].merged_from or term.pieces)} == partners
+        ):
+            term.bias = True
+            return BiasOfTerm(term)
+    return None
 
 
 class ChunkedTerm(_PiecesTerm):
@@ -276,7 +325,9 @@ def merge_shared_inputs(pieces: list[OuterProductGrads]) -> list[OuterProductGra
         G = group[0].G(slice(None))
         for pc in group[1:]:
             G = G + pc.G(slice(None))
-        out.append(group[0].with_output_grad(G))
+        merged = group[0].with_output_grad(G)
+        merged.merged_from = tuple(group)
+        out.append(merged)
     return out
 
 
@@ -295,12 +346,17 @@ def _pair_term(name: str, pieces: list[OuterProductGrads], keep: Keep, B: int) -
     return Float64GramTerm(pieces) if gram else ChunkedTerm(pieces)
 
 
-def build_term(name: str, pieces: list[Piece], keep: Keep, B: int) -> Term:
-    """The term of parameter ``name`` from its kept block and/or remaining pieces."""
+def build_term(name: str, pieces: list[Piece], keep: Keep, B: int, built: dict[str, Term] | None = None) -> Term:
+    """The term of parameter ``name`` from its kept block and/or remaining pieces (``built``: the
+    terms of the parameters before it, where a Linear bias looks for its weight's)."""
     block = keep.blocks.get(name)
     if block is not None:
         return MaterialisedTerm(block + sum_dense(pieces) if pieces else block)
     kinds = {pc.kind for pc in pieces}
+    if kinds == {"bias"}:
+        fused = fuse_bias(pieces, built or {})
+        if fused is not None:
+            return fused
     if kinds == {"emb"}:
         return EmbeddingTerm(pieces, B)
     if kinds == {"pair"} and len({pc.key for pc in pieces}) == 1:
