@@ -51,3 +51,20 @@ def test_unknown_names_list_the_choices():
         data_registry.dataset_options("nope")
     with pytest.raises(ConfigError, match="unknown feature map 'wavelets'; available: none, .*scattering"):
         features_mod.build_feature_map("wavelets", input_shape=(1, 8, 8))
+
+
+def test_gradient_engines_share_the_registry():
+    from privopt.grads import get_engine, register_engine
+    from privopt.grads.engine import VmapEngine, available_engines
+
+    assert {"vmap", "ghost", "auto"} <= set(available_engines())
+    assert isinstance(get_engine("vmap"), VmapEngine)
+    register_engine(VmapEngine)  # the same class again: no-op
+
+    class Impostor(VmapEngine):
+        name = "vmap"
+
+    with pytest.raises(ConfigError, match="gradient engine name 'vmap' registered twice"):
+        register_engine(Impostor)
+    with pytest.raises(ConfigError, match="unknown gradient engine 'warp'; available: .*auto"):
+        get_engine("warp")

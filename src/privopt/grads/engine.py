@@ -35,6 +35,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from privopt.errors import ConfigError, ModelError
+from privopt.registry import Registry
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Weights = Union[None, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
@@ -296,27 +297,26 @@ class VmapEngine(GradEngine):
         return ClippedSum(total=total, norms=norms, losses=losses, losses_prev=losses_prev, clip=float(clip))
 
 
-_ENGINES: dict[str, type[GradEngine]] = {}
+_ENGINES: Registry[type[GradEngine]] = Registry("gradient engine")
 
 
 def register_engine(cls: type[GradEngine]) -> type[GradEngine]:
-    """Class decorator: make an engine selectable by its ``name`` (e.g. ``engine: ghost``)."""
-    _ENGINES[cls.name] = cls
-    return cls
+    """Class decorator: make an engine selectable by its ``name`` (e.g. ``engine: ghost``); a name
+    already taken by another engine is refused."""
+    return _ENGINES.register(cls)
 
 
 register_engine(VmapEngine)
 
 
 def available_engines() -> list[str]:
-    return sorted(_ENGINES) + (["auto"] if "auto" not in _ENGINES else [])
+    return [*_ENGINES.names(), *(["auto"] if "auto" not in _ENGINES else [])]
 
 
 def get_engine(name: str = "auto") -> GradEngine:
     """Instantiate an engine by name. ``auto`` picks the fastest registered engine."""
     if name == "auto":
         name = "ghost" if "ghost" in _ENGINES else "vmap"
-    try:
-        return _ENGINES[name]()
-    except KeyError:
-        raise ConfigError(f"unknown gradient engine {name!r}; available: {', '.join(available_engines())}") from None
+    if name not in _ENGINES:
+        raise ConfigError(f"unknown gradient engine {name!r}; available: {', '.join(available_engines())}")
+    return _ENGINES.lookup(name)()
