@@ -65,7 +65,7 @@ _PRIMAL_DUAL = {"loss_bound": 2.0, "loss_noise_ratio": 3.0, "weight_cap": 1.25}
 # Per-method x step (lr), clip threshold and overrides of config fields ("algorithm_params"),
 # fixed so the demo needs no tuning. Picked on digits-st's VALIDATION split (val_fraction 0.2,
 # the splits of seeds 0–3 with 2–3 noise seeds each, at ε = 5 and 0.5), never on the test split —
-# docs/RESULTS.md ("Demo"). PrivateDiff gets phases of q = 2 (with the schedule's q = 1 it is
+# docs/results/dro.md ("Demo"). PrivateDiff gets phases of q = 2 (with the schedule's q = 1 it is
 # exactly DP-SGDA) whose corrections use the schedule's batch, the refresh batch. SCDRO has no
 # clipping (its clip is unused).
 DEMO_HYPERPARAMETERS = {
