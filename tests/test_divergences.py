@@ -204,3 +204,27 @@ def test_registry_and_errors():
         get_divergence("chi2_half", variant=1)
     with pytest.raises(ConfigError):
         get_divergence("kl_cvar")  # alpha is required
+
+
+def test_register_divergence_extends_get_divergence_and_refuses_clashes():
+    from privopt.objectives import register_divergence
+
+    class DoubledKL(KL):
+        name = "doubled_kl_test"
+
+        def conj(self, s):
+            return 2.0 * super().conj(s)
+
+    assert register_divergence(DoubledKL) is DoubledKL
+    assert register_divergence(DoubledKL) is DoubledKL  # the same class again is a no-op
+    assert "doubled_kl_test" in available_divergences()
+    assert isinstance(get_divergence("Doubled-KL-Test"), DoubledKL)
+
+    class Impostor(KL):
+        name = "kl"
+
+    with pytest.raises(ConfigError, match="divergence name 'kl' registered twice"):
+        register_divergence(Impostor)
+    assert type(get_divergence("kl")) is KL
+    with pytest.raises(ConfigError, match="needs a Divergence subclass"):
+        register_divergence(dict)

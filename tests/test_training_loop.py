@@ -190,6 +190,9 @@ def test_private_data_metrics_need_diagnostics(tmp_path):
         train(cfg(eval_split="val", dataset_params={"val_fraction": 0.2}), out_dir=tmp_path / "b", progress=False)
     with pytest.raises(ConfigError, match="reads_private_data"):
         register_run_metric("undeclared", lambda **kw: {}, reads_private_data=None)
+    # A metric that reads the training data cannot be re-declared as public under its name.
+    with pytest.raises(ConfigError, match="run metric name 'test_only_train_mean' registered twice"):
+        register_run_metric("test_only_train_mean", lambda **kw: {}, reads_private_data=False)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 

@@ -49,8 +49,8 @@ class Registry(Generic[T]):
         self._entries: dict[str, T] = {}
 
     def add(self, name: str, obj: T) -> T:
-        """Make ``obj`` available under ``name`` (re-adding the same object is a no-op)."""
-        if name in self._entries and self._entries[name] is not obj:
+        """Make ``obj`` available under ``name`` (re-adding the same or an equal object is a no-op)."""
+        if name in self._entries and self._entries[name] is not obj and self._entries[name] != obj:
             raise ConfigError(f"{self.kind} name {name!r} registered twice")
         self._entries[name] = obj
         return obj

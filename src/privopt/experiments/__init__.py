@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from privopt.errors import ConfigError
+from privopt.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -40,16 +41,16 @@ class Experiment:
             )
 
 
-_EXPERIMENTS: dict[str, Experiment] = {}
+_EXPERIMENTS: Registry[Experiment] = Registry("experiment")
 
 
 def register_experiment(name: str, module: str, help_text: str, *, requires: dict[str, str] | None = None) -> None:
-    _EXPERIMENTS[name] = Experiment(name, module, help_text, dict(requires or {}))
+    _EXPERIMENTS.add(name, Experiment(name, module, help_text, dict(requires or {})))
 
 
 def experiment_entries() -> dict[str, Experiment]:
     """The registered experiments by name (nothing is imported)."""
-    return dict(sorted(_EXPERIMENTS.items()))
+    return _EXPERIMENTS.entries()
 
 
 def available_experiments() -> dict[str, str]:

@@ -14,6 +14,7 @@ from privopt.objectives.divergences import (
     KLRegularizedCVaR,
     available_divergences,
     get_divergence,
+    register_divergence,
 )
 from privopt.objectives.dual import DualObjective
 
@@ -28,4 +29,5 @@ __all__ = [
     "KLRegularizedCVaR",
     "available_divergences",
     "get_divergence",
+    "register_divergence",
 ]

@@ -37,6 +37,7 @@ from typing import Any, ClassVar, Union
 import torch
 
 from privopt.errors import ConfigError
+from privopt.registry import Registry
 
 __all__ = [
     "Divergence",
@@ -47,6 +48,8 @@ __all__ = [
     "CressieRead",
     "get_divergence",
     "available_divergences",
+    "register_divergence",
+    "DIVERGENCES",
     "as_float64",
 ]
 
@@ -129,6 +132,24 @@ def _kl_psi(t: torch.Tensor) -> torch.Tensor:
     return torch.where(t < 0, torch.full_like(t, math.inf), out)
 
 
+DIVERGENCES: Registry[type[Divergence]] = Registry("divergence")
+
+
+def register_divergence(cls: type[Divergence]) -> type[Divergence]:
+    """Class decorator: make a :class:`Divergence` subclass available to :func:`get_divergence` by its ``name``.
+
+    Example:
+        >>> class Half(KL):
+        ...     name = "half_kl_doc_example"
+        >>> register_divergence(Half) is Half, "half_kl_doc_example" in available_divergences()
+        (True, True)
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Divergence)):
+        raise ConfigError(f"register_divergence needs a Divergence subclass, got {cls!r}")
+    return DIVERGENCES.register(cls)
+
+
+@register_divergence
 class ChiSquare(Divergence):
     """χ² divergence, both variants (Paper A's χ² row is inconsistent; see the module table).
 
@@ -178,6 +199,7 @@ class ChiSquare(Divergence):
         return torch.where(s >= -2.0 * self._c, torch.full_like(s, 1.0 / (2.0 * self._c)), torch.zeros_like(s))
 
 
+@register_divergence
 class KL(Divergence):
     """Kullback–Leibler: ``ψ(t) = t log t − t + 1``, ``ψ*(s) = e^s − 1``, ``(ψ*)' = e^s``.
 
@@ -217,6 +239,7 @@ def _check_alpha(alpha: float, name: str) -> float:
     return a
 
 
+@register_divergence
 class KLRegularizedCVaR(Divergence):
     """KL-regularised CVaR at level α (Paper A's Table 1 row, corrected).
 
@@ -265,6 +288,7 @@ class KLRegularizedCVaR(Divergence):
         return float(min(math.exp(min(s_max, self._s_star)), 1.0 / self.alpha))
 
 
+@register_divergence
 class CVaR(Divergence):
     """Plain CVaR at level α — an addition beyond Paper A, documented here.
 
@@ -310,6 +334,7 @@ class CVaR(Divergence):
         return math.inf if s_max >= 0 else 0.0
 
 
+@register_divergence
 class CressieRead(Divergence):
     """Cressie–Read family with ``1 < k ≤ 2`` (Paper A prints "k ∈ R", which is wrong: ψ* needs k > 1).
 
@@ -363,14 +388,6 @@ class CressieRead(Divergence):
         return torch.where(base > 0, torch.pow(base, (2.0 - k) / (k - 1.0)), torch.zeros_like(s))
 
 
-_REGISTRY: dict[str, type[Divergence]] = {
-    "chi2": ChiSquare,
-    "kl": KL,
-    "kl_cvar": KLRegularizedCVaR,
-    "cvar": CVaR,
-    "cressie_read": CressieRead,
-}
-
 # Aliases map to (registry name, fixed parameters).
 _ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
     "chi2_half": ("chi2", {"variant": 2}),
@@ -383,7 +400,7 @@ _ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
 
 def available_divergences() -> list[str]:
     """Registered divergence names (aliases included)."""
-    return sorted(list(_REGISTRY) + list(_ALIASES))
+    return sorted(DIVERGENCES.names() + tuple(_ALIASES))
 
 
 def get_divergence(name: str, **params: Any) -> Divergence:
@@ -411,12 +428,12 @@ def get_divergence(name: str, **params: Any) -> Divergence:
     fixed: dict[str, Any] = {}
     if key in _ALIASES:
         key, fixed = _ALIASES[key]
-    if key not in _REGISTRY:
+    if key not in DIVERGENCES:
         raise ConfigError(f"unknown divergence {name!r}; available: {', '.join(available_divergences())}")
     clash = set(fixed) & set(params)
     if clash:
         raise ConfigError(f"divergence {name!r} fixes {sorted(clash)}; do not pass them")
     try:
-        return _REGISTRY[key](**fixed, **params)
+        return DIVERGENCES.lookup(key)(**fixed, **params)
     except TypeError as exc:
         raise ConfigError(f"bad parameters for divergence {name!r}: {sorted(params)} ({exc})") from None

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from privopt.errors import ConfigError
+from privopt.registry import Registry
 
 __all__ = [
     "RunMetric",
@@ -79,7 +80,7 @@ class RunMetric:
     reads_private_data: bool
 
 
-_RUN_METRICS: dict[str, RunMetric] = {}
+_RUN_METRICS: Registry[RunMetric] = Registry("run metric")
 
 
 def register_run_metric(
@@ -96,6 +97,9 @@ def register_run_metric(
             no default, every metric must say). True: the run must enable
             ``non_private_diagnostics`` and the values go to ``diagnostics.NOT_PRIVATE.json`` only.
 
+    Raises:
+        ConfigError: a bad ``when`` or ``reads_private_data``, or a name another metric already took.
+
     Example:
         >>> register_run_metric("n_test", lambda *, data, **kw: {"n_test": len(data.y_test)},
         ...                     when="final", reads_private_data=False)
@@ -106,7 +110,8 @@ def register_run_metric(
         raise ConfigError(f"run metric timing must be 'eval' or 'final', got {when!r}")
     if not isinstance(reads_private_data, bool):
         raise ConfigError(f"run metric {name!r}: reads_private_data must be True or False")
-    _RUN_METRICS[name] = RunMetric(name, fn, when, reads_private_data)
+    # A taken name is refused, so no metric's reads_private_data declaration can be swapped silently.
+    _RUN_METRICS.add(name, RunMetric(name, fn, when, reads_private_data))
 
 
 def _ensure_builtin() -> None:
@@ -116,16 +121,16 @@ def _ensure_builtin() -> None:
 def available_run_metrics() -> list[str]:
     """Names of the registered run metrics."""
     _ensure_builtin()
-    return sorted(_RUN_METRICS)
+    return list(_RUN_METRICS.names())
 
 
 def get_run_metrics(names: Sequence[str]) -> list[RunMetric]:
     """The registered metrics named in a config; unknown names fail with the list of known ones."""
     _ensure_builtin()
-    unknown = sorted(set(names) - set(_RUN_METRICS))
+    unknown = sorted(set(names) - set(_RUN_METRICS.names()))
     if unknown:
         raise ConfigError(f"unknown run metric(s) {unknown}; available: {available_run_metrics()}")
-    return [_RUN_METRICS[n] for n in names]
+    return [_RUN_METRICS.lookup(n) for n in names]
 
 
 def public_view(data: Any) -> SimpleNamespace:
