@@ -5,15 +5,15 @@ one number, ``final``: the factor reached at the last planned iteration. Because
 stated relative to the planned length ``total``, a setting chosen on a short run (a tuning trial)
 keeps its meaning on a longer one. Schedules are post-processing of public quantities (the
 iteration counter and the planned length), so they cost no privacy. See
-``docs/algorithms/dro.md`` ("Step-size schedules").
+``docs/algorithms/dro.md`` ("Step-size schedule").
 
 * ``"constant"``: 1 at every step (``final`` is ignored).
 * ``"inverse-sqrt"``: ``1/√(1 + t/t0)``, with ``t0`` chosen so the factor is ``final`` at ``t = total``.
 * ``"cosine"``: ``final + (1 − final)·(1 + cos(π·t/total))/2``, from 1 down to ``final``.
 
 Example:
-    >>> round(step_factor("cosine", t=50, total=100, final=0.0), 3)
-    0.5
+    >>> round(step_factor("cosine", t=50, total=100, final=0.5), 3)
+    0.75
     >>> round(step_factor("inverse-sqrt", t=100, total=100, final=0.25), 3)
     0.25
     >>> step_factor("constant", t=7, total=100, final=0.1)
