@@ -38,6 +38,7 @@ from privopt.algorithms.dro_common import (
 )
 from privopt.algorithms.estimators import SpiderEstimator, StormEstimator
 from privopt.algorithms.releases import BatchPlan, Fixed, Phase, Query, ReleasePlan, StepProportional
+from privopt.algorithms.step_schedules import schedule_name, step_factor
 from privopt.errors import ConfigError
 from privopt.grads.sums import BoundedSum, clipped_scalar_difference_sum, clipped_scalar_sum
 from privopt.objectives.compositional import KLCompositional
@@ -339,10 +340,15 @@ class DPRecursiveSPIDER(DROAlgorithm):
         self.s.value = self._clamp_s(s_raw)
         return v, float(u), self.s.value
 
-    def _x_step(self, z_x: torch.Tensor) -> float:
-        c = self.config
+    def _lr_factor(self, t: int) -> float:
+        """Factor of the x step (and of its largest move) at iteration ``t``: constant here."""
+        return 1.0
+
+    def _x_step(self, z_x: torch.Tensor, t: int) -> float:
+        c, factor = self.config, self._lr_factor(t)
         lr_norm = c.lr if c.lr_norm == "auto" else c.lr_norm
-        return c.lr if lr_norm is None else min(c.lr, lr_norm / max(float(z_x.norm()), 1e-300))
+        lr = factor * c.lr
+        return lr if lr_norm is None else min(lr, factor * lr_norm / max(float(z_x.norm()), 1e-300))
 
     def step(self, t: int) -> dict[str, float]:
         c = self.config
@@ -358,7 +364,7 @@ class DPRecursiveSPIDER(DROAlgorithm):
         z_lam = u / s + math.log(s) + c.rho
         # ∂_λΨ = ρ − KL(π‖uniform) lies in [ρ − log n, ρ] (n public): project the estimate there.
         z_lam = min(max(z_lam, c.rho - math.log(self._ctx.n)), c.rho)
-        step = self._x_step(z_x)
+        step = self._x_step(z_x, t)
         x_next = x_t - step * z_x
         lam_next = self._lam_update(lam_t, z_lam)
         self._set_x(x_next)
@@ -373,7 +379,16 @@ class DPRecursiveSPIDER(DROAlgorithm):
 class SCDROConfig(RecursiveSpiderConfig):
     """SCDRO's defaults (measured, see ``docs/algorithms/dro.md``): short phases, moderate refresh
     batches, β = 1, last-iterate output, and a weight cap so large that it never binds (exact
-    KL-DRO weights)."""
+    KL-DRO weights).
+
+    Attributes:
+        lr_schedule: how the x step (``lr``, and the largest move ``lr_norm``) decays over the
+            planned iterations: ``"constant"``, ``"inverse-sqrt"`` or ``"cosine``
+            (:mod:`privopt.algorithms.step_schedules`). Without noise or clipping a constant step
+            keeps the last iterate moving by a step's length, so its decision threshold is random.
+        lr_final: the step's factor at the last planned iteration, in (0, 1] (ignored by
+            ``"constant"``).
+    """
 
     lam_init: float = param(0.5, positive)
     weight_cap: float = param(1e6, weight_cap_value, role="weight_cap")
@@ -384,6 +399,8 @@ class SCDROConfig(RecursiveSpiderConfig):
     lr: float = param(0.1, positive, role="lr")
     beta: float = param(1.0, unit_interval)
     output: str = param("last", one_of("random", "last"), role="output")
+    lr_schedule: str = param("constant", schedule_name)
+    lr_final: float = param(1.0, unit_interval)
 
 
 @register_algorithm
@@ -407,3 +424,7 @@ class SCDRO(DPRecursiveSPIDER):
 
     def _v_cap(self) -> float | None:
         return None
+
+    def _lr_factor(self, t: int) -> float:
+        c = self.config
+        return step_factor(c.lr_schedule, t=t, total=self._T, final=c.lr_final)
