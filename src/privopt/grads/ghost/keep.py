@@ -22,8 +22,8 @@ __all__ = ["Keep", "condense", "gram_is_cheaper"]
 class Keep:
     """Budget (in elements) for kept per-sample gradient blocks, and the blocks by parameter name.
 
-    ``extra`` is the part of the budget for blocks *bigger* than the activations they replace
-    (each costs its excess): they raise peak memory, but spare the clipped sum a second
+    ``extra`` is a separate budget for blocks *bigger* than the activations they replace (each
+    costs its excess): they raise peak memory, but spare the clipped sum a second
     materialisation. It is set from the batch's activations by :meth:`allow_extra`.
     """
 
@@ -42,10 +42,14 @@ class Keep:
         self, name: str, make: Callable[[], torch.Tensor], numel: int, captured: int | None = None
     ) -> torch.Tensor | None:
         excess = 0 if captured is None else max(0, numel - max(captured, TUNING.small_keep_elems))
-        if numel > self.left or excess > self.extra:
+        # A block bigger than its captures draws on the excess budget only, so that it never
+        # crowds out the (memory-neutral) blocks of the lower layers that come after it.
+        if (excess and excess > self.extra) or (not excess and numel > self.left):
             return None
-        self.left -= numel
-        self.extra -= excess
+        if excess:
+            self.extra -= excess
+        else:
+            self.left -= numel
         block = make()
         self.blocks[name] = block
         return block
