@@ -268,6 +268,10 @@ class Capture:
         # Weights are known once the losses are: pieces are scaled (and negated) as they arrive.
         scale = _point_scale(weights, losses, sign)
         skip = {n for c in calls if not c.routed for n in self.st.local_map[id(c.module)].values()}
+        if keep is not None:
+            keep.allow_extra(
+                sum(a.numel() for c in calls if c.routed for a in c.flat if isinstance(a, torch.Tensor)), n_points
+            )
         col = _Collector(self.st, calls, scale, keep, B, n_points, skip)
         self._backward(losses, [c for c in calls if c.routed], col)
         if skip:  # batch dimension unknown somewhere: those parameters by a vmap over the model

@@ -20,20 +20,36 @@ __all__ = ["Keep", "condense", "gram_is_cheaper"]
 
 
 class Keep:
-    """Budget (in elements) for kept per-sample gradient blocks, and the blocks by parameter name."""
+    """Budget (in elements) for kept per-sample gradient blocks, and the blocks by parameter name.
 
-    def __init__(self, elems: int):
-        self.left = elems
+    ``extra`` is a separate budget for blocks *bigger* than the activations they replace (each
+    costs its excess): they raise peak memory, but spare the clipped sum a second
+    materialisation. It is set from the batch's activations by :meth:`allow_extra`.
+    """
+
+    def __init__(self, elems: int, extra: int = 0):
+        self.left, self.extra = elems, extra
+        self.extra_set = False
         self.blocks: dict[str, torch.Tensor] = {}
+
+    def allow_extra(self, activations: int, n_points: int) -> None:
+        """Set the excess budget once per query, a fraction of the activations of its first point."""
+        if not self.extra_set:
+            self.extra_set = True
+            self.extra = int(TUNING.extra_keep_fraction[min(n_points, 2) - 1] * activations)
 
     def offer(
         self, name: str, make: Callable[[], torch.Tensor], numel: int, captured: int | None = None
     ) -> torch.Tensor | None:
-        # A block bigger than the activations it replaces would raise peak memory: keep it only
-        # when it is small in absolute terms.
-        if numel > self.left or (captured is not None and numel > max(captured, TUNING.small_keep_elems)):
+        excess = 0 if captured is None else max(0, numel - max(captured, TUNING.small_keep_elems))
+        # A block bigger than its captures draws on the excess budget only, so that it never
+        # crowds out the (memory-neutral) blocks of the lower layers that come after it.
+        if (excess and excess > self.extra) or (not excess and numel > self.left):
             return None
-        self.left -= numel
+        if excess:
+            self.extra -= excess
+        else:
+            self.left -= numel
         block = make()
         self.blocks[name] = block
         return block

@@ -18,6 +18,11 @@ class Tuning:
             that the norm pass materialises anyway and keeps for the clipped sum.
         small_keep_elems: blocks larger than the activations they replace are kept only below
             this size.
+        extra_keep_fraction: excess budget for kept blocks bigger than the activations they
+            replace (sparing the sum a second materialisation), as a fraction of the batch's
+            activations (inputs of the captured layer calls): for one point, and for a
+            difference query (whose first point's blocks are held through the second pass; measured
+            over the 1.5x memory limit already at 0.1, so 0).
         in_backward: process each layer call inside the backward pass as its output-gradient
             arrives; ``False`` requests every output-gradient and processes them afterwards (same
             numbers, about twice the activation memory).
@@ -26,6 +31,7 @@ class Tuning:
     chunk_elems: int = 1 << 24
     keep_elems: int = 1 << 25
     small_keep_elems: int = 1 << 20
+    extra_keep_fraction: tuple[float, float] = (0.3, 0.0)
     in_backward: bool = True
 
 
