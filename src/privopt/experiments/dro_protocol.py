@@ -208,7 +208,7 @@ BUDGETS: dict[str, Budget] = {
     # CPU-sized: a linear head on fixed scattering features (public: a per-record transform, rows
     # scaled to norm 64 ~ √D, Tramèr & Boneh's per-feature unit scale), so per-record gradients and
     # their differences clip tightly. Their DP recipe (large batches, tens of epochs, a clip far
-    # below the gradient norms) chosen on the mnist-st validation split at ε = 1 (docs/RESULTS.md,
+    # below the gradient norms) chosen on the mnist-st validation split at ε = 1 (docs/results/dro.md,
     # "Issue 10"): batch 1024 (also the refresh batch), 20 epoch-equivalents, clip 0.1 lifted DP-SGD
     # from 87.9 % to 92.4 % and DP Recursive-SPIDER from 87-90 % to 91.6 % against batch 256, 10
     # epochs, clip 1 on unit-norm rows. Phase length q = 1 (longer SPIDER phases lost accuracy:
