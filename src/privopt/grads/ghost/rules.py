@@ -62,19 +62,15 @@ class LayerRule:
         trailing_dims: how many trailing dimensions the layer computes over; the batch may then be
             any other dimension. ``None``: the layer itself treats dimension 0 as the batch
             (convolutions, GroupNorm), so the batch must be there.
-        takes_node: ``fn`` also receives ``node=``, the autograd node that produced the call's
-            output (before it has run in the backward pass), whose saved tensors are what the
-            forward computed; ``None`` when unknown.
     """
 
     layer_type: type
     fn: RuleFn
     accepts: Callable[[nn.Module], bool]
     trailing_dims: Callable[[nn.Module], int] | None
-    takes_node: bool = False
 
-    def pieces(self, module: nn.Module, x: torch.Tensor, grad_out: torch.Tensor, node=None) -> dict[str, Piece]:
-        got = self.fn(module, x, grad_out, node=node) if self.takes_node else self.fn(module, x, grad_out)
+    def pieces(self, module: nn.Module, x: torch.Tensor, grad_out: torch.Tensor) -> dict[str, Piece]:
+        got = self.fn(module, x, grad_out)
         return {k: v if isinstance(v, Piece) else DenseGrads(v) for k, v in got.items()}
 
 
@@ -86,13 +82,12 @@ def register_layer_rule(
     *,
     accepts: Callable[[nn.Module], bool] | None = None,
     trailing_dims: int | Callable[[nn.Module], int] | None = None,
-    takes_node: bool = False,
 ) -> Callable[[RuleFn], RuleFn]:
     """Decorator: use ``fn`` for every module of ``layer_type`` (replacing an earlier rule)."""
     dims = trailing_dims if callable(trailing_dims) or trailing_dims is None else (lambda m, k=trailing_dims: k)
 
     def deco(fn: RuleFn) -> RuleFn:
-        _RULES[layer_type] = LayerRule(layer_type, fn, accepts or (lambda m: True), dims, takes_node)
+        _RULES[layer_type] = LayerRule(layer_type, fn, accepts or (lambda m: True), dims)
         return fn
 
     return deco
@@ -176,36 +171,15 @@ if hasattr(nn, "RMSNorm"):
         return _affine(xn, gout, tuple(range(1, x.dim() - len(m.normalized_shape))), False)
 
 
-def _forward_group_stats(node, x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The per-(sample, group) mean and 1/std the GroupNorm forward saved in its autograd node,
-    when ``node`` is that forward's node on exactly ``x``; else None (then they are recomputed)."""
-    if node is None or type(node).__name__ != "NativeGroupNormBackward0":
-        return None
-    try:
-        saved_x, mean, rstd = node._saved_input, node._saved_result1, node._saved_result2
-    except (AttributeError, RuntimeError):  # saved tensors already freed
-        return None
-    B = x.shape[0]
-    same_input = saved_x.data_ptr() == x.data_ptr() and saved_x.shape == x.shape and saved_x.stride() == x.stride()
-    if not same_input or mean.shape != (B, groups) or rstd.shape != (B, groups) or mean.dtype != x.dtype:
-        return None
-    return mean.reshape(1, -1), rstd.reshape(1, -1)
-
-
-@register_layer_rule(nn.GroupNorm, takes_node=True)
-def _group_norm(m: nn.GroupNorm, x, gout, node=None):
+@register_layer_rule(nn.GroupNorm)
+def _group_norm(m: nn.GroupNorm, x, gout):
     # A batch of B samples is one sample of B*C channels in B*groups groups (groups never straddle
     # samples), so the fused GroupNorm backward kernel of that folded layer returns the per-sample
-    # affine gradients in one pass over x and grad_out, with the very statistics the forward used:
-    # read from its autograd node (recomputing them allocates a normalised copy of the input).
+    # affine gradients in one pass over x and grad_out, with the very statistics the forward used.
     B, C = x.shape[:2]
     hw = x[0, 0].numel()
     folded = x.reshape(1, B * C, hw)
-    stats = _forward_group_stats(node, x, m.num_groups)
-    if stats is None:
-        _, mean, rstd = torch.native_group_norm(folded, None, None, 1, B * C, hw, B * m.num_groups, m.eps)
-    else:
-        mean, rstd = stats
+    _, mean, rstd = torch.native_group_norm(folded, None, None, 1, B * C, hw, B * m.num_groups, m.eps)
     ones = x.new_ones(B * C)  # the affine weight does not enter its own (or the bias's) gradient
     mask = [False, True, m.bias is not None]
     _, dw, db = torch.ops.aten.native_group_norm_backward(
