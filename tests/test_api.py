@@ -15,9 +15,9 @@ import privopt
 from privopt.config import RunConfig
 from privopt.data import Dataset, load_dataset
 from privopt.errors import ConfigError, DataError, ModelError, PrivacyBudgetExceeded
+from privopt.grads.ahead import NoiseAhead
 from privopt.grads.release import insecure_scale_noise_for_testing, observe_releases
 from privopt.models import build_model
-from privopt.grads.ahead import NoiseAhead
 from privopt.rng import SecureSource
 from privopt.training import train
 
