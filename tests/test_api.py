@@ -15,6 +15,7 @@ import privopt
 from privopt.config import RunConfig
 from privopt.data import Dataset, load_dataset
 from privopt.errors import ConfigError, DataError, ModelError, PrivacyBudgetExceeded
+from privopt.grads.ahead import NoiseAhead
 from privopt.grads.release import insecure_scale_noise_for_testing, observe_releases
 from privopt.models import build_model
 from privopt.rng import SecureSource
@@ -186,10 +187,29 @@ def test_randomness_is_secret_by_default_and_seeded_only_on_request():
 
     e1, secret1 = final()
     _, secret2 = final()
-    assert isinstance(e1._sources["noise"], SecureSource) and not torch.equal(secret1, secret2)
+    noise = e1._sources["noise"]
+    assert isinstance(noise, NoiseAhead) and isinstance(noise.source, SecureSource) and noise.secure
+    assert not torch.equal(secret1, secret2)
     _, seeded1 = final(insecure_seed=5)
     _, seeded2 = final(insecure_seed=5)
     assert torch.equal(seeded1, seeded2)
+
+
+def test_noise_drawn_ahead_is_the_synchronous_stream():
+    """The user-loop API draws each step's noise ahead (as ``privopt train`` does): a seeded
+    training is bit-identical to one drawing the same source's noise synchronously."""
+
+    def final(ahead: bool):
+        torch.manual_seed(0)
+        engine = privopt.PrivacyEngine(accountant="rdp", insecure_seed=3)
+        if not ahead:
+            engine._sources["noise"] = engine._sources["noise"].source  # unwrapped: drawn in the step
+        model, optimizer, loader = engine.make_private(**kwargs(n=400, module=nn.Linear(5, 2), epochs=2))
+        run_loop(model, optimizer, loader, passes=2)
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), engine.steps_taken
+
+    (ahead, steps), (sync, steps_sync) = final(True), final(False)
+    assert steps == steps_sync > 0 and torch.equal(ahead, sync)
 
 
 def test_backward_gradient_never_reaches_the_update():

@@ -151,6 +151,9 @@ def test_end_to_end_rows_pair_each_method_with_its_reference():
     assert all(r["mode"] == "end-to-end" and r["median_s"] > 0 and r["peak_mb"] > 0 for r in rows)
     spider, ref = by["dp-double-spider"], by["sgd@dp-double-spider"]
     assert spider["ratio_to_nonprivate"] == pytest.approx(spider["median_s"] / ref["median_s"])
+    # the training thread's CPU time: part of the process's, and its own ratio
+    assert all(0 < r["main_cpu_s"] <= r["cpu_s"] * 1.01 for r in rows)
+    assert spider["main_cpu_ratio"] == pytest.approx(spider["main_cpu_s"] / ref["main_cpu_s"])
     # the reference made about as many gradient evaluations (Poisson batches: not exactly)
     assert 0.5 < ref["grad_evals"] / spider["grad_evals"] < 2
     assert spider["breakdown"]["setup: noise calibration"] > 0 == ref["breakdown"]["setup: noise calibration"]

@@ -4,6 +4,7 @@ import contextlib
 import io
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,20 @@ def test_example_runs(page, index, code, tmp_path):
             exec(compile(code, f"{page} (python block {index})", "exec"), {"__name__": "__readme__"})
     finally:
         os.chdir(cwd)
+        _forget_example_registrations()
     assert out.getvalue().strip(), "every example prints its result"
+
+
+def _forget_example_registrations():
+    """Drop what an example registered (a model, a metric...): the registries are process-wide, and a
+    later test in the same worker (e.g. the doctest listing the built-in models) must not see it."""
+    from privopt.registry import Registry
+
+    modules = [m for name, m in list(sys.modules.items()) if name.startswith("privopt") and m is not None]
+    for reg in {id(v): v for m in modules for v in vars(m).values() if isinstance(v, Registry)}.values():
+        for name, obj in list(reg._entries.items()):
+            if getattr(obj, "__module__", None) == "__readme__":
+                del reg._entries[name]
 
 
 def test_readme_links_every_docs_page():

@@ -23,8 +23,7 @@ from privopt.errors import ConfigError, ModelError
 from privopt.grads import get_engine, validate_model
 from privopt.privacy import Calibration, Inventory, PlannedStep, Poisson, PrivacyLedger, calibrate
 from privopt.privacy.checks import check_accountant, check_count, check_delta_for_size, check_epsilon, is_real
-from privopt.rng import make_sources
-from privopt.training.builder import check_model_fits
+from privopt.training.builder import check_model_fits, run_sources
 
 __all__ = ["PrivacyEngine"]
 
@@ -81,7 +80,9 @@ class PrivacyEngine:
     def __init__(self, *, accountant: str = "auto", engine: str = "auto", insecure_seed: int | None = None):
         self._accountant = check_accountant(accountant)
         self._engine = get_engine(engine)
-        self._sources = make_sources(insecure_seed=insecure_seed)
+        # As in ``privopt train``: the next step's noise is drawn in a background thread while the
+        # user's loop and the engine run, with the same values in the same order (docs/engines.md).
+        self._sources = run_sources(insecure_seed)
         self.insecure_seed = insecure_seed
         self._ledger: PrivacyLedger | None = None
         self._calibration: Calibration | None = None

@@ -204,8 +204,11 @@ class PrivateBatch:
         out, std = stat.value, 0.0
         if self._private:
             std = self._noise[name] * stat.bound
-            out = out + gaussian_noise_like(out, std=std, rng=self._rng)
-        out = out / normalizer
+            # The noise is a fresh tensor: sum and normalisation in place, no [d] temporaries
+            # (noise + value is value + noise bit for bit).
+            out = gaussian_noise_like(out, std=std, rng=self._rng).add_(out).div_(normalizer)
+        else:
+            out = out / normalizer
         if _OBSERVERS.get():
             notify_release(ReleaseEvent(name, out.detach().clone(), std, stat.bound, self.sampling, float(normalizer)))
         return out
