@@ -117,3 +117,20 @@ def test_bad_method_settings_are_refused():
         MethodSetting(lrs=())
     with pytest.raises(ConfigError, match="need its model"):
         MethodSetting(model_params={"hidden": 8})
+
+
+def test_quick_scdro_trains_its_own_head_on_the_features():
+    import torch
+
+    from privopt.data import Dataset
+    from privopt.data.features import apply_features
+    from privopt.experiments.dro_runner import _model_for
+
+    images = Dataset.from_tensors(torch.rand(6, 1, 8, 8), torch.tensor([0, 1] * 3), num_classes=2)
+    feats = apply_features(images, "scattering", J=1, cache=False)
+    quick = BUDGETS["quick"]
+    assert _model_for(None, quick, feats, method="scdro") == ("mlp", None, {"hidden": 64})
+    assert _model_for(None, quick, feats, method="dp-recursive-spider") == ("logreg", None, {})
+    assert quick.for_method("scdro").batch_size == 256 and quick.for_method("dp-sgd") is quick
+    params = method_params("scdro", budget=quick.for_method("scdro"), lr=0.016, clip=0.1, epochs=20)
+    assert (params["b1"], params["s_batch"], params["lr_norm"], params["q"]) == (256, 256, None, 1)
