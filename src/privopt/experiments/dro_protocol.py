@@ -204,8 +204,8 @@ class Budget:
             (``None``: raw pixels; ``privopt.data.features``), the same for every method.
         feature_model: the model trained on the features (default ``logreg``: a linear head, whose
             per-record gradients and differences clip tightly).
-        method_settings: per-method deviations (:class:`MethodSetting`: own model, lr grid or config
-            fields), keyed by method name; every other method uses the shared setting above.
+        method_settings: per-method deviations (:class:`MethodSetting`: own model, lr grid, batch
+            size or config fields), keyed by method name; every other method uses the shared setting.
     """
 
     name: str
@@ -231,7 +231,7 @@ class Budget:
     feature_model: str = "logreg"
     method_settings: dict[str, MethodSetting] = field(default_factory=dict)
 
-    def setting(self, method: str) -> MethodSetting:
+    def setting(self, method: str | None) -> MethodSetting:
         """``method``'s deviation from the shared setting (an empty :class:`MethodSetting` if none)."""
         return self.method_settings.get(method, MethodSetting())
 
@@ -269,7 +269,7 @@ class Budget:
             >>> BUDGETS["quick"].lrs_for("dp-sgd") == BUDGETS["quick"].lrs
             True
         """
-        own = None if method is None else self.setting(method).lrs
+        own = self.setting(method).lrs
         return self.lrs if own is None else tuple(own)
 
     def grid(self, method: str | None = None) -> list[dict[str, float]]:

@@ -77,10 +77,8 @@ def randomness_note(insecure_seed: int | None) -> str:
 def _model_for(
     model: ModelSpec | None, budget: Budget, data, method: str | None = None
 ) -> tuple[str, nn.Module | None, dict]:
-    """(config model name, module to pass to train() or None, model params).
-
-    An explicit ``model`` applies to every method; else the method's own setting
-    (:class:`~privopt.experiments.dro_protocol.MethodSetting`), else the budget's model."""
+    """(config model name, module for train() or None, model params): an explicit ``model`` (every method),
+    else the method's own setting (:class:`~privopt.experiments.dro_protocol.MethodSetting`), else the budget's."""
     if callable(model):
         m = model()
         if not isinstance(m, nn.Module):
@@ -88,8 +86,8 @@ def _model_for(
         return "custom", m, {}
     if model is not None:
         return str(model), None, {}
-    own = budget.setting(method) if method is not None else None
-    if own is not None and own.model is not None:
+    own = budget.setting(method)
+    if own.model is not None:
         return own.model, None, dict(own.model_params)
     if "features" in data.meta.get("public", {}):  # a fixed feature map replaced the images
         return budget.feature_model, None, {}
