@@ -76,7 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="quick",
         help="quick: CPU-sized model and schedule; paper: ResNet20-GN, batch 128, the project's default grid",
     )
-    parser.add_argument("--model", help="override the budget's model (a registered model name)")
+    parser.add_argument(
+        "--model", help="model of every method, replacing the budget's and any per-method one (a registered model name)"
+    )
     parser.add_argument("--methods", help="comma-separated algorithm names (default: the paper's)")
     parser.add_argument("--no-tune", action="store_true", help="skip tuning (budget-default lr/clip)")
     parser.add_argument(

@@ -39,7 +39,7 @@ from privopt.experiments.dro_protocol import (
 )
 from privopt.experiments.dro_runner import GridRequest, ModelSpec, run_grid, single_threaded
 
-__all__ = ["format_table", "run_dro_mia", "run_dro_table3"]
+__all__ = ["format_table", "models_table", "run_dro_mia", "run_dro_table3"]
 
 
 def _finite(x: Any) -> bool:
@@ -88,18 +88,20 @@ def format_table(
         | ε = 1 | 91.00 ± 1.41 |
     """
     methods = list(methods or dict.fromkeys(r["method"] for r in rows if r["private"]))
-    eps_list = list(epsilons or sorted({r["epsilon"] for r in rows if r["private"]}))
-    head = "| setting | " + " | ".join(METHOD_LABELS.get(m, m) for m in methods) + " |"
-    lines = [head, "|---" * (len(methods) + 1) + "|"]
     nonpriv = [r for r in rows if not r["private"]]
+    # Without private methods (e.g. ``--methods scdro``) the non-private methods are the columns.
+    columns = methods or list(dict.fromkeys(r["method"] for r in nonpriv))
+    eps_list = list(epsilons or sorted({r["epsilon"] for r in rows if r["private"]})) if methods else []
+    head = "| setting | " + " | ".join(METHOD_LABELS.get(m, m) for m in columns) + " |"
+    lines = [head, "|---" * (len(columns) + 1) + "|"]
     if nonpriv:
         # As in the paper, the non-private reference (SCDRO = Recursive-SPIDER without noise) sits in
         # the Recursive-SPIDER column (or the last column when that method is not shown).
         names = ", ".join(sorted({r["method"].upper() for r in nonpriv}))
         cell = _cell_of(nonpriv, metric, scale, digits)
-        col = methods.index("dp-recursive-spider") if "dp-recursive-spider" in methods else len(methods) - 1
+        col = columns.index("dp-recursive-spider") if "dp-recursive-spider" in columns else len(columns) - 1
         lines.append(
-            f"| non-private ({names}) | " + " | ".join(cell if i == col else "–" for i in range(len(methods))) + " |"
+            f"| non-private ({names}) | " + " | ".join(cell if i == col else "–" for i in range(len(columns))) + " |"
         )
     for eps in eps_list:
         cells = [
@@ -115,6 +117,8 @@ def _paper_table3(dataset: str, methods: Sequence[str], epsilons: Sequence[float
     if paper is None:
         return None
     cols = [m for m in methods if m in TABLE3_ORDER]
+    if not cols:
+        return None
     lines = ["| setting | " + " | ".join(METHOD_LABELS[m] for m in cols) + " |", "|---" * (len(cols) + 1) + "|"]
     if dataset in PAPER_NONPRIVATE:
         lines.append("| non-private (SCDRO) | " + " | ".join(f"{PAPER_NONPRIVATE[dataset]:.2f}" for _ in cols) + " |")
@@ -231,6 +235,35 @@ def _summary_table(rows: Sequence[dict], methods: Sequence[str], epsilons: Seque
     return "\n\n".join(parts)
 
 
+def _model_text(row: dict) -> str:
+    opts = ", ".join(f"{k}={v}" for k, v in (row.get("model_params") or {}).items())
+    return f"{row['model']} ({opts})" if opts else str(row["model"])
+
+
+def models_table(rows: Sequence[dict], budget: dict[str, Any]) -> str:
+    """Markdown table of the model and lr grid each method ran with, and why a method deviates.
+
+    ``budget`` is the reproduction's budget as a dict (``dataclasses.asdict``); a method with its own
+    setting (``method_settings``) shows that setting's reason, the others ``shared``.
+
+    Example:
+        >>> rows = [{"method": "scdro", "model": "mlp", "model_params": {"hidden": 64}}]
+        >>> budget = {"lrs": (10.0,), "batch_size": 1024,
+        ...           "method_settings": {"scdro": {"lrs": (0.1,), "batch_size": 256, "reason": "non-private"}}}
+        >>> print(models_table(rows, budget).splitlines()[2])
+        | SCDRO (non-private) | mlp (hidden=64) | 256 | 0.1 | non-private |
+    """
+    lines = ["| method | model | batch | lr grid | setting |", "|---|---|---|---|---|"]
+    settings = budget.get("method_settings") or {}
+    for m in dict.fromkeys(r["method"] for r in rows):
+        models = ", ".join(sorted({_model_text(r) for r in rows if r["method"] == m and r.get("model")})) or "–"
+        own = settings.get(m) or {}
+        grid = ", ".join(f"{lr:g}" for lr in (own.get("lrs") or budget["lrs"]))
+        batch, why = own.get("batch_size") or budget["batch_size"], own.get("reason") or "shared"
+        lines.append(f"| {METHOD_LABELS.get(m, m)} | {models} | {batch} | {grid} | {why} |")
+    return "\n".join(lines)
+
+
 def _table3_markdown(rows, meta, table: str, private_methods, violations) -> str:
     label, eps_list, budget = meta["dataset"], meta["epsilons"], meta["budget"]
     md = [
@@ -255,10 +288,12 @@ def _table3_markdown(rows, meta, table: str, private_methods, violations) -> str
     if paper:
         ordering = _ordering_notes(label, rows, private_methods, eps_list)
         md += ["", "## Paper (Table 3)", "", paper, "", "## Ordering", "", ordering]
-    md += ["", "## Other metrics", "", _summary_table(rows, private_methods, eps_list), "", "## Tuning", ""]
+    md += ["", "## Other metrics", "", _summary_table(rows, private_methods, eps_list), "", "## Models", ""]
+    md += [models_table(rows, budget), "", "## Tuning", ""]
     md.append(
-        f"grid lr × clip = {list(budget['lrs'])} × {list(budget['clips'])} (same for every method; see "
-        f"tuning.json); tuning wall time {meta['tuning_wall_s']:.0f} s; total wall time {meta['total_wall_s']:.0f} s."
+        f"grid lr × clip = {list(budget['lrs'])} × {list(budget['clips'])} (shared; a method's own lr grid is "
+        f"in the Models table; see tuning.json); tuning wall time {meta['tuning_wall_s']:.0f} s; total wall "
+        f"time {meta['total_wall_s']:.0f} s."
     )
     if violations:
         cases = "; ".join(

@@ -74,8 +74,11 @@ def randomness_note(insecure_seed: int | None) -> str:
 
 
 # ------------------------------------------------------------------------------ one run
-def _model_for(model: ModelSpec | None, budget: Budget, data) -> tuple[str, nn.Module | None, dict]:
-    """(config model name, module to pass to train() or None, model params)."""
+def _model_for(
+    model: ModelSpec | None, budget: Budget, data, method: str | None = None
+) -> tuple[str, nn.Module | None, dict]:
+    """(config model name, module for train() or None, model params): an explicit ``model`` (every method),
+    else the method's own setting (:class:`~privopt.experiments.dro_protocol.MethodSetting`), else the budget's."""
     if callable(model):
         m = model()
         if not isinstance(m, nn.Module):
@@ -83,6 +86,9 @@ def _model_for(model: ModelSpec | None, budget: Budget, data) -> tuple[str, nn.M
         return "custom", m, {}
     if model is not None:
         return str(model), None, {}
+    own = budget.setting(method)
+    if own.model is not None:
+        return own.model, None, dict(own.model_params)
     if "features" in data.meta.get("public", {}):  # a fixed feature map replaced the images
         return budget.feature_model, None, {}
     image = len(data.input_shape) == 3
@@ -168,8 +174,8 @@ def run_one(
     from privopt.training import train
 
     n = int(data.x_train.shape[0])
-    private, budget = available_algorithms()[method].private, spec.budget.fitted(n)
-    model_name, module, model_params = _model_for(spec.model, budget, data)
+    private, budget = available_algorithms()[method].private, spec.budget.for_method(method).fitted(n)
+    model_name, module, model_params = _model_for(spec.model, budget, data, method=method)
     params = method_params(method, budget=budget, lr=hp["lr"], clip=hp["clip"], epochs=epochs)
     params.update(hp.get("algorithm_params", {}))  # per-method overrides of fixed hyper-parameters (the demo's)
     total = _planned_steps(method, params, n) or max(1, math.ceil(epochs * n / budget.batch_size))
@@ -199,7 +205,7 @@ def run_one(
     row = _row(
         method, spec, rec, private=private, n=n, hp=hp, epochs=epochs, epsilon=epsilon, seed=seed, pre=eval_split
     )
-    return {**row, "model": model_name, "wall_s": wall, "run_dir": str(out_dir)}
+    return {**row, "model": model_name, "model_params": model_params, "wall_s": wall, "run_dir": str(out_dir)}
 
 
 def _with_diagnostics(rec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
@@ -268,13 +274,13 @@ def tune(methods: Sequence[str], spec: RunSpec, *, data, epsilons: Sequence[floa
     """Grid search on the validation split; returns best (lr, clip) per (method, ε) and a report."""
     from privopt.algorithms import available_algorithms
 
-    budget, grid, best, trials, per_method_s = spec.budget, spec.budget.grid(), {}, [], {}
+    budget, best, trials, per_method_s = spec.budget, {}, [], {}
     t_all = time.perf_counter()
     for method in methods:
         private, t_m = available_algorithms()[method].private, time.perf_counter()
         for eps in tuning_epsilons(budget, epsilons, private=private):
             results = []
-            for k, hp in enumerate(grid):
+            for k, hp in enumerate(budget.grid(method)):
                 if not private and hp["clip"] != budget.clips[0]:
                     continue  # non-private methods have no clip: their grid collapses to the learning rates
                 run_dir = out / "runs" / "tune" / method / f"eps{eps}" / f"trial{k}"
@@ -289,13 +295,14 @@ def tune(methods: Sequence[str], spec: RunSpec, *, data, epsilons: Sequence[floa
                 )
             best[(method, eps)] = dict(max(results, key=lambda r: (r[0], -r[1]))[2])
         per_method_s[method] = time.perf_counter() - t_m
-    return best, _tuning_report(budget, grid, trials, best, time.perf_counter() - t_all, per_method_s)
+    return best, _tuning_report(budget, methods, trials, best, time.perf_counter() - t_all, per_method_s)
 
 
-def _tuning_report(budget: Budget, grid, trials, best, wall: float, per_method_s) -> dict[str, Any]:
+def _tuning_report(budget: Budget, methods, trials, best, wall: float, per_method_s) -> dict[str, Any]:
     return {
         "grid": {"lr": list(budget.lrs), "clip": list(budget.clips)},
-        "trials_per_method_and_tuned_epsilon": len(grid),
+        "method_lr_grids": {m: list(budget.lrs_for(m)) for m in methods if budget.setting(m).lrs is not None},
+        "trials_per_method": {m: sum(1 for t in trials if t["method"] == m) for m in methods},
         "tune_at": budget.tune_at,
         "tune_epochs": budget.tune_epochs,
         "validation": f"{budget.val_fraction:g} of the training split (stratified, seed 0); score = balanced "
@@ -345,7 +352,7 @@ def _log_row(say: Log, kind: str, row: dict) -> None:
     gn = row["grad_norm"]
     say(
         f"  {kind} {method:20s} {eps_txt:28s} seed {seed}: test acc {row['test_accuracy']:.4f}, "
-        f"grad norm {f'{gn:.3g}' if _finite(gn) else 'nan'}{mia} ({row['wall_s']:.1f} s)"
+        f"grad norm {f'{gn:.3g}' if _finite(gn) else 'nan'}{mia} ({row['model']}, {row['wall_s']:.1f} s)"
     )
 
 
@@ -430,7 +437,8 @@ def _choose_hyperparameters(req: GridRequest, spec: RunSpec, methods, eps_list, 
         return best, {"tuned": False, "hyperparameters": req.hyperparameters}
     if not req.tune_grid:
         return {}, {"tuned": False, "hyperparameters": "budget defaults"}
-    say(f"tuning {len(methods)} method(s) on a validation split ({len(spec.budget.grid())} grid points each)")
+    points = ", ".join(f"{m} {len(spec.budget.grid(m))}" for m in methods)
+    say(f"tuning {len(methods)} method(s) on a validation split (grid points: {points})")
     data = _tuning_data(req.dataset, req.data_dir, spec.budget)
     best, tuning = tune(methods, spec, data=data, epsilons=eps_list, out=out, log=say)
     return best, {**tuning, "tuned": True}
