@@ -126,6 +126,7 @@ class OuterProductGrads(Piece):
 
     def __init__(self, G: torch.Tensor, A: torch.Tensor, shape: torch.Size):
         self._G, self._A, self.shape = G, A, torch.Size(shape)
+        self._flat: tuple[torch.Tensor, torch.Tensor] | None = None  # see rows2d
         # the pieces whose merged sum this is (None: only itself; no self-reference, so no cycle)
         self.merged_from: tuple[OuterProductGrads, ...] | None = None
 
@@ -134,7 +135,9 @@ class OuterProductGrads(Piece):
         """A token-wise linear map: ``grad_output [B, ..., p]`` and ``activation [B, ..., q]``
         with the same middle (token) dimensions; the weight is ``[p, q]``."""
         if grad_output.dim() == 2:  # no tokens: [B, 1, p, 1] views, without the reshapes
-            return cls(grad_output[:, None, :, None], activation[:, None, :, None], shape)
+            out = cls(grad_output[:, None, :, None], activation[:, None, :, None], shape)
+            out._flat = (grad_output, activation)
+            return out
         B = grad_output.shape[0]
         A = activation.reshape(B, -1, activation.shape[-1]).transpose(1, 2).unsqueeze(1)
         G = grad_output.reshape(B, -1, grad_output.shape[-1]).transpose(1, 2).unsqueeze(1)
@@ -178,6 +181,14 @@ class OuterProductGrads(Piece):
     def A(self, sl: slice) -> torch.Tensor:
         return _rows(self._A, sl)
 
+    def rows2d(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(G [B, p], A [B, q])``, unscaled, for a plain Linear (one group, one token); else None.
+        The terms of the most common layer work on these directly: every indexing op saved is a
+        few microseconds of a millisecond step (``docs/engines.md``, "Fixed per-call cost")."""
+        if self._flat is None and self._G.shape[1] == 1 and self._G.shape[3] == 1:
+            self._flat = (self._G[:, 0, :, 0], self._A[:, 0, :, 0])
+        return self._flat
+
     def with_output_grad(self, G: torch.Tensor) -> OuterProductGrads:
         """The same input with (already scaled) output-gradients ``G``."""
         return OuterProductGrads(G, self._A, self.shape)
@@ -191,16 +202,18 @@ class OuterProductGrads(Piece):
         return combine([self], slice(None))
 
     def weighted_sum(self, coef):
+        flat = self.rows2d()
+        if flat is not None:  # plain Linear: [p, B] * c @ [B, q] on views, no copies
+            return torch.mm(flat[0].t() * self._coef(coef), flat[1]).reshape(self.shape)
         Gc = self._G * self._coef(coef).view(-1, 1, 1, 1)
         g, p, q = self.key
-        if g == 1 and self.T == 1:  # plain Linear: [p, B] @ [B, q] on views, no copies
-            return torch.mm(Gc[:, 0, :, 0].t(), self._A[:, 0, :, 0]).reshape(self.shape)
         lhs = Gc.permute(1, 2, 0, 3).reshape(g, p, -1)
         rhs = self._A.permute(1, 0, 3, 2).reshape(g, -1, q)
         return torch.matmul(lhs, rhs).reshape(self.shape)
 
     def zero_samples(self, valid):
         self._G, self._A = zero_rows(self._G, valid), zero_rows(self._A, valid)
+        self._flat = None
         self._zero_scale(valid)
 
 
@@ -224,6 +237,9 @@ class ConvOuterProducts(OuterProductGrads):
     @property
     def q(self) -> int:
         return int(self.shape[1:].numel())
+
+    def rows2d(self):
+        return None  # the input patches are a view formed on demand
 
     @property
     def captured(self) -> int:

@@ -126,6 +126,11 @@ class SingleOuterTerm(_PiecesTerm):
 
     def norms(self):
         (pc,) = self.pieces
+        flat = pc.rows2d()
+        if flat is not None and pc.scale is None:  # plain Linear: [B] norms of the 2-D views, fewest ops
+            g = torch.linalg.vector_norm(flat[0], dim=1, dtype=torch.float64).square_()
+            a = torch.linalg.vector_norm(flat[1], dim=1, dtype=torch.float64).square_()
+            return NormPart(a.add_(1.0).mul_(g) if self.bias else a.mul_(g))
         g = torch.linalg.vector_norm(pc.G(slice(None)), dim=(2, 3), dtype=torch.float64).square()
         a = torch.linalg.vector_norm(pc.A(slice(None)), dim=(2, 3), dtype=torch.float64).square()
         return NormPart((g * (a + 1.0) if self.bias else g * a).sum(1))
@@ -148,7 +153,9 @@ class BiasOfTerm(Term):
 
     def clipped_sum(self, coef):
         (pc,) = self.weight.pieces  # read now: zero_samples may have replaced its tensors
-        return pc._coef(coef).to(pc.dtype) @ pc._G[:, 0, :, 0]
+        flat = pc.rows2d()
+        G = flat[0] if flat is not None else pc._G[:, 0, :, 0]
+        return pc._coef(coef.to(pc.dtype)) @ G
 
     def zero_samples(self, valid):
         pass  # the shared rows are zeroed by the weight's term
