@@ -28,7 +28,7 @@ from typing import Any
 from privopt.checkpoint import atomic_write_json
 from privopt.cliargs import add_run_outputs, float_list, positive_int
 from privopt.errors import ConfigError
-from privopt.experiments.dro_runner import single_threaded
+from privopt.experiments.jobs import single_threaded
 from privopt.experiments.worst_group_protocol import BASELINES, DATASETS, EPSILONS, PAPER_D, load_group_dataset
 from privopt.experiments.worst_group_report import (
     per_group_table,
@@ -63,7 +63,7 @@ def _checked(dataset, epsilons, seeds, methods, out_dir) -> tuple[list[float], l
     return eps, list(methods), out
 
 
-@single_threaded  # many small sequential runs: one intra-op thread (see dro_runner.single_threaded)
+@single_threaded  # many small sequential runs: one intra-op thread (see privopt.experiments.jobs.single_threaded)
 def run_worst_group(
     *,
     dataset: str,
