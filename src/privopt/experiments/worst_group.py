@@ -81,10 +81,8 @@ def run_worst_group(
     jobs: int = 1,
 ) -> dict[str, Any]:
     """Run the reproduction on ``dataset``; returns the summary (also written to ``out_dir``).
-    ``jobs``: runs at a time, each in a worker process with one torch thread (0: one per core);
-    the rows and their order do not depend on it (docs/algorithms/dro.md, "Parallel runs")."""
-    eps, methods, out = _checked(dataset, epsilons, seeds, methods, out_dir)
-    workers = Workers(jobs)
+    ``jobs``: runs at a time in worker processes (:class:`~privopt.experiments.jobs.Workers`)."""
+    (eps, methods, out), workers = _checked(dataset, epsilons, seeds, methods, out_dir), Workers(jobs)
     load_group_dataset(dataset, data_dir=data_dir, seed=0)  # fail on missing files before anything is written
     out.mkdir(parents=True, exist_ok=True)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -96,16 +94,11 @@ def run_worst_group(
     summary = summarize(rows)
     names = load_group_dataset(dataset, data_dir=data_dir, seed=0).group_names
     result = {
-        "dataset": dataset,
-        "epsilons": eps,
-        "seeds": seeds,
-        "methods": methods,
-        "hyperparameters": best,
-        "summary": summary,
-        "verdict": verdict(summary),
+        "dataset": dataset, "epsilons": eps, "seeds": seeds, "methods": methods,
+        "hyperparameters": best, "summary": summary, "verdict": verdict(summary),
         "randomness": "secret (OS entropy)" if insecure_seed is None else f"seeded, INSECURE ({insecure_seed} + seed)",
         "jobs": workers.jobs,
-    }
+    }  # fmt: skip
     if rates and dataset == "synthetic":
         from privopt.experiments.worst_group_rates import run_rates
 
