@@ -137,3 +137,19 @@ def test_every_method_has_a_grid_of_the_same_size():
 
             get_algorithm(m, **params)  # every grid point is a valid config
     assert np.isclose(protocol.TUNE_EPSILON, 2.0)
+
+
+def test_two_jobs_give_the_serial_rows(tmp_path):
+    """``jobs=2`` (spawned workers, which load the real synthetic protocol themselves): the serial
+    rows in the serial (seed, method, ε) order, bit for bit with an insecure seed."""
+    rows, methods = {}, ["dp-sgd", "group-dro"]
+    for jobs in (1, 2):
+        res = run_worst_group(
+            dataset="synthetic", epsilons=[2.0], seeds=2, out_dir=tmp_path / f"j{jobs}", methods=methods,
+            tune_grid=False, rates=False, insecure_seed=3, log=lambda s: None, jobs=jobs,
+        )  # fmt: skip
+        assert res["jobs"] == jobs
+        lines = (tmp_path / f"j{jobs}" / "results.jsonl").read_text().splitlines()
+        rows[jobs] = [{k: v for k, v in json.loads(s).items() if k not in ("wall_s", "cpu_s")} for s in lines]
+    assert [(r["seed"], r["method"]) for r in rows[2]] == [(s, m) for s in (0, 1) for m in methods]
+    assert rows[1] == rows[2]

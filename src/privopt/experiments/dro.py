@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from privopt.cliargs import DEVICES, add_run_outputs, float_list, positive_int
+from privopt.cliargs import DEVICES, add_run_outputs, float_list, non_negative_int, positive_int
 from privopt.errors import ConfigError
 from privopt.experiments.dro_protocol import (
     BUDGETS,
@@ -84,6 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device", choices=DEVICES, default="cpu", help="run every training on cpu or cuda (default cpu)"
     )
+    parser.add_argument(
+        "--jobs", type=non_negative_int, default=1, metavar="N",
+        help="runs at a time, each in its own process with one torch thread (0: one per CPU core; default 1). "
+        "Results and their order do not depend on N",
+    )  # fmt: skip
     add_run_outputs(parser)
 
 
@@ -111,6 +116,7 @@ def main(args: argparse.Namespace) -> int:
         log=(lambda s: None) if quiet else None,
         insecure_seed=getattr(args, "insecure_seed", None),
         device=getattr(args, "device", "cpu"),
+        jobs=getattr(args, "jobs", 1),
     )
     if mia:
         res = run_dro_mia(epsilons=args.epsilons or MIA_EPSILONS, seeds=args.seeds or 5, **common)

@@ -324,6 +324,7 @@ _FORWARDED = (
     "log",
     "insecure_seed",
     "device",
+    "jobs",
 )
 
 
@@ -361,6 +362,7 @@ def run_dro_table3(
     log: Callable[[str], None] | None = None,
     insecure_seed: int | None = None,
     device: str = "cpu",
+    jobs: int = 1,
 ) -> dict[str, Any]:
     """Reproduce Paper A's Table 3 / Figures 1–3 on one dataset and write every output.
 
@@ -368,7 +370,8 @@ def run_dro_table3(
     ``fig1_gradnorm_eps*.png``, ``fig2_auc_eps*.png``, ``fig3_f1_eps*.png`` and ``runs/`` into
     ``out_dir``. The arguments are those of :class:`privopt.experiments.dro_runner.GridRequest`
     (``tune``: grid-search lr × clip per method on a validation split; ``nonprivate``: add the
-    SCDRO reference; ``insecure_seed``: reproducible, NOT private noise, recorded as such).
+    SCDRO reference; ``insecure_seed``: reproducible, NOT private noise, recorded as such;
+    ``jobs``: runs at a time in worker processes, one torch thread each; same results for any value).
 
     Returns:
         ``{"rows": [...], "table": markdown, "summary": {...}, "out_dir": path, "mia_violations": [...]}``.
@@ -438,6 +441,7 @@ def run_dro_mia(
     log: Callable[[str], None] | None = None,
     insecure_seed: int | None = None,
     device: str = "cpu",
+    jobs: int = 1,
 ) -> dict[str, Any]:
     """Reproduce Paper A's Table 2: membership-attack AUC per method and ε, next to the DP cap
     and the paper's numbers (which exceed the cap: a model that is ε-DP cannot reach them).

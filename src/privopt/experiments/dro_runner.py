@@ -4,6 +4,8 @@ Every run goes through the shared training loop (:func:`privopt.training.train`)
 sampling randomness is secret by default (as in any run); a reproduction made for research can
 opt into a seeded, *insecure* source with ``insecure_seed`` (run ``s`` of a grid uses
 ``insecure_seed + s``, shared by every method and ε of that seed), which the outputs record.
+Every run is independent: ``jobs > 1`` runs them in worker processes
+(:mod:`privopt.experiments.jobs`) with identical, identically ordered results.
 The protocol (budgets, grids, δ) is :mod:`privopt.experiments.dro_protocol`.
 """
 
@@ -24,7 +26,6 @@ from privopt.errors import ConfigError, PrivoptError
 from privopt.experiments.dro_protocol import (
     BUDGETS,
     LAM0,
-    METHOD_LABELS,
     NONPRIVATE_METHOD,
     RHO,
     Budget,
@@ -35,6 +36,8 @@ from privopt.experiments.dro_protocol import (
     paper_delta,
     tuning_epsilons,
 )
+from privopt.experiments.dro_rows import failed_row, finite, log_row, result_row
+from privopt.experiments.jobs import SHARED, Call, DataRef, Workers, picklable, single_threaded
 
 __all__ = ["GridRequest", "ModelSpec", "RunSpec", "randomness_note", "run_grid", "run_one", "single_threaded", "tune"]
 
@@ -106,55 +109,6 @@ def _planned_steps(method: str, params: dict, n: int) -> int | None:
         return None
 
 
-def _row(
-    method: str,
-    spec: RunSpec,
-    rec: dict,
-    *,
-    private: bool,
-    n: int,
-    hp: dict,
-    epochs: float,
-    epsilon,
-    seed: int,
-    pre: str,
-) -> dict:
-    """A flat result row (+ ``history``) from a run record."""
-    m, p = rec["metrics"], rec["privacy"]
-    row = {
-        "dataset": spec.dataset_label,
-        "method": method,
-        "label": METHOD_LABELS.get(method, method),
-        "private": private,
-        "epsilon": epsilon if private else None,
-        "delta": p["delta"] if private else None,
-        "epsilon_spent": p["epsilon_spent"],
-        "seed": seed,
-        "n_train": n,
-        "lr": hp["lr"],
-        "clip": hp["clip"],
-        "epochs": epochs,
-        "steps": rec["steps_done"],
-        **{f"{pre}_{k}": m.get(f"{pre}_{src}") for k, src in _METRIC_KEYS},
-        **{k: m.get(k) for k in ("grad_norm", "dro_lam_star", "mia_auc", "mia_bound", "mia_slack")},
-        "mia_within_bound": None if m.get("mia_within_bound") is None else bool(m["mia_within_bound"]),
-    }
-    if pre == "val":
-        row["val_score"] = row["val_balanced_accuracy"]
-    keys = ("step", "grad_norm", f"{pre}_accuracy", f"{pre}_roc_auc", f"{pre}_f1")
-    row["history"] = [{k: h.get(k) for k in keys} for h in rec["history"]]
-    return row
-
-
-_METRIC_KEYS = (
-    ("accuracy", "accuracy"),
-    ("auc", "roc_auc"),
-    ("f1", "f1"),
-    ("worst_class_accuracy", "worst_class_accuracy"),
-    ("balanced_accuracy", "balanced_accuracy"),
-)
-
-
 def run_one(
     method: str,
     spec: RunSpec,
@@ -169,6 +123,7 @@ def run_one(
     metrics: list[str],
 ) -> dict[str, Any]:
     """One training run through the shared loop; returns a flat result row (+ ``history``)."""
+    import privopt.experiments.dro_metrics  # noqa: F401  (registers grad_norm / mia, also in a worker process)
     from privopt.algorithms import available_algorithms
     from privopt.config import RunConfig
     from privopt.training import train
@@ -202,7 +157,7 @@ def run_one(
     rec = train(cfg, out_dir=out_dir, progress=spec.progress, dataset=data, model=module)
     wall = time.perf_counter() - t0
     rec = _with_diagnostics(rec, out_dir) if cfg.non_private_diagnostics else rec
-    row = _row(
+    row = result_row(
         method, spec, rec, private=private, n=n, hp=hp, epochs=epochs, epsilon=epsilon, seed=seed, pre=eval_split
     )
     return {**row, "model": model_name, "model_params": model_params, "wall_s": wall, "run_dir": str(out_dir)}
@@ -218,39 +173,18 @@ def _with_diagnostics(rec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     return {**rec, "metrics": {**rec["metrics"], **diag["final"]}, "history": history}
 
 
-def _failed_row(method: str, spec: RunSpec, *, private: bool, eps, seed: int, hp: dict, error: str, run_dir: Path):
-    nan = math.nan
-    metrics = ("test_accuracy", "test_auc", "test_f1", "test_worst_class_accuracy", "grad_norm", "wall_s")
-    return {
-        "dataset": spec.dataset_label,
-        "method": method,
-        "label": METHOD_LABELS.get(method, method),
-        "private": private,
-        "epsilon": eps,
-        "delta": None,
-        "epsilon_spent": None,
-        "seed": seed,
-        "lr": hp["lr"],
-        "clip": hp["clip"],
-        **dict.fromkeys(metrics, nan),
-        **dict.fromkeys(("mia_auc", "mia_bound", "mia_slack", "mia_within_bound"), None),
-        "steps": 0,
-        "run_dir": str(run_dir),
-        "error": error,
-        "history": [],
-    }
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
-
-
 # ------------------------------------------------------------------------------- tuning
+def _data_ref(dataset: Any, data_dir, budget: Budget, *, seed: int, val_fraction: float = 0.0):
+    """A registered dataset as a :class:`DataRef` (each worker loads it), else :data:`SHARED` (the object)."""
+    if not isinstance(dataset, str):
+        return SHARED
+    kwargs = {"data_dir": None if data_dir is None else str(data_dir), "seed": seed, "val_fraction": val_fraction}
+    return DataRef(load_dro_dataset, {"name": dataset, **kwargs, **budget.data_options()})
+
+
 def _tuning_data(dataset: Any, data_dir, budget: Budget):
     if isinstance(dataset, str):
-        return load_dro_dataset(
-            dataset, data_dir=data_dir, seed=0, val_fraction=budget.val_fraction, **budget.data_options()
-        )
+        return _data_ref(dataset, data_dir, budget, seed=0, val_fraction=budget.val_fraction)
     if dataset.x_val is None or dataset.x_val.shape[0] == 0:
         raise ConfigError(
             "tuning needs a validation split: pass a Dataset with x_val/y_val "
@@ -259,42 +193,60 @@ def _tuning_data(dataset: Any, data_dir, budget: Budget):
     return dataset
 
 
-def _trial(method: str, spec: RunSpec, *, data, eps, hp: dict, run_dir: Path, log: Log) -> tuple[float, float]:
-    """(balanced validation accuracy, wall seconds) of one grid point; a diverging trial loses."""
+def _trial(method: str, spec: RunSpec, *, data, eps, hp: dict, run_dir: Path) -> tuple[float, float, str | None]:
+    """(balanced validation accuracy, wall seconds, error) of one grid point; a diverging trial loses."""
     try:
         point = dict(hp=hp, epochs=spec.budget.tune_epochs, epsilon=eps, seed=0)
         row = run_one(method, spec, data=data, **point, out_dir=run_dir, eval_split="val", metrics=[])
-        return (row["val_score"] if _finite(row["val_score"]) else -math.inf), row["wall_s"]
+        return (row["val_score"] if finite(row["val_score"]) else -math.inf), row["wall_s"], None
     except (PrivoptError, ArithmeticError, RuntimeError, ValueError) as e:
-        log(f"    trial failed: {e}")
-        return -math.inf, float("nan")
+        return -math.inf, float("nan"), str(e)
 
 
-def tune(methods: Sequence[str], spec: RunSpec, *, data, epsilons: Sequence[float], out: Path, log: Log):
-    """Grid search on the validation split; returns best (lr, clip) per (method, ε) and a report."""
+def _tuning_plan(methods: Sequence[str], budget: Budget, epsilons) -> list[tuple[str, Any, int, dict]]:
+    """(method, ε, grid index, grid point) of every trial, in the serial order."""
     from privopt.algorithms import available_algorithms
 
-    budget, best, trials, per_method_s = spec.budget, {}, [], {}
-    t_all = time.perf_counter()
+    plan = []
     for method in methods:
-        private, t_m = available_algorithms()[method].private, time.perf_counter()
+        private = available_algorithms()[method].private
         for eps in tuning_epsilons(budget, epsilons, private=private):
-            results = []
             for k, hp in enumerate(budget.grid(method)):
-                if not private and hp["clip"] != budget.clips[0]:
-                    continue  # non-private methods have no clip: their grid collapses to the learning rates
-                run_dir = out / "runs" / "tune" / method / f"eps{eps}" / f"trial{k}"
-                score, wall = _trial(method, spec, data=data, eps=eps, hp=hp, run_dir=run_dir, log=log)
-                results.append((score, k, hp))
-                trials.append(
-                    {"method": method, "epsilon": eps, "trial": k, **hp, "val_balanced_accuracy": score, "wall_s": wall}
-                )
-                log(
-                    f"  tune {method:20s} eps={eps!s:5s} lr={hp['lr']:<6g} clip={hp['clip']:<5g} "
-                    f"val balanced acc {score:.4f} ({wall:.1f} s)"
-                )
-            best[(method, eps)] = dict(max(results, key=lambda r: (r[0], -r[1]))[2])
-        per_method_s[method] = time.perf_counter() - t_m
+                if private or hp["clip"] == budget.clips[0]:  # non-private: no clip, the grid is the lr axis
+                    plan.append((method, eps, k, hp))
+    return plan
+
+
+def tune(methods: Sequence[str], spec: RunSpec, *, data, epsilons: Sequence[float], out: Path, log: Log, workers=None):
+    """Grid search on the validation split; returns best (lr, clip) per (method, ε) and a report.
+
+    ``data``: a Dataset with a validation split, or a :class:`DataRef` each run loads.
+    ``workers``: where the trials run (a :class:`Workers` whose ``shared`` is ``data`` if that is a
+    Dataset; default: this process). The trials and the best points are the same either way.
+    """
+    budget, plan = spec.budget, _tuning_plan(methods, spec.budget, epsilons)
+    ref = data if isinstance(data, DataRef) else SHARED
+    workers = workers or Workers(1, shared=None if ref is data else data)
+    run_dir = out / "runs" / "tune"
+    calls = [
+        Call(kwargs=dict(method=m, spec=spec, eps=e, hp=hp, run_dir=run_dir / m / f"eps{e}" / f"trial{k}"), data=ref)
+        for m, e, k, hp in plan
+    ]
+    scored, trials, per_method_s = {}, [], dict.fromkeys(methods, 0.0)
+    t_all = t_last = time.perf_counter()
+    for (method, eps, k, hp), (score, wall, err) in zip(plan, workers.map(_trial, calls)):
+        if err is not None:
+            log(f"    trial failed: {err}")
+        scored.setdefault((method, eps), []).append((score, k, hp))
+        trial = {"method": method, "epsilon": eps, "trial": k, **hp, "val_balanced_accuracy": score, "wall_s": wall}
+        trials.append(trial)
+        log(
+            f"  tune {method:20s} eps={eps!s:5s} lr={hp['lr']:<6g} clip={hp['clip']:<5g} "
+            f"val balanced acc {score:.4f} ({wall:.1f} s)"
+        )
+        now = time.perf_counter()  # a method's time: from the previous result to each of its own
+        per_method_s[method], t_last = per_method_s[method] + now - t_last, now
+    best = {key: dict(max(results, key=lambda r: (r[0], -r[1]))[2]) for key, results in scored.items()}
     return best, _tuning_report(budget, methods, trials, best, time.perf_counter() - t_all, per_method_s)
 
 
@@ -340,50 +292,35 @@ def _checked(budget, seeds, epsilons, methods, nonprivate, out_dir) -> tuple[Bud
     return b, eps_list, methods, out
 
 
-def _log_row(say: Log, kind: str, row: dict) -> None:
-    method, eps, seed = row["method"], row["epsilon"], row["seed"]
-    if row.get("error"):
-        say(f"  {kind} {method:20s} eps={eps} seed {seed}: FAILED ({row['error']})")
-        return
-    mia = "" if row["mia_auc"] is None else f", MIA AUC {row['mia_auc']:.3f}"
-    if row["mia_auc"] is not None and row["mia_bound"] is not None:
-        mia += f" (cap {row['mia_bound']:.3f})"
-    eps_txt = "non-private" if eps is None else f"eps={eps:g} (spent {row['epsilon_spent']:.3f})"
-    gn = row["grad_norm"]
-    say(
-        f"  {kind} {method:20s} {eps_txt:28s} seed {seed}: test acc {row['test_accuracy']:.4f}, "
-        f"grad norm {f'{gn:.3g}' if _finite(gn) else 'nan'}{mia} ({row['model']}, {row['wall_s']:.1f} s)"
-    )
+def _final_run(method: str, spec: RunSpec, *, data, private: bool, hp: dict, eps, seed: int, run_dir, metrics):
+    """One final run's row; a diverging optimiser is a result (a failed row), not a crash of the table."""
+    try:
+        point = dict(hp=hp, epochs=spec.budget.epochs, epsilon=eps, seed=seed)
+        return run_one(method, spec, data=data, **point, out_dir=run_dir, eval_split="test", metrics=metrics)
+    except (ArithmeticError, ValueError) as e:
+        err = f"{type(e).__name__}: {e}"
+        return failed_row(method, spec, private=private, eps=eps, seed=seed, hp=hp, error=err, run_dir=run_dir)
 
 
-def _final_runs(kind, spec: RunSpec, *, dataset, data_dir, methods, eps_list, seeds, best, metrics, out, say):
+def _final_runs(kind, spec: RunSpec, *, dataset, data_dir, methods, eps_list, seeds, best, metrics, out, say, workers):
     from privopt.algorithms import available_algorithms
 
-    rows, b = [], spec.budget
+    calls, b = [], spec.budget
     for seed in range(seeds):
-        data = (
-            load_dro_dataset(dataset, data_dir=data_dir, seed=seed, **b.data_options())
-            if isinstance(dataset, str)
-            else dataset
-        )
+        data = _data_ref(dataset, data_dir, b, seed=seed)
         for method in methods:
             private = available_algorithms()[method].private
             for eps in eps_list if private else [None]:
                 hp = best_hyperparameters(best, method, final_tuning_key(b, eps, private=private), b)
                 run_dir = out / "runs" / "final" / method / f"eps{eps}" / f"seed{seed}"
-                try:
-                    point = dict(hp=hp, epochs=b.epochs, epsilon=eps, seed=seed)
-                    row = run_one(method, spec, data=data, **point, out_dir=run_dir, eval_split="test", metrics=metrics)
-                except (ArithmeticError, ValueError) as e:
-                    # A diverging optimiser is a result (reported as failed), not a crash of the table.
-                    err = f"{type(e).__name__}: {e}"
-                    row = _failed_row(
-                        method, spec, private=private, eps=eps, seed=seed, hp=hp, error=err, run_dir=run_dir
-                    )
-                rows.append(row)
-                with (out / "results.jsonl").open("a") as f:
-                    f.write(json.dumps({k: v for k, v in row.items() if k != "history"}) + "\n")
-                _log_row(say, kind, row)
+                point = dict(private=private, hp=hp, eps=eps, seed=seed, run_dir=run_dir, metrics=metrics)
+                calls.append(Call(kwargs=dict(method=method, spec=spec, **point), data=data))
+    rows = []
+    for row in workers.map(_final_run, calls):
+        rows.append(row)  # in the serial (seed, method, ε) order: results.jsonl is always a valid prefix
+        with (out / "results.jsonl").open("a") as f:
+            f.write(json.dumps({k: v for k, v in row.items() if k != "history"}) + "\n")
+        log_row(say, kind, row)
     return rows
 
 
@@ -409,6 +346,9 @@ class GridRequest:
             ``"algorithm_params": {field: value}``, which override that method's config fields).
         insecure_seed: ``None`` (secret noise and sampling) or a base seed — NOT private.
         device: ``"cpu"`` or ``"cuda"`` for every run.
+        jobs: runs at a time, each in its own worker process with one torch thread (0: one per
+            CPU core). A registered dataset name is loaded by every worker itself; your own
+            Dataset and model factory must be picklable. Results do not depend on ``jobs``.
     """
 
     kind: str
@@ -428,9 +368,10 @@ class GridRequest:
     log: Log | None = None
     insecure_seed: int | None = None
     device: str = "cpu"
+    jobs: int = 1
 
 
-def _choose_hyperparameters(req: GridRequest, spec: RunSpec, methods, eps_list, out: Path, say: Log):
+def _choose_hyperparameters(req: GridRequest, spec: RunSpec, methods, eps_list, out: Path, say: Log, workers):
     """(best grid point per (method, ε), tuning report): given, tuned, or the budget's defaults."""
     if req.hyperparameters is not None:
         best = {(m, None): dict(hp) for m, hp in req.hyperparameters.items()}
@@ -440,7 +381,7 @@ def _choose_hyperparameters(req: GridRequest, spec: RunSpec, methods, eps_list, 
     points = ", ".join(f"{m} {len(spec.budget.grid(m))}" for m in methods)
     say(f"tuning {len(methods)} method(s) on a validation split (grid points: {points})")
     data = _tuning_data(req.dataset, req.data_dir, spec.budget)
-    best, tuning = tune(methods, spec, data=data, epsilons=eps_list, out=out, log=say)
+    best, tuning = tune(methods, spec, data=data, epsilons=eps_list, out=out, log=say, workers=workers)
     return best, {**tuning, "tuned": True}
 
 
@@ -449,18 +390,24 @@ def run_grid(req: GridRequest) -> tuple[list[dict], dict[str, Any], Path]:
     import privopt.experiments.dro_metrics  # noqa: F401  (registers grad_norm / mia)
 
     b, eps_list, methods, out = _checked(req.budget, req.seeds, req.epsilons, req.methods, req.nonprivate, req.out_dir)
+    workers = Workers(req.jobs, shared=None if isinstance(req.dataset, str) else req.dataset)  # checked now
+    jobs = workers.jobs
+    if jobs > 1 and callable(req.model):
+        picklable(req.model, "a model factory")  # before any run, not in the first worker
     out.mkdir(parents=True, exist_ok=True)
     say = req.log or (lambda s: print(s, flush=True))
     label = req.dataset if isinstance(req.dataset, str) else getattr(req.dataset, "name", "custom")
     from privopt.config import resolve_device
 
     resolve_device(req.device)  # a missing GPU fails before any tuning run
-    spec = RunSpec(label, b, model=req.model, progress=req.progress, insecure_seed=req.insecure_seed, device=req.device)
+    progress = req.progress and jobs == 1  # the bars of parallel runs would interleave; one line per run instead
+    spec = RunSpec(label, b, model=req.model, progress=progress, insecure_seed=req.insecure_seed, device=req.device)
     t_start = time.perf_counter()
-    best, tuning = _choose_hyperparameters(req, spec, methods, eps_list, out, say)
-    atomic_write_json(out / "tuning.json", tuning)
     runs = dict(dataset=req.dataset, data_dir=req.data_dir, methods=methods, eps_list=eps_list, seeds=req.seeds)
-    rows = _final_runs(req.kind, spec, **runs, best=best, metrics=req.metrics, out=out, say=say)
+    with workers:  # one pool for tuning and the final runs: workers start (import torch, warm up) once
+        best, tuning = _choose_hyperparameters(req, spec, methods, eps_list, out, say, workers)
+        atomic_write_json(out / "tuning.json", tuning)
+        rows = _final_runs(req.kind, spec, **runs, best=best, metrics=req.metrics, out=out, say=say, workers=workers)
     meta = {
         "kind": req.kind,
         "dataset": label,
@@ -473,28 +420,8 @@ def run_grid(req: GridRequest) -> tuple[list[dict], dict[str, Any], Path]:
         "delta_rule": "n^-1.1",
         "randomness": randomness_note(req.insecure_seed),
         "insecure_seed": req.insecure_seed,
+        "jobs": jobs,
         "tuning_wall_s": tuning.get("wall_s", 0.0),
         "total_wall_s": time.perf_counter() - t_start,
     }
     return rows, meta, out
-
-
-def single_threaded(fn: Callable) -> Callable:
-    """Run ``fn`` with one torch intra-op thread (restored afterwards).
-
-    Why: these runs are many small, sequential jobs. With 2 intra-op threads on a 2-core machine
-    that is also busy with anything else, every small kernel waits for both threads to be
-    scheduled; a per-sample-gradient call of the quick MLP measured 0.5 s with 2 threads vs 5 ms
-    with 1 thread under load (100×). One thread is never much slower for models this size.
-    """
-    import torch
-
-    def wrapped(*args, **kwargs):
-        before = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            torch.set_num_threads(before)
-
-    return wrapped

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from privopt.checkpoint import atomic_write_json
-from privopt.cliargs import add_run_outputs, float_list, positive_int
+from privopt.cliargs import add_run_outputs, float_list, non_negative_int, positive_int
 from privopt.errors import ConfigError
-from privopt.experiments.dro_runner import single_threaded
+from privopt.experiments.jobs import Workers, single_threaded
 from privopt.experiments.worst_group_protocol import BASELINES, DATASETS, EPSILONS, PAPER_D, load_group_dataset
 from privopt.experiments.worst_group_report import (
     per_group_table,
@@ -63,7 +63,7 @@ def _checked(dataset, epsilons, seeds, methods, out_dir) -> tuple[list[float], l
     return eps, list(methods), out
 
 
-@single_threaded  # many small sequential runs: one intra-op thread (see dro_runner.single_threaded)
+@single_threaded  # many small sequential runs: one intra-op thread (see privopt.experiments.jobs.single_threaded)
 def run_worst_group(
     *,
     dataset: str,
@@ -78,28 +78,27 @@ def run_worst_group(
     reference: bool = False,
     insecure_seed: int | None = None,
     log=print,
+    jobs: int = 1,
 ) -> dict[str, Any]:
-    """Run the reproduction on ``dataset``; returns the summary (also written to ``out_dir``)."""
-    eps, methods, out = _checked(dataset, epsilons, seeds, methods, out_dir)
+    """Run the reproduction on ``dataset``; returns the summary (also written to ``out_dir``).
+    ``jobs``: runs at a time in worker processes (:class:`~privopt.experiments.jobs.Workers`)."""
+    (eps, methods, out), workers = _checked(dataset, epsilons, seeds, methods, out_dir), Workers(jobs)
     load_group_dataset(dataset, data_dir=data_dir, seed=0)  # fail on missing files before anything is written
     out.mkdir(parents=True, exist_ok=True)
     t0, c0 = time.perf_counter(), time.process_time()
     spec = Spec(dataset, data_dir=data_dir, insecure_seed=insecure_seed)
-    best, tuning = _hyperparameters(methods, spec, tune_grid=tune_grid, log=log)
-    atomic_write_json(out / "tuning.json", tuning)
-    rows = final_runs(methods, spec, best=best, epsilons=eps, seeds=seeds, out=out, log=log)
+    with workers:  # one pool for tuning and the final runs
+        best, tuning = _hyperparameters(methods, spec, tune_grid=tune_grid, log=log, workers=workers)
+        atomic_write_json(out / "tuning.json", tuning)
+        rows = final_runs(methods, spec, best=best, epsilons=eps, seeds=seeds, out=out, log=log, workers=workers)
     summary = summarize(rows)
     names = load_group_dataset(dataset, data_dir=data_dir, seed=0).group_names
     result = {
-        "dataset": dataset,
-        "epsilons": eps,
-        "seeds": seeds,
-        "methods": methods,
-        "hyperparameters": best,
-        "summary": summary,
-        "verdict": verdict(summary),
+        "dataset": dataset, "epsilons": eps, "seeds": seeds, "methods": methods,
+        "hyperparameters": best, "summary": summary, "verdict": verdict(summary),
         "randomness": "secret (OS entropy)" if insecure_seed is None else f"seeded, INSECURE ({insecure_seed} + seed)",
-    }
+        "jobs": workers.jobs,
+    }  # fmt: skip
     if rates and dataset == "synthetic":
         from privopt.experiments.worst_group_rates import run_rates
 
@@ -124,11 +123,11 @@ def run_worst_group(
     return result
 
 
-def _hyperparameters(methods, spec: Spec, *, tune_grid: bool, log) -> tuple[dict, dict]:
+def _hyperparameters(methods, spec: Spec, *, tune_grid: bool, log, workers) -> tuple[dict, dict]:
     """Each method's hyper-parameters: tuned on a validation split, or the middle of its grid."""
     if tune_grid:
         log(f"tuning {len(methods)} methods on a validation split (6 grid points each)")
-        return tune(methods, spec, log=log)
+        return tune(methods, spec, log=log, workers=workers)
     from privopt.experiments.worst_group_protocol import grid
 
     return {m: grid(m)[len(grid(m)) // 2] for m in methods}, {"tuned": False}
@@ -180,6 +179,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--minimax-reference", action="store_true",
         help="also fit non-private ERM and the exact worst-group minimax point (the ceiling of reweighting)",
     )  # fmt: skip
+    parser.add_argument(
+        "--jobs", type=non_negative_int, default=1, metavar="N",
+        help="runs at a time, each in its own process with one torch thread (0: one per CPU core; default 1). "
+        "Results and their order do not depend on N",
+    )  # fmt: skip
     add_run_outputs(parser)
 
 
@@ -200,6 +204,7 @@ def main(args: argparse.Namespace) -> int:
         reference=args.minimax_reference,
         insecure_seed=args.insecure_seed,
         log=(lambda s: None) if quiet else (lambda s: print(s, flush=True)),
+        jobs=args.jobs,
     )
     if args.json:
         print(json.dumps({k: v for k, v in res.items() if k != "markdown"}, default=str))

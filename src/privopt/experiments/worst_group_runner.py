@@ -4,7 +4,9 @@ and the grid of final runs (protocol: :mod:`privopt.experiments.worst_group_prot
 Every run is built by :func:`privopt.training.builder.build_run` (validated config, exact noise
 calibration, privacy ledger, secret randomness unless ``insecure_seed``) and stepped by
 :func:`privopt.training.run_loop`; it writes no run directory, only a result row. A run that
-diverges or whose inner solver cannot certify its accuracy is a failed row, never a crash.
+diverges or whose inner solver cannot certify its accuracy is a failed row, never a crash. The runs
+are independent: a :class:`~privopt.experiments.jobs.Workers` pool runs several at a time with the
+same rows in the same order.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from privopt.errors import PrivoptError
+from privopt.experiments.jobs import Call, DataRef, Workers
 from privopt.experiments.worst_group_protocol import (
     DATASETS,
     METHOD_LABELS,
@@ -119,23 +122,29 @@ def _score(row: dict) -> tuple[float, float]:
     return (w, a) if ok else (-math.inf, -math.inf)
 
 
-def tune(methods: Sequence[str], spec: Spec, *, log: Log) -> tuple[dict[str, dict], dict[str, Any]]:
-    """Grid search at ``TUNE_EPSILON`` on the validation split; returns (best point per method, report)."""
-    data = load_group_dataset(spec.dataset, data_dir=spec.data_dir, seed=0, val_fraction=spec.schedule.val_fraction)
-    best, trials, t_all = {}, [], time.perf_counter()
-    for method in methods:
-        eps = TUNE_EPSILON if _private(method) else None
-        scored = []
-        for k, point in enumerate(grid(method)):
-            row = run_one(method, spec, data=data, point=point, epsilon=eps, seed=0, tuning=True)
-            scored.append((_score(row), k, point))
-            trials.append({"method": method, "epsilon": eps, "point": point, **_brief(row)})
-            log(
-                f"  tune {method:20s} {json.dumps(point):38s} val worst-group acc "
-                f"{row['worst_group_accuracy']:.4f} (avg {row['average_accuracy']:.4f}, {row['wall_s']:.1f} s)"
-                + (f" FAILED: {row['error']}" if row.get("error") else "")
-            )
-        best[method] = dict(max(scored, key=lambda s: (s[0], -s[1]))[2])
+def _data(spec: Spec, *, seed: int, val_fraction: float = 0.0) -> DataRef:
+    """The dataset of one seed as a reference (each worker process loads it itself)."""
+    data_dir = None if spec.data_dir is None else str(spec.data_dir)
+    kwargs = {"name": spec.dataset, "data_dir": data_dir, "seed": seed, "val_fraction": val_fraction}
+    return DataRef(load_group_dataset, kwargs)
+
+
+def tune(methods: Sequence[str], spec: Spec, *, log: Log, workers: Workers | None = None):
+    """Grid search at ``TUNE_EPSILON`` on the validation split; returns (best point per method, report).
+    ``workers``: where the trials run (default: this process); the result is the same."""
+    data = _data(spec, seed=0, val_fraction=spec.schedule.val_fraction)
+    plan = [(m, TUNE_EPSILON if _private(m) else None, k, point) for m in methods for k, point in enumerate(grid(m))]
+    calls = [Call((m, spec), dict(point=point, epsilon=eps, seed=0, tuning=True), data) for m, eps, k, point in plan]
+    scored, trials, t_all = {}, [], time.perf_counter()
+    for (method, eps, k, point), row in zip(plan, (workers or Workers(1)).map(run_one, calls)):
+        scored.setdefault(method, []).append((_score(row), k, point))
+        trials.append({"method": method, "epsilon": eps, "point": point, **_brief(row)})
+        log(
+            f"  tune {method:20s} {json.dumps(point):38s} val worst-group acc "
+            f"{row['worst_group_accuracy']:.4f} (avg {row['average_accuracy']:.4f}, {row['wall_s']:.1f} s)"
+            + (f" FAILED: {row['error']}" if row.get("error") else "")
+        )
+    best = {method: dict(max(rs, key=lambda r: (r[0], -r[1]))[2]) for method, rs in scored.items()}
     report = {
         "tune_epsilon": TUNE_EPSILON,
         "score": "worst-group accuracy on the validation split (ties: average accuracy)",
@@ -154,18 +163,21 @@ def _brief(row: dict) -> dict:
     return {k: row.get(k) for k in keys if k in row}
 
 
-def final_runs(methods, spec: Spec, *, best: dict, epsilons, seeds: int, out: Path, log: Log) -> list[dict]:
-    """Every (seed, method, ε) with the tuned points; rows are appended to ``results.jsonl`` as they come."""
+def final_runs(methods, spec: Spec, *, best: dict, epsilons, seeds: int, out: Path, log: Log, workers=None):
+    """Every (seed, method, ε) with the tuned points; rows are appended to ``results.jsonl`` as they
+    come, in this order whatever ``workers`` (default: this process) runs them."""
+    calls = [
+        Call((method, spec), dict(point=best[method], epsilon=eps, seed=seed), _data(spec, seed=seed))
+        for seed in range(seeds)
+        for method in methods
+        for eps in (epsilons if _private(method) else [None])
+    ]
     rows = []
-    for seed in range(seeds):
-        data = load_group_dataset(spec.dataset, data_dir=spec.data_dir, seed=seed)
-        for method in methods:
-            for eps in epsilons if _private(method) else [None]:
-                row = run_one(method, spec, data=data, point=best[method], epsilon=eps, seed=seed)
-                rows.append(row)
-                with (out / "results.jsonl").open("a") as f:
-                    f.write(json.dumps(row, default=float) + "\n")
-                log(_line(row))
+    for row in (workers or Workers(1)).map(run_one, calls):
+        rows.append(row)
+        with (out / "results.jsonl").open("a") as f:
+            f.write(json.dumps(row, default=float) + "\n")
+        log(_line(row))
     return rows
 
 

@@ -1,0 +1,16 @@
+"""Module-level functions for the ``--jobs`` tests: spawned worker processes import them by name."""
+
+import time
+
+
+def echo_or_fail(x, delay: float = 0.0):
+    """``x`` after ``delay`` seconds; ``x=None`` raises KeyError (not a failed-run error)."""
+    time.sleep(delay)
+    if x is None:
+        raise KeyError("boom in a worker")
+    return x
+
+
+def broken_model():
+    """A model factory whose every call fails with an error a run does not turn into a failed row."""
+    raise RuntimeError("model factory broke in a worker")
