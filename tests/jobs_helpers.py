@@ -1,5 +1,6 @@
 """Module-level functions for the ``--jobs`` tests: spawned worker processes import them by name."""
 
+import signal
 import time
 
 
@@ -14,3 +15,14 @@ def echo_or_fail(x, delay: float = 0.0):
 def broken_model():
     """A model factory whose every call fails with an error a run does not turn into a failed row."""
     raise RuntimeError("model factory broke in a worker")
+
+
+def defer_sigterm_or_fail(seconds, delay: float = 0.0):
+    """Sleep ``seconds`` with SIGTERM ignored (as a training run's own handler defers it to its next
+    step); ``seconds=None`` raises KeyError after ``delay``."""
+    if seconds is None:
+        time.sleep(delay)
+        raise KeyError("boom in a worker")
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(seconds)
+    return seconds

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from jobs_helpers import broken_model, echo_or_fail
+from jobs_helpers import broken_model, defer_sigterm_or_fail, echo_or_fail
 from privopt.cli import main as cli_main
 from privopt.errors import ConfigError
 from privopt.experiments.dro import BUDGETS, Budget, run_dro_table3
@@ -59,6 +59,16 @@ def test_results_come_in_call_order_and_errors_fail_fast():
     with pytest.raises(KeyError, match="boom in a worker"):
         list(run_ordered(echo_or_fail, [Call(args=(0, 60.0)), Call(args=(None,))], jobs=2))
     assert time.perf_counter() - t0 < 30  # the 60 s call was stopped, not waited for
+    assert multiprocessing.active_children() == []
+
+
+def test_a_worker_that_defers_sigterm_is_still_stopped():
+    # a run in a worker defers SIGTERM to its next step; a failure elsewhere must not wait for it
+    t0 = time.perf_counter()
+    with pytest.raises(KeyError, match="boom in a worker"):
+        calls = [Call(args=(60.0,)), Call(args=(None, 0.5))]
+        list(run_ordered(defer_sigterm_or_fail, calls, jobs=2))
+    assert time.perf_counter() - t0 < 30
     assert multiprocessing.active_children() == []
 
 

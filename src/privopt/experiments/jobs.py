@@ -31,6 +31,7 @@ from privopt.errors import ConfigError
 __all__ = ["SHARED", "Call", "DataRef", "Workers", "picklable", "resolve_jobs", "run_ordered", "single_threaded"]
 
 SHARED = "shared"  # Call.data: the object given to run_ordered(shared=...)
+_GRACE_S = 2.0  # how long a stopped worker may take to exit before it is killed
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,13 @@ def _stop(pool: ProcessPoolExecutor) -> None:
     for p in procs:
         if p.is_alive():
             p.terminate()
+    # A training run inside a worker installs its own SIGTERM handler, which only checkpoints at the
+    # next step boundary: in a long evaluation it keeps running (and the interpreter's exit would wait
+    # for it). Whatever outlives a short grace period is killed.
+    for p in procs:
+        p.join(timeout=_GRACE_S)
+        if p.is_alive():
+            p.kill()
     if manager is not None:  # it reaps the workers too: joining it first avoids racing it for their exit
         manager.join(timeout=30)
     for p in procs:
