@@ -206,6 +206,8 @@ class Budget:
             per-record gradients and differences clip tightly).
         method_settings: per-method deviations (:class:`MethodSetting`: own model, lr grid, batch
             size or config fields), keyed by method name; every other method uses the shared setting.
+        lr_schedule, lr_final: the decay of every method's model step over its planned iterations
+            (:class:`~privopt.algorithms.step_schedules.ScheduledStepConfig`; public, no privacy cost).
     """
 
     name: str
@@ -230,6 +232,8 @@ class Budget:
     feature_params: dict[str, Any] = field(default_factory=dict)
     feature_model: str = "logreg"
     method_settings: dict[str, MethodSetting] = field(default_factory=dict)
+    lr_schedule: str = "constant"
+    lr_final: float = 1.0
 
     def setting(self, method: str | None) -> MethodSetting:
         """``method``'s deviation from the shared setting (an empty :class:`MethodSetting` if none)."""
@@ -412,7 +416,8 @@ def method_params(method: str, *, budget: Budget, lr: float, clip: float, epochs
     (incl. Recursive-SPIDER's ``s_batch``; paper: 1); ``phase`` → ``budget.q``; ``epochs``;
     ``output`` → ``"last"``; ``rho`` / ``lam0`` → the KL-DRO constants; ``penalty`` → the λ of the
     penalised dual, ``budget.ds_lam``; ``weight_cap`` / ``gamma`` → ``budget.weight_cap`` /
-    ``budget.gamma`` (the DRO weight cap and the step-proportional threshold factor).
+    ``budget.gamma`` (the DRO weight cap and the step-proportional threshold factor);
+    ``lr_schedule`` / ``lr_final`` → the budget's decay of the model step.
 
     Example:
         >>> p = method_params("sgd", budget=BUDGETS["quick"], lr=0.1, clip=1.0, epochs=2)
@@ -439,6 +444,8 @@ def method_params(method: str, *, budget: Budget, lr: float, clip: float, epochs
         "penalty": budget.ds_lam,
         "weight_cap": budget.weight_cap,
         "gamma": budget.gamma,
+        "lr_schedule": budget.lr_schedule,
+        "lr_final": budget.lr_final,
     }
     out = {name: value for role, value in values.items() for name in config.fields_with_role(role)}
     fields = config.field_names()
