@@ -122,3 +122,18 @@ def test_schedule_is_a_role_every_dp_method_declares():
         config = available_algorithms()[name].Config
         assert config.fields_with_role("lr_schedule") == ("lr_schedule",), name
         assert config.fields_with_role("lr_final") == ("lr_final",), name
+
+
+def test_quick_budget_decays_every_method_step_and_scdro_keeps_its_own():
+    from privopt.experiments.dro_protocol import BUDGETS, TABLE3_METHODS, method_params
+
+    quick = BUDGETS["quick"]
+    for method in TABLE3_METHODS:
+        config = get_algorithm(method, **method_params(method, budget=quick, lr=40.0, clip=0.1, epochs=2)).config
+        assert (config.lr_schedule, config.lr_final) == (quick.lr_schedule, quick.lr_final), method
+        assert config.lr == 40.0  # the grid still sets the initial step
+    assert quick.lr_schedule != "constant" and quick.lr_final < 1.0
+    scdro = method_params("scdro", budget=quick, lr=10.0, clip=0.1, epochs=2)
+    assert scdro["lr_schedule"] == "cosine" and scdro["lr_final"] < quick.lr_final
+    paper = method_params("dp-sgd", budget=BUDGETS["paper"], lr=0.1, clip=1.0, epochs=2)
+    assert paper["lr_schedule"] == "constant"
