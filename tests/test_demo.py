@@ -35,7 +35,7 @@ def test_demo_schedule_does_not_follow_the_quick_budget(monkeypatch):
         "features": None, "feature_params": {"scale": 3.0}, "feature_model": "mlp", "eval_points": 2,
         "max_train": 100, "image_model": "cnn", "tabular_model": "logreg", "model_params": {"hidden": 3},
         "lrs": (0.5,), "clips": (0.5,), "tune_epochs": 1, "tune_at": "each", "val_fraction": 0.5,
-        "method_settings": {"dp-sgd": MethodSetting(model="cnn")},
+        "method_settings": {"dp-sgd": MethodSetting(model="cnn")}, "lr_schedule": "inverse-sqrt", "lr_final": 0.3,
     }  # fmt: skip
     assert set(moved) == {f.name for f in fields(quick)} - {"name"}
     assert all(getattr(quick, k) != v for k, v in moved.items())

@@ -68,6 +68,8 @@ ROLES = (
     "penalty",  # the penalty λ of ψ-penalised DRO
     "weight_cap",  # the public cap on DRO weights (a record's weighted gradient is at most cap·clip)
     "gamma",  # the factor of a step-proportional difference threshold
+    "lr_schedule",  # the decay schedule of the model step (privopt.algorithms.step_schedules)
+    "lr_final",  # the model step's factor at the last planned iteration
 )
 
 Check = Callable[[str, Any], Any]

@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 from privopt.algorithms.base import Algorithm, RunContext, register_algorithm
-from privopt.algorithms.config import AlgorithmConfig, momentum_value, non_negative, param, positive, positive_int
+from privopt.algorithms.config import momentum_value, non_negative, param, positive, positive_int
 from privopt.algorithms.releases import BatchPlan, Fixed, Phase, PoissonBatch, Query, ReleasePlan
+from privopt.algorithms.step_schedules import ScheduledStepConfig
 from privopt.grads.flat import num_trainable, set_flat_grad
 from privopt.grads.sums import BoundedSum, chunked_clipped_sum
 
@@ -25,8 +26,9 @@ __all__ = ["SGD", "DPSGD", "DPGD", "SGDConfig", "DPSGDConfig", "DPGDConfig"]
 
 
 @dataclass(frozen=True)
-class StepConfig(AlgorithmConfig):
-    """The torch SGD step: learning rate, momentum and weight decay."""
+class StepConfig(ScheduledStepConfig):
+    """The torch SGD step: learning rate (decayed by ``lr_schedule`` / ``lr_final``), momentum and
+    weight decay."""
 
     lr: float = param(0.1, positive, role="lr")
     momentum: float = param(0.0, momentum_value)
@@ -77,7 +79,14 @@ class _GradientStepAlgorithm(Algorithm):
         )
         self._bind_releases(ctx)
 
-    def _apply(self, flat_grad: torch.Tensor) -> None:
+    def _schedule_lr(self, t: int) -> None:
+        """Set the optimizer's step for iteration ``t`` from the config's (public) schedule."""
+        lr = self.config.lr * self.config.lr_factor(t=t, total=self.num_steps())
+        for group in self._opt.param_groups:
+            group["lr"] = lr
+
+    def _apply(self, flat_grad: torch.Tensor, t: int) -> None:
+        self._schedule_lr(t)
         self._opt.zero_grad(set_to_none=True)
         set_flat_grad(self._ctx.model, flat_grad)
         self._opt.step()
@@ -131,6 +140,7 @@ class SGD(_BatchAlgorithm):
             return {}
         out = ctx.model(ctx.x_train[idx])
         losses = ctx.loss_fn(out, ctx.y_train[idx])
+        self._schedule_lr(t)
         self._opt.zero_grad(set_to_none=True)
         losses.mean().backward()
         self._opt.step()
@@ -168,7 +178,7 @@ class DPSGD(_BatchAlgorithm):
                 return BoundedSum(torch.zeros(num_trainable(ctx.model)), bound=clip)
             return ctx.engine.clipped_sum(ctx.model, ctx.loss_fn, ctx.x_train[idx], ctx.y_train[idx], clip=clip)
 
-        self._apply(self.releases.phase("step").release("grad", grad_sum))
+        self._apply(self.releases.phase("step").release("grad", grad_sum), t)
         return {}
 
 
@@ -201,5 +211,5 @@ class DPGD(_GradientStepAlgorithm):
                 ctx.engine, ctx.model, ctx.loss_fn, ctx.x_train, ctx.y_train, clip=clip, chunk=chunk
             )
 
-        self._apply(self.releases.phase("step").release("grad", grad_sum))
+        self._apply(self.releases.phase("step").release("grad", grad_sum), t)
         return {}

@@ -108,7 +108,7 @@ class DPSGDJoint(_BatchAlgorithm):
     def step(self, t: int) -> dict[str, float]:
         eta = self._eta
         g = self.releases.phase("step").release("grad", lambda idx, c: self.joint_grad_sum(idx, eta=eta, clip=c))
-        self._apply(g[:-1].to(torch.float32))
+        self._apply(g[:-1].to(torch.float32), t)
         self._eta = self._eta - self.config.eta_lr * float(g[-1])
         return {"eta": self._eta, "g_norm": float(g.norm())}
 

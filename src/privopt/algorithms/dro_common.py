@@ -27,8 +27,9 @@ from typing import Any, Union
 import torch
 
 from privopt.algorithms.base import Algorithm, RunContext
-from privopt.algorithms.config import AlgorithmConfig, one_of, param, positive, positive_int
+from privopt.algorithms.config import one_of, param, positive, positive_int
 from privopt.algorithms.releases import Phase, PlanRun, Query, ReleasePlan
+from privopt.algorithms.step_schedules import ScheduledStepConfig
 from privopt.errors import ConfigError
 from privopt.grads.engine import clip_factors
 from privopt.grads.flat import flat_params, num_trainable, params_from_flat, trainable_parameters
@@ -63,8 +64,9 @@ def weight_cap_value(name: str, value: Any) -> float:
 
 
 @dataclass(frozen=True)
-class DROConfig(AlgorithmConfig):
-    """Hyper-parameters every DRO algorithm has.
+class DROConfig(ScheduledStepConfig):
+    """Hyper-parameters every DRO algorithm has (besides the x-step schedule ``lr_schedule``,
+    ``lr_final`` of :class:`~privopt.algorithms.step_schedules.ScheduledStepConfig`).
 
     Attributes:
         epochs: budget in epoch-equivalents (see :func:`spider_steps`); ignored when ``steps``.
@@ -185,6 +187,11 @@ class DROAlgorithm(Algorithm):
 
     def num_steps(self) -> int:
         return self._T
+
+    def _lr_factor(self, t: int) -> float:
+        """Factor of the x step (and of its largest move) at iteration ``t``: the config's schedule
+        over the planned T (public: no privacy cost, no effect on any declared sensitivity)."""
+        return self.config.lr_factor(t=t, total=self._T)
 
     def _bind(self, ctx: RunContext) -> None:
         self._ctx = ctx

@@ -243,12 +243,13 @@ class DPDoubleSPIDER(DROAlgorithm):
             move = min(max(move, -cap), cap)
         return self._project_eta(eta - move)
 
-    def _beta(self, v_norm: float) -> float:
+    def _beta(self, v_norm: float, factor: float = 1.0) -> float:
+        """The x step for a direction of norm ``v_norm``, scaled by the schedule's ``factor``."""
         c = self.config
         lr_norm = c.lr if c.lr_norm == "auto" else c.lr_norm
         if lr_norm is None:
-            return c.lr
-        return min(c.lr, lr_norm / max(v_norm, 1e-12))
+            return factor * c.lr
+        return min(factor * c.lr, factor * lr_norm / max(v_norm, 1e-12))
 
     # ------------------------------------------------------------------ one iteration
     def step(self, t: int) -> dict[str, float]:
@@ -267,7 +268,7 @@ class DPDoubleSPIDER(DROAlgorithm):
         at, before = {"x": None, "eta": eta_next}, {"x": x_prev, "eta": eta_t}
         v = self.v.update_at(phase, t=t, distance=d_x, sums=(self.x_grad_sum, self.x_diff_sum), at=at, prev=before)
         v_norm = float(v.norm())
-        beta = self._beta(v_norm)
+        beta = self._beta(v_norm, self._lr_factor(t))
         x_next = x_t - beta * v
         self._set_x(x_next)
         self._x_prev, self._eta_prev, self._eta = x_t, eta_t, eta_next

@@ -244,7 +244,7 @@ class DPSGDA(_PrimalDualBase):
         phase = self.releases.phase("step")
         g_x = phase.release("x-grad", lambda idx, c: self.x_grad_sum(idx, r=r, clip=c))
         loss_hat = self._losses_released(phase)
-        x_next = x_t - self.config.lr * g_x
+        x_next = x_t - self.config.lr * self._lr_factor(t) * g_x
         self._set_x(x_next)
         self._r = self._dual_step(r, loss_hat)
         self._maybe_save(t + 1, x_next)
@@ -300,7 +300,7 @@ class PrivateDiff(_PrimalDualBase):
         sums = (self.x_grad_sum, self.x_diff_sum)
         v = self.v.update_at(phase, t=t, distance=dist, sums=sums, at={"r": r}, prev={"r": r_prev, "x": x_prev})
         loss_hat = self._losses_released(phase)
-        x_next = x_t - self.config.lr * v
+        x_next = x_t - self.config.lr * self._lr_factor(t) * v
         self._set_x(x_next)
         self._x_prev, self._r_prev, self._r = x_t, r, self._dual_step(r, loss_hat)
         self._maybe_save(t + 1, x_next)

@@ -38,7 +38,6 @@ from privopt.algorithms.dro_common import (
 )
 from privopt.algorithms.estimators import SpiderEstimator, StormEstimator
 from privopt.algorithms.releases import BatchPlan, Fixed, Phase, Query, ReleasePlan, StepProportional
-from privopt.algorithms.step_schedules import schedule_name, step_factor
 from privopt.errors import ConfigError
 from privopt.grads.sums import BoundedSum, clipped_scalar_difference_sum, clipped_scalar_sum
 from privopt.objectives.compositional import KLCompositional
@@ -340,10 +339,6 @@ class DPRecursiveSPIDER(DROAlgorithm):
         self.s.value = self._clamp_s(s_raw)
         return v, float(u), self.s.value
 
-    def _lr_factor(self, t: int) -> float:
-        """Factor of the x step (and of its largest move) at iteration ``t``: constant here."""
-        return 1.0
-
     def _x_step(self, z_x: torch.Tensor, t: int) -> float:
         c, factor = self.config, self._lr_factor(t)
         lr_norm = c.lr if c.lr_norm == "auto" else c.lr_norm
@@ -399,8 +394,6 @@ class SCDROConfig(RecursiveSpiderConfig):
     lr: float = param(0.1, positive, role="lr")
     beta: float = param(1.0, unit_interval)
     output: str = param("last", one_of("random", "last"), role="output")
-    lr_schedule: str = param("constant", schedule_name)
-    lr_final: float = param(1.0, unit_interval)
 
 
 @register_algorithm
@@ -424,7 +417,3 @@ class SCDRO(DPRecursiveSPIDER):
 
     def _v_cap(self) -> float | None:
         return None
-
-    def _lr_factor(self, t: int) -> float:
-        c = self.config
-        return step_factor(c.lr_schedule, t=t, total=self._T, final=c.lr_final)

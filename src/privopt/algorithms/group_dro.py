@@ -61,6 +61,7 @@ class GroupDRO(SGD):
         self.q = hedge_step(self.q, means.detach().double().numpy(), step=self.config.group_lr)
         weights = torch.as_tensor(self.q, dtype=losses.dtype)
         objective = (weights[g] * losses / counts[g]).sum()
+        self._schedule_lr(t)
         self._opt.zero_grad(set_to_none=True)
         objective.backward()
         self._opt.step()

@@ -23,11 +23,13 @@ Example:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
+from privopt.algorithms.config import AlgorithmConfig, param, unit_interval
 from privopt.errors import ConfigError
 
-__all__ = ["STEP_SCHEDULES", "schedule_name", "step_factor"]
+__all__ = ["STEP_SCHEDULES", "ScheduledStepConfig", "schedule_name", "step_factor"]
 
 STEP_SCHEDULES = ("constant", "inverse-sqrt", "cosine")
 
@@ -63,3 +65,30 @@ def step_factor(schedule: str, *, t: int, total: int, final: float) -> float:
         return final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * frac))
     # 1/√(1 + t/t0) = final at t = total  ⇔  total/t0 = 1/final² − 1.
     return 1.0 / math.sqrt(1.0 + frac * (1.0 / final**2 - 1.0))
+
+
+@dataclass(frozen=True)
+class ScheduledStepConfig(AlgorithmConfig):
+    """The model-step schedule every gradient-step algorithm shares (DP-SGD, the DRO methods).
+
+    Attributes:
+        lr_schedule: how the step on the model parameters (``lr``, and any largest move such as
+            ``lr_norm``) decays over the planned iterations: ``"constant"``, ``"inverse-sqrt"`` or
+            ``"cosine"``. With a constant step the last iterate keeps moving by a step's length
+            (under DP noise: a random bias of its decision threshold); a decay lets it settle.
+        lr_final: the step's factor at the last planned iteration, in (0, 1] (ignored by
+            ``"constant"``).
+
+    Example:
+        >>> ScheduledStepConfig(lr_schedule="cosine", lr_final=0.1).lr_factor(t=10, total=10)
+        0.1
+        >>> ScheduledStepConfig().lr_factor(t=3, total=10)
+        1.0
+    """
+
+    lr_schedule: str = param("constant", schedule_name, role="lr_schedule")
+    lr_final: float = param(1.0, unit_interval, role="lr_final")
+
+    def lr_factor(self, *, t: int, total: int) -> float:
+        """The factor of the base step at iteration ``t`` of ``total`` planned iterations."""
+        return step_factor(self.lr_schedule, t=t, total=total, final=self.lr_final)
