@@ -107,3 +107,11 @@ def test_parallel_composition_cannot_hold_the_release():
     spider = {"b1": 60, "b2": 12, "lr": 0.3, "epochs": 1, "gamma": 5.0, "clip": 1.0}
     with pytest.raises(ConfigError, match="parallel composition"):
         build_run(RunConfig.from_dict({**cfg_dict(algorithm="ada-dp-spider", **CENTRE), "algorithm_params": spider}))
+
+
+def test_torchrun_clients_cannot_each_draw_a_mean():
+    from privopt.training.builder import _centering
+
+    with pytest.raises(ConfigError, match="torchrun"):
+        _centering(cfg(**CENTRE), comm=object())
+    assert _centering(cfg(), comm=object()) is None

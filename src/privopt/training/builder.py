@@ -262,6 +262,13 @@ def _privacy(cfg: RunConfig, algo: Algorithm, n: int, ledger_state, centering=No
     return inventory, calibration, ledger
 
 
+def _centering(cfg: RunConfig, comm: Any) -> FeatureCentering | None:
+    centering = FeatureCentering.from_config(cfg.feature_centering)
+    if centering is not None and comm is not None:  # each process would draw its own mean
+        raise ConfigError("feature_centering is not available in runs launched by torchrun (one process per client)")
+    return centering
+
+
 def _centred(cfg: RunConfig, data: Any, centering, calibration, ledger, *, rng, released) -> tuple[Any, dict]:
     """``data`` centred on the released feature mean: drawn now (and recorded in the ledger), or the
     one a resumed run released before (``released``); a non-private run uses the exact mean."""
@@ -343,7 +350,7 @@ def build_run(
     cfg = _checked_config(cfg, loss)
     algo = get_algorithm(cfg.algorithm, **cfg.algorithm_params)
     engine = get_engine(cfg.engine)  # a bad name fails before any data is loaded
-    centering = FeatureCentering.from_config(cfg.feature_centering)
+    centering = _centering(cfg, comm)
     if algo.private and cfg.privacy.epsilon is None:
         raise ConfigError(f"algorithm {cfg.algorithm!r} is private: set privacy.epsilon")
     metrics = _check_metrics(cfg)
