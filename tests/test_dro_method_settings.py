@@ -134,3 +134,19 @@ def test_quick_scdro_trains_its_own_head_on_the_features():
     assert quick.for_method("scdro").batch_size == 256 and quick.for_method("dp-sgd") is quick
     params = method_params("scdro", budget=quick.for_method("scdro"), lr=0.016, clip=0.1, epochs=20)
     assert (params["b1"], params["s_batch"], params["lr_norm"], params["q"]) == (256, 256, None, 1)
+
+
+def test_feature_model_params_and_centring_reach_runs_on_features_only():
+    import torch
+
+    from privopt.data import Dataset
+    from privopt.data.features import apply_features
+    from privopt.experiments.dro_runner import _centering, _model_for
+
+    images = Dataset.from_tensors(torch.rand(6, 1, 8, 8), torch.tensor([0, 1] * 3), num_classes=2)
+    feats = apply_features(images, "scattering", J=1, cache=False)
+    centring = {"norm_bound": 1.0, "noise_ratio": 3.0}
+    b = dataclasses.replace(BUDGETS["quick"], feature_model_params={"bias_scale": 8.0}, feature_centering=centring)
+    assert _model_for(None, b, feats, method="dp-sgd") == ("logreg", None, {"bias_scale": 8.0})
+    assert _centering(b, feats) == centring and _centering(b, images) == {}  # raw images: never
+    assert BUDGETS["quick"].feature_centering == {} and BUDGETS["quick"].feature_model_params == {}

@@ -192,3 +192,55 @@ def test_validator_names_the_model_itself_and_empty_models():
         validate_model(nn.BatchNorm1d(3))
     with pytest.raises(ModelError, match="no trainable parameters"):
         validate_model(nn.Sequential(nn.ReLU()))
+
+
+# ---------------------------------------------------------------- logreg's scaled bias
+
+
+def _ce(out, y):
+    return nn.functional.cross_entropy(out, y, reduction="none")
+
+
+def test_logreg_bias_scale_is_the_same_function_with_a_scaled_bias():
+    torch.manual_seed(0)
+    m = build_model("logreg", input_shape=(2, 3), num_classes=3, zero_init=False, bias_scale=8.0)
+    w = m[-1].weight.detach()
+    x = torch.randn(5, 2, 3)
+    expected = x.flatten(1) @ w[:, :6].T + 8.0 * w[:, 6]
+    torch.testing.assert_close(m(x), expected)
+    plain = build_model("logreg", input_shape=(6,), num_classes=2)
+    assert plain[-1].bias is not None and plain[-1].weight.shape == (2, 6)  # s = 1: the ordinary layer
+
+
+@pytest.mark.parametrize("engine", ["ghost", "vmap"])
+def test_logreg_bias_scale_per_sample_gradients_match_an_autograd_loop(engine):
+    """Each engine's per-sample gradients and clipped sums of the scaled head equal a per-example loop."""
+    from privopt.grads import get_engine
+
+    torch.manual_seed(1)
+    m = build_model("logreg", input_shape=(7,), num_classes=2, zero_init=False, bias_scale=16.0).double()
+    x, y = torch.randn(6, 7, dtype=torch.float64), torch.tensor([0, 1, 1, 0, 1, 0])
+    rows = []
+    for i in range(6):
+        m.zero_grad()
+        _ce(m(x[i : i + 1]), y[i : i + 1]).sum().backward()
+        rows.append(m[-1].weight.grad.flatten().clone())
+    loop = torch.stack(rows)
+    # the bias column's gradient is s times the output gradient (an ordinary bias's gradient)
+    dz = torch.softmax(m(x), dim=1).detach() - nn.functional.one_hot(y, 2).double()
+    torch.testing.assert_close(loop.reshape(6, 2, 8)[:, :, 7], 16.0 * dz)
+    eng = get_engine(engine)
+    _, g = eng.per_sample_grads(m, _ce, x, y)
+    torch.testing.assert_close(g, loop, atol=1e-10, rtol=1e-10)
+    clip = 0.5
+    s = eng.clipped_sum(m, _ce, x, y, clip=clip)
+    factors = (clip / loop.norm(dim=1)).clamp(max=1.0)
+    torch.testing.assert_close(s.total, (loop * factors[:, None]).sum(0), atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("inf"), True, "8"])
+def test_logreg_bias_scale_rejects_bad_values(value):
+    with pytest.raises(ConfigError, match="bias_scale"):
+        build_model("logreg", input_shape=(4,), num_classes=2, bias_scale=value)
+    with pytest.raises(ConfigError, match="needs bias=true"):
+        build_model("logreg", input_shape=(4,), num_classes=2, bias=False, bias_scale=2.0)

@@ -148,6 +148,8 @@ class RunConfig:
     # training data. NOT private (no noise, not accounted); needed for eval_split "val" and such metrics.
     non_private_diagnostics: bool = False
     plots: bool = True  # write curves.png
+    # DP feature centring (privopt.data.centering): {norm_bound: R, noise_ratio: r}; {} = off.
+    feature_centering: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.privacy, dict):  # RunConfig(privacy={...}) reads like the YAML it mirrors
@@ -182,7 +184,7 @@ class RunConfig:
             raise ConfigError(f"eval_split must be 'test' or 'val', got {self.eval_split!r}")
         if not isinstance(self.metrics, list):
             raise ConfigError(f"metrics must be a list of names, got {self.metrics!r}")
-        for key in ("algorithm_params", "dataset_params", "model_params"):
+        for key in ("algorithm_params", "dataset_params", "model_params", "feature_centering"):
             if not isinstance(getattr(self, key), dict):
                 raise ConfigError(f"{key} must be a mapping, got {getattr(self, key)!r}")
         return self

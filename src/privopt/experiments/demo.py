@@ -42,6 +42,8 @@ DEMO_SCHEDULE = {
     "features": "scattering",
     "feature_params": {},
     "feature_model": "logreg",
+    "feature_model_params": {},
+    "feature_centering": {},
     "eval_points": 8,
     "max_train": None,
     "image_model": "mlp",

@@ -204,6 +204,9 @@ class Budget:
             (``None``: raw pixels; ``privopt.data.features``), the same for every method.
         feature_model: the model trained on the features (default ``logreg``: a linear head, whose
             per-record gradients and differences clip tightly).
+        feature_model_params: that model's options (e.g. ``{"bias_scale": 64.0}`` for ``logreg``).
+        feature_centering: the runs' DP feature centring on those features (the run config's
+            ``feature_centering``, :mod:`privopt.data.centering`; ``{}``: none).
         method_settings: per-method deviations (:class:`MethodSetting`: own model, lr grid, batch
             size or config fields), keyed by method name; every other method uses the shared setting.
         lr_schedule, lr_final: the decay of every method's model step over its planned iterations
@@ -231,6 +234,8 @@ class Budget:
     features: str | None = None
     feature_params: dict[str, Any] = field(default_factory=dict)
     feature_model: str = "logreg"
+    feature_model_params: dict[str, Any] = field(default_factory=dict)
+    feature_centering: dict[str, Any] = field(default_factory=dict)
     method_settings: dict[str, MethodSetting] = field(default_factory=dict)
     lr_schedule: str = "constant"
     lr_final: float = 1.0

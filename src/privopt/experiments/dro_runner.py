@@ -93,10 +93,15 @@ def _model_for(
     if own.model is not None:
         return own.model, None, dict(own.model_params)
     if "features" in data.meta.get("public", {}):  # a fixed feature map replaced the images
-        return budget.feature_model, None, {}
+        return budget.feature_model, None, dict(budget.feature_model_params)
     image = len(data.input_shape) == 3
     name = budget.image_model if image else budget.tabular_model
     return name, None, (dict(budget.model_params) if name in ("mlp",) else {})
+
+
+def _centering(budget: Budget, data) -> dict:
+    """The budget's DP feature centring for runs on its fixed features (``{}``: none; raw inputs never)."""
+    return dict(budget.feature_centering) if "features" in data.meta.get("public", {}) else {}
 
 
 def _planned_steps(method: str, params: dict, n: int) -> int | None:
@@ -151,6 +156,7 @@ def run_one(
             "checkpoint_every": 10**9,
             # gradient norms, MIA and validation scores read the training data: non-private diagnostics
             "non_private_diagnostics": bool(metrics) or eval_split == "val",
+            "feature_centering": _centering(budget, data),
         }
     )
     t0 = time.perf_counter()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import nn
 
 from privopt.errors import ConfigError
@@ -23,19 +24,65 @@ def _kaiming(module: nn.Module) -> None:
                 nn.init.zeros_(m.bias)
 
 
+class AppendConstant(nn.Module):
+    """Appends a column holding the public constant ``value`` to flat inputs ``[B, d] -> [B, d + 1]``.
+
+    With a bias-free ``Linear(d + 1, k)`` after it, the last weight column ``w`` acts as a bias
+    ``value * w``: the same function as ``Linear(d, k)`` with a bias scaled by ``value``, whose
+    per-sample gradients every engine computes exactly (an ordinary Linear layer).
+    """
+
+    def __init__(self, value: float):
+        super().__init__()
+        self.value = float(value)
+
+    def forward(self, x):
+        return torch.cat([x, x.new_full((x.shape[0], 1), self.value)], dim=1)
+
+    def extra_repr(self) -> str:
+        return f"value={self.value:g}"
+
+
 @register_model("logreg")
-def logreg(*, input_shape: tuple[int, ...], num_classes: int, bias: bool = True, zero_init: bool = True) -> nn.Module:
-    """Linear model on the flattened input (multinomial / binary logistic regression)."""
+def logreg(
+    *,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    bias: bool = True,
+    zero_init: bool = True,
+    bias_scale: float = 1.0,
+) -> nn.Module:
+    """Linear model on the flattened input (multinomial / binary logistic regression).
+
+    ``bias_scale`` = s ≠ 1 reparametrises the bias as ``s·b`` (a public constant; the function class
+    is unchanged): the model appends the constant s to every input and trains a bias-free Linear.
+    Under per-sample clipping a bias gradient is ``s`` times larger, so the bias moves like a
+    direction in feature space of norm s: on rows of norm R ≫ 1 an s near R keeps the threshold
+    from lagging the weights (``docs/models.md``).
+
+    Example:
+        >>> m = logreg(input_shape=(3,), num_classes=2, bias_scale=8.0)
+        >>> m[-1].weight.shape, m[-1].bias is None
+        (torch.Size([2, 4]), True)
+    """
     for key, flag in (("bias", bias), ("zero_init", zero_init)):
         if not isinstance(flag, bool):
             raise ConfigError(f"logreg {key} must be true or false, got {flag!r}")
+    if isinstance(bias_scale, bool) or not isinstance(bias_scale, (int, float)) or not math.isfinite(bias_scale):
+        raise ConfigError(f"logreg bias_scale must be a finite number > 0, got {bias_scale!r}")
+    if bias_scale <= 0:
+        raise ConfigError(f"logreg bias_scale must be a finite number > 0, got {bias_scale!r}")
+    if bias_scale != 1.0 and not bias:
+        raise ConfigError("logreg bias_scale needs bias=true (it scales the bias)")
     d = math.prod(input_shape)
-    lin = nn.Linear(d, num_classes, bias=bias)
+    scaled = bias and bias_scale != 1.0
+    lin = nn.Linear(d + scaled, num_classes, bias=bias and not scaled)
     if zero_init:
         nn.init.zeros_(lin.weight)
-        if bias:
+        if lin.bias is not None:
             nn.init.zeros_(lin.bias)
-    return nn.Sequential(nn.Flatten(), lin) if len(input_shape) > 1 else nn.Sequential(lin)
+    layers: list[nn.Module] = [nn.Flatten()] if len(input_shape) > 1 else []
+    return nn.Sequential(*layers, *([AppendConstant(bias_scale)] if scaled else []), lin)
 
 
 @register_model("mlp")

@@ -17,10 +17,12 @@ from torch import nn
 
 from privopt.algorithms.base import Algorithm, RunContext, get_algorithm
 from privopt.config import RunConfig
+from privopt.data.centering import FAMILY as CENTERING_FAMILY
+from privopt.data.centering import FeatureCentering
 from privopt.errors import ConfigError, DataError, ModelError
 from privopt.grads import get_engine, validate_model
 from privopt.grads.ahead import NoiseAhead
-from privopt.privacy import PrivacyLedger, calibrate, check_delta_for_size, ledger_from_dict, make_ledger
+from privopt.privacy import Inventory, PrivacyLedger, calibrate, check_delta_for_size, ledger_from_dict, make_ledger
 from privopt.rng import RandomSource, make_sources
 from privopt.training.metrics import RunMetric, build_loss, get_run_metrics
 
@@ -47,6 +49,7 @@ class Run:
     metrics: list[RunMetric]
     total: int
     provenance: dict[str, str] = field(default_factory=dict)
+    released: dict[str, Any] = field(default_factory=dict)  # released statistics (e.g. the feature mean)
 
     @property
     def n(self) -> int:
@@ -215,8 +218,21 @@ def _check_metrics(cfg: RunConfig) -> list[RunMetric]:
     return metrics
 
 
-def _privacy(cfg: RunConfig, algo: Algorithm, n: int, ledger_state) -> tuple[Any, Any, PrivacyLedger | None]:
+def _inventory(algo: Algorithm, n: int, centering: FeatureCentering | None) -> Any:
+    """The algorithm's planned releases, plus the feature-centring query (calibrated together)."""
     inventory = algo.inventory(n=n) if algo.private else None
+    if inventory is None or centering is None:
+        return inventory
+    if inventory.composition == "parallel":
+        raise ConfigError(
+            f"feature_centering is a full-batch release; algorithm {algo.name!r} accounts passes over disjoint "
+            "parts (parallel composition), which cannot hold it"
+        )
+    return Inventory((*inventory.steps, centering.planned_step()), composition=inventory.composition)
+
+
+def _privacy(cfg: RunConfig, algo: Algorithm, n: int, ledger_state, centering=None) -> tuple[Any, Any, Any]:
+    inventory = _inventory(algo, n, centering)
     if inventory is None:
         return None, None, None
     p = cfg.privacy
@@ -244,6 +260,30 @@ def _privacy(cfg: RunConfig, algo: Algorithm, n: int, ledger_state) -> tuple[Any
         target_epsilon=p.epsilon,
     )
     return inventory, calibration, ledger
+
+
+def _centering(cfg: RunConfig, comm: Any) -> FeatureCentering | None:
+    centering = FeatureCentering.from_config(cfg.feature_centering)
+    if centering is not None and comm is not None:  # each process would draw its own mean
+        raise ConfigError("feature_centering is not available in runs launched by torchrun (one process per client)")
+    return centering
+
+
+def _centred(cfg: RunConfig, data: Any, centering, calibration, ledger, *, rng, released) -> tuple[Any, dict]:
+    """``data`` centred on the released feature mean: drawn now (and recorded in the ledger), or the
+    one a resumed run released before (``released``); a non-private run uses the exact mean."""
+    if centering is None:
+        return data, {}
+    if released is not None:
+        mean = torch.tensor(released["feature_mean"], dtype=torch.float32)
+    elif calibration is None:
+        mean = (centering.clipped_sum(data.x_train) / data.x_train.shape[0]).to(torch.float32)
+    else:
+        z = calibration.noise[CENTERING_FAMILY]
+        nb = cfg.privacy.neighbouring
+        mean = centering.release(data.x_train, noise_multiplier=z, neighbouring=nb, ledger=ledger, rng=rng)
+    mean = mean.to(data.x_train.device)
+    return centering.apply(data, mean), {"feature_mean": mean.cpu().tolist()}
 
 
 def _extra(cfg: RunConfig, data: Any, comm: Any) -> dict[str, Any]:
@@ -298,24 +338,27 @@ def build_run(
     loss: Any = None,
     ledger_state: Any = None,
     comm: Any = None,
+    released: Any = None,
 ) -> Run:
     """Everything a run needs, validated, from ``cfg`` (and your own ``dataset``/``model``/``loss``).
 
     ``loss`` is a per-sample loss ``(outputs, targets) -> [B]``; the run's config then says
     ``loss: custom``. ``ledger_state`` (a :meth:`PrivacyLedger.to_dict`) restores a checkpointed
-    ledger instead of a new one, so the algorithm is set up with the ledger it will record into. ``comm`` (a
-    :class:`privopt.distributed.Communicator`, under torchrun) makes this process one client of a
-    federated run (algorithms with ``clients``; docs/algorithms/sosp.md)."""
+    ledger instead of a new one (and ``released`` the statistics it released), so the algorithm is set up with
+    the ledger it will record into. ``comm`` (a :class:`privopt.distributed.Communicator`, under torchrun) makes
+    this process one client of a federated run (algorithms with ``clients``; docs/algorithms/sosp.md)."""
     cfg = _checked_config(cfg, loss)
     algo = get_algorithm(cfg.algorithm, **cfg.algorithm_params)
     engine = get_engine(cfg.engine)  # a bad name fails before any data is loaded
+    centering = _centering(cfg, comm)
     if algo.private and cfg.privacy.epsilon is None:
         raise ConfigError(f"algorithm {cfg.algorithm!r} is private: set privacy.epsilon")
     metrics = _check_metrics(cfg)
     data, net, loss_fn = _data_and_model(cfg, dataset=dataset, model=model, loss=loss)
     n = int(data.y_train.shape[0])
-    inventory, calibration, ledger = _privacy(cfg, algo, n, ledger_state)
+    inventory, calibration, ledger = _privacy(cfg, algo, n, ledger_state, centering)
     sources = run_sources(cfg.insecure_seed, client=comm.rank if comm is not None else 0)
+    data, released_now = _centred(cfg, data, centering, calibration, ledger, rng=sources["noise"], released=released)
     ctx = RunContext(
         model=net,
         loss_fn=loss_fn,
@@ -345,4 +388,5 @@ def build_run(
         provenance={
             k: "config" if v is None else "api" for k, v in (("dataset", dataset), ("model", model), ("loss", loss))
         },
+        released=released_now,
     )

@@ -117,6 +117,8 @@ def base_record(run: Run) -> dict[str, Any]:
         },
         "files": _files(cfg),
     }
+    if run.released:  # released statistics (noised and charged to the ledger in a private run)
+        rec["released"] = dict(run.released)
     if run.inventory is not None:
         rec["privacy_inventory"] = run.inventory.to_dict()
         rec["calibration"] = {

@@ -328,7 +328,8 @@ def _resume(cfg, out: Path, *, dataset, model, loss, progress: bool, max_steps: 
             )
             return ckpt["record"]
         require_objects(ckpt, dataset=dataset, model=model, loss=loss)
-        run = build_run(run_cfg, dataset=dataset, model=model, loss=loss, ledger_state=ckpt["ledger"])
+        state = dict(ledger_state=ckpt["ledger"], released=ckpt["record"].get("released"))
+        run = build_run(run_cfg, dataset=dataset, model=model, loss=loss, **state)
         verify(ckpt, run)
         restore(run, ckpt)
         write_outputs(
