@@ -12,7 +12,8 @@ caching GPU allocator does: the peak resident memory stays what the live tensors
 not given back to the system until the process ends.
 
 :func:`retain_freed_memory` does this once per process, on the first clipped-sum query of any
-engine. It does nothing when the process already chose its allocator policy (any of the
+engine and at the start of every training loop (private or not, so that ``privopt bench
+--end-to-end`` compares runs under one policy). It does nothing when the process already chose its allocator policy (any of the
 ``MALLOC_*_`` variables or ``GLIBC_TUNABLES`` set; ``privopt bench`` sets them in its memory
 probes so that RSS follows the live tensors), when ``PRIVOPT_RETAIN_FREED_MEMORY=0``, or where
 glibc's ``mallopt`` is not available (macOS, Windows, musl).
