@@ -123,7 +123,7 @@ class GhostEngine(GradEngine):
         points = [(params, weights, +1)]
         if params_prev is not None:
             points.append((params_prev, weights_prev, -1))
-        keep = Keep(TUNING.keep_elems, shared=inputs if params_prev is not None else None)
+        keep = Keep(TUNING.keep_elems)
         try:
             st, losses, pieces = self._collect(model, loss_fn, inputs, targets, points, keep)
         except Unsupported as e:

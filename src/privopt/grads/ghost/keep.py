@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from privopt.grads.ghost.pieces import Piece, combine, sum_dense, tensor_key
+from privopt.grads.ghost.pieces import Piece, combine, sum_dense
 from privopt.grads.ghost.tuning import TUNING
 
 __all__ = ["Keep", "condense", "gram_is_cheaper"]
@@ -27,12 +27,10 @@ class Keep:
     materialisation. It is set from the batch's activations by :meth:`allow_extra`.
     """
 
-    def __init__(self, elems: int, extra: int = 0, shared: torch.Tensor | None = None):
+    def __init__(self, elems: int, extra: int = 0):
         self.left, self.extra = elems, extra
         self.extra_set = False
         self.blocks: dict[str, torch.Tensor] = {}
-        # A difference query's input, read by its first layers at both points (see condense).
-        self.shared = None if shared is None else tensor_key(shared)
 
     def allow_extra(self, activations: int, n_points: int) -> None:
         """Set the excess budget once per query, a fraction of the activations of its first point."""
@@ -63,23 +61,13 @@ def gram_is_cheaper(tokens: int, p: int, q: int) -> bool:
     return tokens * (p + q) <= p * q
 
 
-def _reads(pc: Piece) -> tuple | None:
-    x = getattr(pc, "x", None)  # a convolution's input
-    return tensor_key(x) if isinstance(x, torch.Tensor) else None
-
-
 def condense(n: str, pieces: dict[str, list[Piece]], keep: Keep, B: int, n_points: int) -> None:
     """Once all of one point's pieces of parameter ``n`` are in, turn them into a kept per-sample
     block if the norm pass would materialise it anyway (added into the first point's block for a
     difference query) and drop their activations/output-gradients. Called from inside the backward
     pass, so a layer's captures are released as soon as its block exists, and a difference query
-    never holds both points' activations at once (only a first layer's output-gradients)."""
+    never holds both points' activations at once."""
     lst = pieces[n]
-    if keep.shared is not None and all(_reads(pc) == keep.shared for pc in lst):
-        # A convolution reading the query's own input at both points: its pieces wait for the
-        # other point's, so that the term merges their output-gradients (``w g - w' g'``) and
-        # forms one block instead of two (the input is the caller's; only ``g`` is held).
-        return
     if all(pc.kind == "dense" for pc in lst):
         # clone: a lone unscaled dense piece may alias an autograd output that is later added to
         make = lambda: sum_dense(lst).clone()
