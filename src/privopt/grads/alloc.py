@@ -8,15 +8,16 @@ step faults all of those pages in again. On the 2-core VM where issue 13 is meas
 DP step (B = 128) page-faulted about 9,200 pages per per-sample weight-gradient call of a
 64-channel 8x8 layer, 17 ms against 5.6 ms without the faults (``docs/results/performance.md``,
 "Phase 10"). Raising both thresholds keeps freed memory in the process for the next step, as a
-caching GPU allocator does: the peak resident memory stays what the live tensors need, but it is
-not given back to the system until the process ends.
+caching GPU allocator does. It is not given back to the system until the process ends, and heap
+fragmentation raises the process's peak resident memory (resnet20, B = 512: by 14-17 %).
 
 :func:`retain_freed_memory` does this once per process, on the first clipped-sum query of any
 engine and at the start of every training loop (private or not, so that ``privopt bench
---end-to-end`` compares runs under one policy). It does nothing when the process already chose its allocator policy (any of the
-``MALLOC_*_`` variables or ``GLIBC_TUNABLES`` set; ``privopt bench`` sets them in its memory
-probes so that RSS follows the live tensors), when ``PRIVOPT_RETAIN_FREED_MEMORY=0``, or where
-glibc's ``mallopt`` is not available (macOS, Windows, musl).
+--end-to-end`` compares runs under one policy). It does nothing when the process already chose
+its allocator policy (any of the ``MALLOC_*_`` variables or ``GLIBC_TUNABLES`` set; ``privopt
+bench`` sets them in its memory probes so that RSS follows the live tensors), when
+``PRIVOPT_RETAIN_FREED_MEMORY=0``, or where glibc's ``mallopt`` is not available (macOS,
+Windows, musl).
 """
 
 from __future__ import annotations
