@@ -1,4 +1,4 @@
-"""The allocator policy set on the first clipped-sum query: applied once, never over the user's."""
+"""The allocator policy of privopt's own runs: applied once, never over the user's, never by an engine query."""
 
 import pytest
 
@@ -35,14 +35,17 @@ def test_other_platforms_are_left_alone(fresh, monkeypatch):
     assert fresh == []
 
 
-def test_a_clipped_sum_query_applies_it(fresh, monkeypatch):
+def test_an_engine_query_leaves_the_allocator_alone_and_the_bench_applies_it(fresh, monkeypatch):
     import torch
     from torch import nn
 
+    from privopt.bench import run_bench
     from privopt.grads import get_engine
 
     monkeypatch.setattr(alloc.sys, "platform", "linux")
     model = nn.Linear(3, 2)
     loss = lambda o, t: nn.functional.cross_entropy(o, t, reduction="none")
     get_engine("ghost").clipped_sum(model, loss, torch.randn(4, 3), torch.tensor([0, 1, 0, 1]), clip=1.0)
+    assert fresh == []  # a user's own loop keeps its process's allocator policy
+    run_bench(models=("tiny",), batch_sizes=(4,), repeats=1, progress=False, methods=("dp-sgd",), memory=False)
     assert fresh == [1]

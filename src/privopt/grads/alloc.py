@@ -11,9 +11,10 @@ DP step (B = 128) page-faulted about 9,200 pages per per-sample weight-gradient 
 caching GPU allocator does. It is not given back to the system until the process ends, and heap
 fragmentation raises the process's peak resident memory (resnet20, B = 512: by 14-17 %).
 
-:func:`retain_freed_memory` does this once per process, on the first clipped-sum query of any
-engine and at the start of every training loop (private or not, so that ``privopt bench
---end-to-end`` compares runs under one policy). It does nothing when the process already chose
+:func:`retain_freed_memory` does this once per process. privopt's own runs call it: every training
+loop (private or not, so that ``privopt bench --end-to-end`` compares runs under one policy) and
+``privopt bench``. The engines do not: in your own training loop (``PrivacyEngine``) the process is
+yours, so call it yourself if the trade suits you. It does nothing when the process already chose
 its allocator policy (any of the ``MALLOC_*_`` variables or ``GLIBC_TUNABLES`` set; ``privopt
 bench`` sets them in its memory probes so that RSS follows the live tensors), when
 ``PRIVOPT_RETAIN_FREED_MEMORY=0``, or where glibc's ``mallopt`` is not available (macOS,

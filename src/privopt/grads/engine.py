@@ -35,7 +35,6 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from privopt.errors import ConfigError, ModelError
-from privopt.grads.alloc import retain_freed_memory
 from privopt.registry import Registry
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -192,7 +191,6 @@ def fixed_min_rows(clipped_sum):
 
     @functools.wraps(clipped_sum)
     def padded(self, model, loss_fn, inputs, targets, *, clip, weights=None, weights_prev=None, **kwargs):
-        retain_freed_memory()  # the step's large tensors would otherwise page-fault every step
         B = int(inputs.shape[0])
         if B == 0 or B >= MIN_BATCH_ROWS:
             return clipped_sum(
