@@ -180,3 +180,38 @@ def test_clipped_sums_leave_no_reference_cycles():
         gc.set_debug(0)
         gc.garbage.clear()
     assert found == 0
+
+
+@pytest.mark.parametrize("difference", [False, True])
+@pytest.mark.parametrize("saved", [True, False])
+def test_group_norm_reuses_the_forward_statistics_and_matches_per_example_loop(monkeypatch, difference, saved):
+    """The GroupNorm rule reads the mean/rstd its forward saved in the autograd node (no second
+    normalisation pass); without them (``saved=False``: forced) it recomputes them. Both give the
+    per-example oracle's clipped sums, at one point and for a difference."""
+    from privopt.grads.ghost import rules
+
+    taken = []
+    original = rules._saved_group_stats
+
+    def spy(*args):
+        stats = original(*args) if saved else None
+        taken.append(stats is not None)
+        return stats
+
+    monkeypatch.setattr(rules, "_saved_group_stats", spy)
+    torch.manual_seed(6)
+    model = nn.Sequential(
+        nn.GroupNorm(1, 2), nn.Conv2d(2, 4, 3), nn.GroupNorm(2, 4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 3)
+    )
+    with torch.no_grad():
+        for gn in (model[0], model[2]):
+            gn.weight.normal_()
+            gn.bias.normal_()
+    x, y = torch.randn(32, 2, 6, 6) * 2 + 1, torch.randint(0, 3, (32,))
+    prev = {n: p.detach() + 0.1 * torch.randn_like(p) for n, p in model.named_parameters()} if difference else None
+    res = get_engine("ghost").clipped_sum(model, ce, x, y, clip=0.3, params_prev=prev)
+    want, norms = clipped_loop(model, x, y, 0.3, prev=prev)
+    torch.testing.assert_close(res.total, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(res.norms, norms, rtol=1e-4, atol=1e-6)
+    # both GroupNorms (the lowest one too: its own node never runs) at every point
+    assert taken == [saved] * (4 if difference else 2)

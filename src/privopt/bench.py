@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from privopt.errors import ConfigError
+from privopt.grads.alloc import retain_freed_memory
 
 __all__ = ["METHODS", "MODELS", "format_table", "run_bench"]
 
@@ -387,6 +388,7 @@ def run_bench(
 
 def _time_steps(name: str, bs: int, methods: list[str], *, repeats: int, dev) -> dict[str, list[float]]:
     """Per-method step times, the methods interleaved round by round (a load change hits them all)."""
+    retain_freed_memory()  # the same allocator policy as privopt's training runs (docs/engines.md)
     base = build_bench_model(name).to(dev)
     x, y = (t.to(dev) for t in _data(name, bs))
     steps = {m: _make_step(m, base, x, y) for m in methods}

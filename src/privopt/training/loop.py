@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from privopt.grads.alloc import retain_freed_memory
+
 __all__ = ["Callback", "Every", "LoopState", "StepLimit", "run_loop"]
 
 
@@ -56,6 +58,8 @@ def run_loop(
     step: Callable[[int], dict[str, float]], state: LoopState, callbacks: Sequence[Callback] = ()
 ) -> LoopState:
     """Call ``step(t)`` for ``t = state.step .. state.total - 1`` unless a callback sets ``state.stop``."""
+    # Every run (private or not) steps with the same allocator policy as the engines' queries.
+    retain_freed_memory()
     for cb in callbacks:
         cb.on_loop_start(state)
     try:

@@ -149,7 +149,7 @@ class _Call:
         if self.route[0] == "rule":
             _, rule, pos, axis, out_axis = self.route
             x = self.flat[pos].detach()
-            return rule.pieces(self.module, _batch_first(x, axis), _batch_first(g, out_axis))
+            return rule.pieces(self.module, _batch_first(x, axis), _batch_first(g, out_axis), self.edge.node)
         _, in_dims, out_axis = self.route
         return layer_vmap_grads(self.module, self.values, self.inputs, local, g, in_dims, out_axis)
 
