@@ -70,7 +70,7 @@ class LayerRule:
     fn: RuleFn
     accepts: Callable[[nn.Module], bool]
     trailing_dims: Callable[[nn.Module], int] | None
-    takes_node: bool = False  # built-in rules only: fn also receives the output's autograd node
+    takes_node: bool = False
 
     def pieces(self, module: nn.Module, x: torch.Tensor, grad_out: torch.Tensor, node=None) -> dict[str, Piece]:
         got = self.fn(module, x, grad_out, node) if self.takes_node else self.fn(module, x, grad_out)
@@ -85,12 +85,14 @@ def register_layer_rule(
     *,
     accepts: Callable[[nn.Module], bool] | None = None,
     trailing_dims: int | Callable[[nn.Module], int] | None = None,
+    takes_node: bool = False,
 ) -> Callable[[RuleFn], RuleFn]:
-    """Decorator: use ``fn`` for every module of ``layer_type`` (replacing an earlier rule)."""
+    """Decorator: use ``fn`` for every module of ``layer_type`` (replacing an earlier rule); with
+    ``takes_node``, ``fn`` also receives the autograd node of the call's output (or ``None``)."""
     dims = trailing_dims if callable(trailing_dims) or trailing_dims is None else (lambda m, k=trailing_dims: k)
 
     def deco(fn: RuleFn) -> RuleFn:
-        _RULES[layer_type] = LayerRule(layer_type, fn, accepts or (lambda m: True), dims)
+        _RULES[layer_type] = LayerRule(layer_type, fn, accepts or (lambda m: True), dims, takes_node)
         return fn
 
     return deco
@@ -189,6 +191,7 @@ def _saved_group_stats(node, x: torch.Tensor, groups: int):
     return mean.reshape(1, -1), rstd.reshape(1, -1)
 
 
+@register_layer_rule(nn.GroupNorm, takes_node=True)
 def _group_norm(m: nn.GroupNorm, x, gout, node=None):
     # A batch of B samples is one sample of B*C channels in B*groups groups (groups never straddle
     # samples), so the fused GroupNorm backward kernel of that folded layer returns the per-sample
@@ -212,6 +215,3 @@ def _group_norm(m: nn.GroupNorm, x, gout, node=None):
     if m.bias is not None:
         out["bias"] = DenseGrads(db.reshape(B, C))
     return out
-
-
-_RULES[nn.GroupNorm] = LayerRule(nn.GroupNorm, _group_norm, lambda m: True, None, takes_node=True)
