@@ -68,6 +68,7 @@ def test_large_conv_blocks_are_kept_within_the_excess_budget(monkeypatch, differ
     results = {}
     for fraction in (0.0, 100.0):
         monkeypatch.setattr(TUNING, "extra_keep_fraction", (fraction, fraction))
+        monkeypatch.setattr(TUNING, "after_keep_fraction", fraction)
         calls.clear()
         results[fraction] = get_engine("ghost").clipped_sum(model, ce, x, y, clip=0.1, params_prev=prev)
         # one point: kept once, chunked twice (norms, then sum); a difference of a first layer:
@@ -75,5 +76,39 @@ def test_large_conv_blocks_are_kept_within_the_excess_budget(monkeypatch, differ
         assert len(calls) == (2 if difference or not fraction else 1)
     ref = get_engine("vmap").clipped_sum(model, ce, x, y, clip=0.1, params_prev=prev)
     for res in results.values():
+        torch.testing.assert_close(res.total, ref.total, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(res.norms, ref.norms, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("difference", [False, True])
+def test_large_blocks_formed_after_the_backward_pass_are_kept(monkeypatch, difference):
+    """With no excess budget during the backward pass, a large block is formed from the retained
+    captures once the last backward is over (its activations freed): once per point instead of
+    twice (norms, then sum); a hidden convolution of a difference query reads different inputs
+    at the two points, so 2 calls instead of 4. Same numbers as the vmap engine."""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.Tanh(), conv_net(16, 16, seed=4))
+    # 4x4 maps: the hidden layer's block is bigger than its captures and cheaper than Gram norms
+    x, y = torch.randn(32, 3, 4, 4), torch.randint(0, 3, (32,))
+    model(x)
+    prev = {n: p.detach() + 0.05 * torch.randn_like(p) for n, p in model.named_parameters()} if difference else None
+    hidden = model[2][0]
+    calls = []
+    original = ConvOuterProducts.materialize_raw
+
+    def counting(self, sl):
+        if self.shape == hidden.weight.shape:
+            calls.append(sl)
+        return original(self, sl)
+
+    monkeypatch.setattr(ConvOuterProducts, "materialize_raw", counting)
+    monkeypatch.setattr(TUNING, "small_keep_elems", 0)
+    monkeypatch.setattr(TUNING, "extra_keep_fraction", (0.0, 0.0))
+    ref = get_engine("vmap").clipped_sum(model, ce, x, y, clip=0.1, params_prev=prev)
+    for after, expected in ((0.0, 4 if difference else 2), (100.0, 2 if difference else 1)):
+        monkeypatch.setattr(TUNING, "after_keep_fraction", after)
+        calls.clear()
+        res = get_engine("ghost").clipped_sum(model, ce, x, y, clip=0.1, params_prev=prev)
+        assert len(calls) == expected
         torch.testing.assert_close(res.total, ref.total, rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(res.norms, ref.norms, rtol=1e-5, atol=1e-7)

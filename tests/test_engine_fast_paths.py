@@ -159,6 +159,23 @@ def test_chunked_row_norms_equal_one_float64_pass(cols):
     torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
 
 
+@pytest.mark.parametrize("scale", [1.0, 1e-3, 1e-17, 1e-30, 1e15, 1e25])
+def test_large_block_row_norms_bound_the_float64_norm(scale):
+    """Large float32 blocks get their row norms from float32 slice norms, inflated by the worst
+    case of their rounding: never below the exact norm, at most 8e-6 above it; rows in float32's
+    subnormal range (tiny) or whose squares overflow it (huge) are recomputed exactly."""
+    torch.manual_seed(7)
+    m = torch.randn(40, 9000) * scale
+    m[3] *= torch.rand(9000) ** 8  # widely spread magnitudes within a row
+    m[5, :100] = 3e30  # squares overflow float32 in this row only
+    m[6] = 0.0
+    want = torch.linalg.vector_norm(m.double(), dim=1).square()
+    got = row_sq(m)
+    assert got.dtype == torch.float64 and bool(torch.isfinite(got).all())
+    assert bool((got >= want).all()) and bool((got <= want * (1 + 8e-6)).all())
+    assert got[5] == want[5] and got[6] == 0
+
+
 def test_clipped_sums_leave_no_reference_cycles():
     """Everything a query allocates is freed by reference counting: a cycle (e.g. a piece that
     refers to itself) would keep captured activations alive until a full garbage collection,

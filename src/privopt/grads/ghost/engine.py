@@ -140,6 +140,7 @@ class GhostEngine(GradEngine):
                 weights_prev=weights_prev,
             )
         B = inputs.shape[0]
+        keep.after_backward()
         with torch.no_grad():
             terms: dict[str, Term] = {}
             for n in st.names:

@@ -30,13 +30,23 @@ class Keep:
     def __init__(self, elems: int, extra: int = 0):
         self.left, self.extra = elems, extra
         self.extra_set = False
+        self.activations = 0  # captured activations of the latest point
         self.blocks: dict[str, torch.Tensor] = {}
 
     def allow_extra(self, activations: int, n_points: int) -> None:
-        """Set the excess budget once per query, a fraction of the activations of its first point."""
+        """Set the excess budget once per query, a fraction of the activations of its first point
+        (called at every point: the latest point's activations are recorded for :meth:`after_backward`)."""
+        self.activations = activations
         if not self.extra_set:
             self.extra_set = True
             self.extra = int(TUNING.extra_keep_fraction[min(n_points, 2) - 1] * activations)
+
+    def after_backward(self) -> None:
+        """Widen the excess budget once the last backward pass is over: its activations are freed
+        by then, so blocks formed from the retained captures (for the sum's terms) up to
+        ``TUNING.after_keep_fraction`` of them stay below the backward pass's peak, and each one
+        spares the clipped sum a second materialisation (two per difference query)."""
+        self.extra += int(TUNING.after_keep_fraction * self.activations)
 
     def offer(
         self, name: str, make: Callable[[], torch.Tensor], numel: int, captured: int | None = None

