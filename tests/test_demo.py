@@ -93,3 +93,14 @@ def test_private_diff_corrections_are_cheaper_than_its_refresh():
     assert c.q > 1 and c.batch_size < c.refresh_batch <= n
     assert c.clip_x_diff is not None and c.clip_x_diff < c.weight_cap * c.clip_x  # below the refresh's bound
     assert pd.steps_for(n=n) >= sgda.steps_for(n=n)
+
+
+def test_demo_refuses_a_bad_number_of_runs_before_running(tmp_path):
+    import pytest
+
+    from privopt.errors import ConfigError
+
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ConfigError, match="runs per cell"):
+            run_demo(out_dir=tmp_path, progress=False, quick=True, runs=bad)
+    assert not any(tmp_path.iterdir())  # nothing written

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from privopt.checkpoint import atomic_write_text
+from privopt.errors import ConfigError
 
 __all__ = ["DEMO_HYPERPARAMETERS", "format_privacy_table", "format_runs_table", "run_demo"]
 
@@ -184,44 +185,10 @@ def format_privacy_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run_demo(
-    *,
-    out_dir: str | Path = "runs/demo",
-    progress: bool = True,
-    quick: bool = False,
-    runs: int | None = None,
-    insecure_seed: int | None = None,
-) -> list[dict]:
-    """Run the demo and print its tables; returns one result row per run.
+def _print_report(res: dict[str, Any], rows: list[dict[str, Any]], *, eps_list, runs: int, root: Path) -> None:
+    """The demo's tables (mean ± std over runs), its privacy summary and where every run is written."""
+    from privopt.experiments.dro import METHOD_LABELS, TABLE3_METHODS, format_table
 
-    Args:
-        out_dir: parent folder; each call writes a new time-stamped sub-folder.
-        progress: per-run progress bars (the per-run log lines are always printed).
-        quick: one ε (1.0), one epoch and one run per cell — a smoke test.
-        runs: runs per (method, ε), each on its own split (default :data:`DEMO_RUNS`; 1 if ``quick``).
-        insecure_seed: ``None`` (default: secret noise and sampling) or a seed that makes the demo
-            repeatable — NOT private (recorded in its outputs).
-    """
-    from privopt.experiments.dro import METHOD_LABELS, TABLE3_METHODS, format_table, run_dro_table3
-
-    root = Path(out_dir) / time.strftime("%Y%m%d-%H%M%S")
-    eps_list = (1.0,) if quick else EPSILONS
-    runs = (1 if quick else DEMO_RUNS) if runs is None else runs
-    t0 = time.perf_counter()
-    print(f"privopt demo — Paper A's DP DRO methods on digits-st (embedded); outputs in {root}", flush=True)
-    res = run_dro_table3(
-        dataset="digits-st",
-        epsilons=eps_list,
-        seeds=runs,
-        budget=_demo_budget(quick),
-        methods=TABLE3_METHODS,
-        out_dir=root,
-        progress=progress,
-        tune=False,
-        hyperparameters=DEMO_HYPERPARAMETERS,
-        insecure_seed=insecure_seed,
-    )
-    rows = [{k: v for k, v in r.items() if k != "history"} for r in res["rows"]]
     table = format_runs_table(rows)
     atomic_write_text(root / "runs.md", table + "\n")
     print("\nBalanced test accuracy (%), laid out like Paper A's Table 3:\n")
@@ -245,6 +212,49 @@ def run_demo(
     print(f"\ngradient-norm plots: {', '.join(str(root / f) for f in figs)}")
     if res["mia_violations"]:
         print(f"WARNING: {len(res['mia_violations'])} DP run(s) exceed the membership-inference cap (privacy bug)")
+
+
+def run_demo(
+    *,
+    out_dir: str | Path = "runs/demo",
+    progress: bool = True,
+    quick: bool = False,
+    runs: int | None = None,
+    insecure_seed: int | None = None,
+) -> list[dict]:
+    """Run the demo and print its tables; returns one result row per run.
+
+    Args:
+        out_dir: parent folder; each call writes a new time-stamped sub-folder.
+        progress: per-run progress bars (the per-run log lines are always printed).
+        quick: one ε (1.0), one epoch and one run per cell — a smoke test.
+        runs: runs per (method, ε), each on its own split (default :data:`DEMO_RUNS`; 1 if ``quick``).
+        insecure_seed: ``None`` (default: secret noise and sampling) or a seed that makes the demo
+            repeatable — NOT private (recorded in its outputs).
+    """
+    from privopt.experiments.dro import TABLE3_METHODS, run_dro_table3
+
+    root = Path(out_dir) / time.strftime("%Y%m%d-%H%M%S")
+    eps_list = (1.0,) if quick else EPSILONS
+    runs = (1 if quick else DEMO_RUNS) if runs is None else runs
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        raise ConfigError(f"the demo's runs per cell must be a positive integer, got {runs!r}")
+    t0 = time.perf_counter()
+    print(f"privopt demo — Paper A's DP DRO methods on digits-st (embedded); outputs in {root}", flush=True)
+    res = run_dro_table3(
+        dataset="digits-st",
+        epsilons=eps_list,
+        seeds=runs,
+        budget=_demo_budget(quick),
+        methods=TABLE3_METHODS,
+        out_dir=root,
+        progress=progress,
+        tune=False,
+        hyperparameters=DEMO_HYPERPARAMETERS,
+        insecure_seed=insecure_seed,
+    )
+    rows = [{k: v for k, v in r.items() if k != "history"} for r in res["rows"]]
+    _print_report(res, rows, eps_list=eps_list, runs=runs, root=root)
     print(f"total wall time {time.perf_counter() - t0:.0f} s")
     return rows
 
