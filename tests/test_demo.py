@@ -5,8 +5,11 @@ from privopt.experiments.dro import TABLE3_METHODS
 
 
 def test_quick_demo_runs_every_method(tmp_path, capsys):
-    rows = run_demo(out_dir=tmp_path, progress=False, quick=True)
+    rows = run_demo(out_dir=tmp_path, progress=False, quick=True, runs=2)
     assert {r["method"] for r in rows} == set(TABLE3_METHODS) | {"scdro"} == set(DEMO_HYPERPARAMETERS)
+    # Each cell averages its runs, one per split: every method ran once on each.
+    expected = sorted((m, s) for m in DEMO_HYPERPARAMETERS for s in (0, 1))
+    assert sorted((r["method"], r["seed"]) for r in rows) == expected
     for r in rows:
         if r["private"]:
             assert 0 < r["epsilon_spent"] <= 1.0 + 1e-6 and r["mia_within_bound"] is True
@@ -14,6 +17,11 @@ def test_quick_demo_runs_every_method(tmp_path, capsys):
             assert r["epsilon_spent"] is None
     text = capsys.readouterr().out
     assert "ε spent" in text and "DP Recursive-SPIDER" in text and "| ε = 1 |" in text
+    assert "Test ROC-AUC" in text and "over 2 run(s)" in text
+    privacy = [line for line in text.splitlines() if line.endswith("/2 |")]  # one per method: runs within the cap
+    assert len(privacy) == len(TABLE3_METHODS) and all(line.endswith("| 2/2 |") for line in privacy)
+    first_table_row = next(line for line in text.splitlines() if line.startswith("| ε = 1 |"))
+    assert "±" in first_table_row.split("|")[2]  # DP-SGD's cell: mean ± std over the two runs
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert (run_dir / "fig1_gradnorm_eps1.png").stat().st_size > 1000
     assert (run_dir / "results.jsonl").read_text().count("\n") == len(rows)
@@ -85,3 +93,14 @@ def test_private_diff_corrections_are_cheaper_than_its_refresh():
     assert c.q > 1 and c.batch_size < c.refresh_batch <= n
     assert c.clip_x_diff is not None and c.clip_x_diff < c.weight_cap * c.clip_x  # below the refresh's bound
     assert pd.steps_for(n=n) >= sgda.steps_for(n=n)
+
+
+def test_demo_refuses_a_bad_number_of_runs_before_running(tmp_path):
+    import pytest
+
+    from privopt.errors import ConfigError
+
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ConfigError, match="runs per cell"):
+            run_demo(out_dir=tmp_path, progress=False, quick=True, runs=bad)
+    assert not any(tmp_path.iterdir())  # nothing written

@@ -10,7 +10,7 @@ import sys
 import threading
 
 from privopt.cli_bench import add_bench_parser
-from privopt.cliargs import DEVICES
+from privopt.cliargs import DEVICES, positive_int
 from privopt.errors import PrivacyBudgetExceeded, PrivoptError
 
 __all__ = ["main", "build_parser"]
@@ -153,7 +153,7 @@ def _cmd_list(args) -> int:
 def _cmd_demo(args) -> int:
     from privopt.experiments.demo import run_demo
 
-    run_demo(out_dir=args.out, progress=not args.quiet, quick=args.quick)
+    run_demo(out_dir=args.out, progress=not args.quiet, quick=args.quick, runs=args.runs)
     return 0
 
 
@@ -324,6 +324,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     d.add_argument("--quick", action="store_true", help="a much shorter schedule (smoke test)")
     d.add_argument("--quiet", action="store_true", help="no per-run progress output")
+    d.add_argument(
+        "--runs",
+        type=positive_int,
+        default=None,
+        help="runs per method and ε, each on its own split; the tables show their mean ± std "
+        "(default 5; 1 with --quick)",
+    )
     d.set_defaults(func=_cmd_demo)
 
     add_bench_parser(sub)
