@@ -1,5 +1,8 @@
 """``privopt demo``: the DRO methods on digits-st, table with epsilon spent, gradient-norm plot."""
 
+import pytest
+
+from privopt.errors import ConfigError
 from privopt.experiments.demo import DEMO_HYPERPARAMETERS, run_demo
 from privopt.experiments.dro import TABLE3_METHODS
 
@@ -96,10 +99,6 @@ def test_private_diff_corrections_are_cheaper_than_its_refresh():
 
 
 def test_demo_refuses_a_bad_number_of_runs_before_running(tmp_path):
-    import pytest
-
-    from privopt.errors import ConfigError
-
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ConfigError, match="runs per cell"):
             run_demo(out_dir=tmp_path, progress=False, quick=True, runs=bad)
