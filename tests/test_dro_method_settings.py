@@ -150,3 +150,37 @@ def test_feature_model_params_and_centring_reach_runs_on_features_only():
     assert _model_for(None, b, feats, method="dp-sgd") == ("logreg", None, {"bias_scale": 8.0})
     assert _centering(b, feats) == centring and _centering(b, images) == {}  # raw images: never
     assert BUDGETS["quick"].feature_centering == {} and BUDGETS["quick"].feature_model_params == {}
+
+
+def test_a_budget_picks_its_weight_cap_by_the_runs_epsilon(tmp_path):
+    from privopt.data import load_dataset
+    from privopt.experiments.dro_runner import RunSpec, run_one
+
+    budget = dataclasses.replace(TINY, weight_cap=2.0, weight_caps=((0.5, 1.1), (1.0, 1.25)))
+    assert [budget.at_epsilon(e).weight_cap for e in (0.25, 0.5, 0.75, 1.0, 5.0, None)] == [
+        1.1,
+        1.1,
+        1.25,
+        1.25,
+        2.0,
+        2.0,
+    ]
+    data = load_dataset("digits-st", seed=0)
+    caps = {}
+    for eps in (0.75, 5.0):
+        out = tmp_path / f"eps{eps}"
+        run_one(
+            "dp-double-spider",
+            RunSpec("digits-st", budget, insecure_seed=0),
+            data=data,
+            hp={"lr": 10.0, "clip": 0.1},
+            epochs=0.25,
+            epsilon=eps,
+            seed=0,
+            out_dir=out,
+            eval_split="test",
+            metrics=[],
+        )
+        record = json.loads((out / "record.json").read_text())
+        caps[eps] = record["config"]["algorithm_params"]["weight_cap"]
+    assert caps == {0.75: 1.25, 5.0: 2.0}  # what ran is what the record states

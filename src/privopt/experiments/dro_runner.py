@@ -134,7 +134,8 @@ def run_one(
     from privopt.training import train
 
     n = int(data.x_train.shape[0])
-    private, budget = available_algorithms()[method].private, spec.budget.for_method(method).fitted(n)
+    private = available_algorithms()[method].private
+    budget = spec.budget.for_method(method).fitted(n).at_epsilon(epsilon if private else None)
     model_name, module, model_params = _model_for(spec.model, budget, data, method=method)
     params = method_params(method, budget=budget, lr=hp["lr"], clip=hp["clip"], epochs=epochs)
     params.update(hp.get("algorithm_params", {}))  # per-method overrides of fixed hyper-parameters (the demo's)
