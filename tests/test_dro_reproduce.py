@@ -77,6 +77,7 @@ def test_outputs_written(table3):
             assert 0 < r["epsilon_spent"] <= r["epsilon"] * (1 + 1e-6)
     md = (out / "table3.md").read_text()
     assert "| ε = 2 |" in md and "DP Recursive-SPIDER" in md and "non-private" in md
+    assert "DRO weight cap A (a record's weighted term is at most A·clip): 1.25 at ε ≤ 1, 2 above." in md
     for fig in ("fig1_gradnorm_eps2.png", "fig2_auc_eps2.png", "fig3_f1_eps2.png"):
         assert (out / fig).stat().st_size > 1000
 

@@ -261,7 +261,23 @@ def models_table(rows: Sequence[dict], budget: dict[str, Any]) -> str:
         grid = ", ".join(f"{lr:g}" for lr in (own.get("lrs") or budget["lrs"]))
         batch, why = own.get("batch_size") or budget["batch_size"], own.get("reason") or "shared"
         lines.append(f"| {METHOD_LABELS.get(m, m)} | {models} | {batch} | {grid} | {why} |")
+    if "weight_cap" in budget:
+        lines += ["", f"DRO weight cap A (a record's weighted term is at most A·clip): {weight_cap_text(budget)}."]
     return "\n".join(lines)
+
+
+def weight_cap_text(budget: dict[str, Any]) -> str:
+    """The budget's DRO weight cap rule in words (``budget`` as a dict).
+
+    Example:
+        >>> weight_cap_text({"weight_cap": 2.0, "weight_caps": [(1.0, 1.25)]})
+        '1.25 at ε ≤ 1, 2 above'
+    """
+    caps = [tuple(pair) for pair in budget.get("weight_caps") or ()]
+    if not caps:
+        return f"{budget['weight_cap']:g}"
+    parts = [f"{a:g} at ε ≤ {bound:g}" for bound, a in caps]
+    return ", ".join(parts) + f", {budget['weight_cap']:g} above"
 
 
 def _table3_markdown(rows, meta, table: str, private_methods, violations) -> str:
