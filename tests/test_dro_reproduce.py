@@ -204,3 +204,28 @@ def test_budget_batches_fit_small_datasets():
     assert quick.fitted(10**6) == quick  # large data: the budget's own batches
     small = quick.fitted(807)  # cifar10-st: a batch of 1024 would exceed the data
     assert small.batch_size == small.refresh == 201 and small.epochs == quick.epochs
+
+
+def test_tune_at_option_sets_the_budgets_tuning_epsilon(tmp_path, monkeypatch, capsys):
+    import privopt.experiments.dro as dro_cli
+
+    seen = []
+
+    def fake_table3(**kwargs):
+        seen.append(kwargs["budget"])
+        return {"summary": {}, "markdown": "", "out_dir": str(tmp_path), "mia_violations": []}
+
+    monkeypatch.setattr(dro_cli, "run_dro_table3", fake_table3)
+    base = ["reproduce", "dro-table3", "--dataset", "digits-st", "--quiet"]
+    assert cli_main([*base, "--out", str(tmp_path / "a"), "--tune-at", "each"]) == 0
+    assert cli_main([*base, "--out", str(tmp_path / "b"), "--tune-at", "5"]) == 0
+    assert cli_main([*base, "--out", str(tmp_path / "c")]) == 0
+    each, five, default = seen
+    assert (each.tune_at, five.tune_at, default) == ("each", 5.0, "quick")
+    assert each.name == "quick, tuned at each" and five.name == "quick, tuned at ε = 5"
+    assert each.lrs == BUDGETS["quick"].lrs and each.weight_caps == BUDGETS["quick"].weight_caps
+    for bad in ("0", "-1", "nan", "sometimes"):
+        with pytest.raises(SystemExit):
+            cli_main([*base, "--out", str(tmp_path / "d"), "--tune-at", bad])
+        assert "--tune-at" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()  # refused before anything was written

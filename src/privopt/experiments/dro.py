@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+from dataclasses import replace
 
 from privopt.cliargs import DEVICES, add_run_outputs, float_list, non_negative_int, positive_int
 from privopt.errors import ConfigError
@@ -82,6 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", help="comma-separated algorithm names (default: the paper's)")
     parser.add_argument("--no-tune", action="store_true", help="skip tuning (budget-default lr/clip)")
     parser.add_argument(
+        "--tune-at", type=tune_at_value, metavar="EACH|EPS",
+        help="tune every method at each ε ('each') or at one ε whose best setting every ε reuses "
+        "(default: the budget's; quick: 1)",
+    )  # fmt: skip
+    parser.add_argument(
         "--device", choices=DEVICES, default="cpu", help="run every training on cpu or cuda (default cpu)"
     )
     parser.add_argument(
@@ -90,6 +97,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Results and their order do not depend on N",
     )  # fmt: skip
     add_run_outputs(parser)
+
+
+def tune_at_value(text: str) -> str | float:
+    """``--tune-at``: ``"each"`` or one ε > 0.
+
+    Example:
+        >>> tune_at_value("each"), tune_at_value("2")
+        ('each', 2.0)
+    """
+    if text.strip().lower() == "each":
+        return "each"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'each' or an ε > 0, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected 'each' or an ε > 0, got {text!r}")
+    return value
+
+
+def _budget(name: str, tune_at: str | float | None) -> str | Budget:
+    """The named budget, tuned at ``tune_at`` instead of its own setting when one is given."""
+    if tune_at is None:
+        return name
+    base = BUDGETS[name]
+    return replace(
+        base, name=f"{base.name}, tuned at {tune_at if tune_at == 'each' else f'ε = {tune_at:g}'}", tune_at=tune_at
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -108,7 +143,7 @@ def main(args: argparse.Namespace) -> int:
     common = dict(
         dataset=dataset,
         data_dir=args.data_dir,
-        budget=args.budget,
+        budget=_budget(args.budget, getattr(args, "tune_at", None)),
         methods=methods,
         model=args.model,
         out_dir=args.out,
