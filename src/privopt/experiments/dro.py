@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tune-at", type=tune_at_value, metavar="EACH|EPS",
         help="tune every method at each ε ('each') or at one ε whose best setting every ε reuses "
-        "(default: the budget's; quick: 1)",
+        "(default: the budget's, each for quick and paper)",
     )  # fmt: skip
     parser.add_argument(
         "--device", choices=DEVICES, default="cpu", help="run every training on cpu or cuda (default cpu)"
