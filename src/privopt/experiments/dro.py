@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from dataclasses import replace
 
-from privopt.cliargs import DEVICES, add_run_outputs, float_list, non_negative_int, positive_int
+from privopt.cliargs import DEVICES, add_run_outputs, float_list, non_negative_int, positive_float, positive_int
 from privopt.errors import ConfigError
 from privopt.experiments.dro_protocol import (
     BUDGETS,
@@ -106,15 +105,7 @@ def tune_at_value(text: str) -> str | float:
         >>> tune_at_value("each"), tune_at_value("2")
         ('each', 2.0)
     """
-    if text.strip().lower() == "each":
-        return "each"
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'each' or an ε > 0, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected 'each' or an ε > 0, got {text!r}")
-    return value
+    return "each" if text.strip().lower() == "each" else positive_float(text)
 
 
 def _budget(name: str, tune_at: str | float | None) -> str | Budget:

@@ -148,8 +148,8 @@ class Budget:
             DP-SGDA (0.58 vs 0.56 at ε = 10).
         weight_cap: the public cap A on the DRO weights of every DRO method (a record's weighted
             gradient is at most A·clip; ``docs/algorithms/dro.md``).
-        weight_caps: ``(ε bound, A)`` pairs in increasing ε: a run at ε ≤ bound uses the first such
-            cap instead of ``weight_cap`` (a public function of the run's ε). The cap multiplies the
+        weight_caps: ``(ε bound, A)`` pairs: a run at ε ≤ bound uses the cap of the smallest such
+            bound instead of ``weight_cap`` (a public function of the run's ε). The cap multiplies the
             noise of the weighted query, so at small ε a gentler re-weighting can pay more.
         gamma: the factor of the step-proportional difference thresholds of the SPIDER methods.
         features, feature_params: a fixed feature map applied to image data before training
@@ -216,8 +216,8 @@ class Budget:
         """
         if epsilon is None:
             return self
-        cap = next((a for bound, a in self.weight_caps if epsilon <= bound), self.weight_cap)
-        return replace(self, weight_cap=cap)
+        covering = [(bound, a) for bound, a in self.weight_caps if epsilon <= bound]
+        return replace(self, weight_cap=min(covering)[1] if covering else self.weight_cap)
 
     def data_options(self) -> dict[str, Any]:
         """The dataset options of this budget (for :func:`load_dro_dataset`)."""
