@@ -77,7 +77,14 @@ def test_outputs_written(table3):
             assert 0 < r["epsilon_spent"] <= r["epsilon"] * (1 + 1e-6)
     md = (out / "table3.md").read_text()
     assert "| ε = 2 |" in md and "DP Recursive-SPIDER" in md and "non-private" in md
-    assert "DRO weight cap A (a record's weighted term is at most A·clip): 1.25 at ε ≤ 1, 2 above." in md
+    assert (
+        "DRO weight cap A (a record's weighted term is at most A·clip): tuned from {1.25, 2} with the lr "
+        "(runs with given settings: 1.25 at ε ≤ 1, 2 above)." in md
+    )
+    # the hyper-parameters of every final run are in the report, the tuned cap of each DRO method with them
+    for r in lines:
+        cap = f", A {r['weight_cap']:g}" if r["private"] else ""
+        assert f"lr {r['lr']:g}, clip {r['clip']:g}{cap}" in md
     for fig in ("fig1_gradnorm_eps2.png", "fig2_auc_eps2.png", "fig3_f1_eps2.png"):
         assert (out / fig).stat().st_size > 1000
 
@@ -87,11 +94,19 @@ def test_tuning_same_grid_for_every_method(table3):
     tuning = json.loads((out / "tuning.json").read_text())
     per_method = {}
     for t in tuning["trials"]:
-        per_method.setdefault(t["method"], []).append((t["lr"], t["clip"]))
-    # private methods: the full lr x clip grid; non-private: the lr axis only (no clip)
-    assert per_method["dp-sgda"] == per_method["dp-recursive-spider"] == [(0.1, 1.0), (0.3, 1.0)]
+        per_method.setdefault(t["method"], []).append((t["lr"], t["clip"], t.get("weight_cap")))
+    # private DRO methods: the full lr x clip x weight-cap grid; non-private: the lr axis only (no clip, no cap)
+    grid = [(lr, 1.0, a) for lr in (0.1, 0.3) for a in (1.25, 2.0)]
+    assert per_method["dp-sgda"] == per_method["dp-recursive-spider"] == grid
+    assert per_method["scdro"] == [(lr, 1.0, None) for lr in BUDGETS["quick"].lrs_for("scdro")]
     assert tuning["n_trials"] == sum(len(v) for v in per_method.values()) and tuning["wall_s"] > 0
-    assert tuning["grid"] == {"lr": [0.1, 0.3], "clip": [1.0]}
+    assert tuning["grid"] == {"lr": [0.1, 0.3], "clip": [1.0], "weight_cap": [1.25, 2.0]}
+    # each final run uses the cap its method won at the tuned ε (tune_at = 2), and says so
+    best = {b["method"]: b for b in tuning["best"]}
+    rows = [json.loads(s) for s in (out / "results.jsonl").read_text().splitlines()]
+    for r in rows:
+        if r["private"]:
+            assert (r["lr"], r["weight_cap"]) == (best[r["method"]]["lr"], best[r["method"]]["weight_cap"])
 
 
 def test_every_dp_run_within_mia_cap(table3):

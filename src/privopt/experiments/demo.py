@@ -48,6 +48,7 @@ DEMO_SCHEDULE = {
     "q": 1,
     "weight_cap": 2.0,
     "weight_caps": (),  # one cap at every ε (the quick budget's ε-dependent caps were chosen on mnist-st)
+    "weight_cap_grid": (),  # the demo does not tune
     "ds_lam": 1.0,
     "gamma": 10.0,
     "features": "scattering",

@@ -37,6 +37,7 @@ from privopt.experiments.dro_protocol import (
     Budget,
     paper_delta,
 )
+from privopt.experiments.dro_report_settings import models_table, tuned_table
 from privopt.experiments.dro_runner import GridRequest, ModelSpec, run_grid, single_threaded
 
 __all__ = ["format_table", "models_table", "run_dro_mia", "run_dro_table3"]
@@ -235,51 +236,6 @@ def _summary_table(rows: Sequence[dict], methods: Sequence[str], epsilons: Seque
     return "\n\n".join(parts)
 
 
-def _model_text(row: dict) -> str:
-    opts = ", ".join(f"{k}={v}" for k, v in (row.get("model_params") or {}).items())
-    return f"{row['model']} ({opts})" if opts else str(row["model"])
-
-
-def models_table(rows: Sequence[dict], budget: dict[str, Any]) -> str:
-    """Markdown table of the model and lr grid each method ran with, and why a method deviates.
-
-    ``budget`` is the reproduction's budget as a dict (``dataclasses.asdict``); a method with its own
-    setting (``method_settings``) shows that setting's reason, the others ``shared``.
-
-    Example:
-        >>> rows = [{"method": "scdro", "model": "mlp", "model_params": {"hidden": 64}}]
-        >>> budget = {"lrs": (10.0,), "batch_size": 1024,
-        ...           "method_settings": {"scdro": {"lrs": (0.1,), "batch_size": 256, "reason": "non-private"}}}
-        >>> print(models_table(rows, budget).splitlines()[2])
-        | SCDRO (non-private) | mlp (hidden=64) | 256 | 0.1 | non-private |
-    """
-    lines = ["| method | model | batch | lr grid | setting |", "|---|---|---|---|---|"]
-    settings = budget.get("method_settings") or {}
-    for m in dict.fromkeys(r["method"] for r in rows):
-        models = ", ".join(sorted({_model_text(r) for r in rows if r["method"] == m and r.get("model")})) or "–"
-        own = settings.get(m) or {}
-        grid = ", ".join(f"{lr:g}" for lr in (own.get("lrs") or budget["lrs"]))
-        batch, why = own.get("batch_size") or budget["batch_size"], own.get("reason") or "shared"
-        lines.append(f"| {METHOD_LABELS.get(m, m)} | {models} | {batch} | {grid} | {why} |")
-    if "weight_cap" in budget:
-        lines += ["", f"DRO weight cap A (a record's weighted term is at most A·clip): {weight_cap_text(budget)}."]
-    return "\n".join(lines)
-
-
-def weight_cap_text(budget: dict[str, Any]) -> str:
-    """The budget's DRO weight cap rule in words (``budget`` as a dict).
-
-    Example:
-        >>> weight_cap_text({"weight_cap": 2.0, "weight_caps": [(1.0, 1.25)]})
-        '1.25 at ε ≤ 1, 2 above'
-    """
-    caps = [tuple(pair) for pair in budget.get("weight_caps") or ()]
-    if not caps:
-        return f"{budget['weight_cap']:g}"
-    parts = [f"{a:g} at ε ≤ {bound:g}" for bound, a in caps]
-    return ", ".join(parts) + f", {budget['weight_cap']:g} above"
-
-
 def _table3_markdown(rows, meta, table: str, private_methods, violations) -> str:
     label, eps_list, budget = meta["dataset"], meta["epsilons"], meta["budget"]
     md = [
@@ -306,11 +262,14 @@ def _table3_markdown(rows, meta, table: str, private_methods, violations) -> str
         md += ["", "## Paper (Table 3)", "", paper, "", "## Ordering", "", ordering]
     md += ["", "## Other metrics", "", _summary_table(rows, private_methods, eps_list), "", "## Models", ""]
     md += [models_table(rows, budget), "", "## Tuning", ""]
+    caps = budget.get("weight_cap_grid") or ()
     md.append(
-        f"grid lr × clip = {list(budget['lrs'])} × {list(budget['clips'])} (shared; a method's own lr grid is "
-        f"in the Models table; see tuning.json); tuning wall time {meta['tuning_wall_s']:.0f} s; total wall "
-        f"time {meta['total_wall_s']:.0f} s."
+        f"grid lr × clip = {list(budget['lrs'])} × {list(budget['clips'])}"
+        + (f" (× DRO weight cap {list(caps)} for the DP DRO methods)" if caps else "")
+        + f" (shared; a method's own lr grid is in the Models table; see tuning.json); tuning wall time "
+        f"{meta['tuning_wall_s']:.0f} s; total wall time {meta['total_wall_s']:.0f} s."
     )
+    md += ["", "Hyper-parameters of the final runs:", "", tuned_table(rows, eps_list)]
     if violations:
         cases = "; ".join(
             f"{r['method']} ε={r['epsilon']} seed {r['seed']} AUC {r['mia_auc']:.3f} > "

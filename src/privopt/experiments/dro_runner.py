@@ -15,7 +15,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Union
 
@@ -136,6 +136,8 @@ def run_one(
     n = int(data.x_train.shape[0])
     private = available_algorithms()[method].private
     budget = spec.budget.for_method(method).fitted(n).at_epsilon(epsilon if private else None)
+    if "weight_cap" in hp:  # a tuned cap (Budget.weight_cap_grid) overrides the budget's rule
+        budget = replace(budget, weight_cap=float(hp["weight_cap"]))
     model_name, module, model_params = _model_for(spec.model, budget, data, method=method)
     params = method_params(method, budget=budget, lr=hp["lr"], clip=hp["clip"], epochs=epochs)
     params.update(hp.get("algorithm_params", {}))  # per-method overrides of fixed hyper-parameters (the demo's)
@@ -167,6 +169,7 @@ def run_one(
     row = result_row(
         method, spec, rec, private=private, n=n, hp=hp, epochs=epochs, epsilon=epsilon, seed=seed, pre=eval_split
     )
+    row["weight_cap"] = params.get("weight_cap")  # the cap that ran (None: not a DRO method)
     return {**row, "model": model_name, "model_params": model_params, "wall_s": wall, "run_dir": str(out_dir)}
 
 
@@ -225,7 +228,7 @@ def _tuning_plan(methods: Sequence[str], budget: Budget, epsilons) -> list[tuple
 
 
 def tune(methods: Sequence[str], spec: RunSpec, *, data, epsilons: Sequence[float], out: Path, log: Log, workers=None):
-    """Grid search on the validation split; returns best (lr, clip) per (method, ε) and a report.
+    """Grid search on the validation split; returns the best grid point per (method, ε) and a report.
 
     ``data``: a Dataset with a validation split, or a :class:`DataRef` each run loads.
     ``workers``: where the trials run (a :class:`Workers` whose ``shared`` is ``data`` if that is a
@@ -247,8 +250,9 @@ def tune(methods: Sequence[str], spec: RunSpec, *, data, epsilons: Sequence[floa
         scored.setdefault((method, eps), []).append((score, k, hp))
         trial = {"method": method, "epsilon": eps, "trial": k, **hp, "val_balanced_accuracy": score, "wall_s": wall}
         trials.append(trial)
+        cap = f"A={hp['weight_cap']:<5g} " if "weight_cap" in hp else ""
         log(
-            f"  tune {method:20s} eps={eps!s:5s} lr={hp['lr']:<6g} clip={hp['clip']:<5g} "
+            f"  tune {method:20s} eps={eps!s:5s} lr={hp['lr']:<6g} clip={hp['clip']:<5g} {cap}"
             f"val balanced acc {score:.4f} ({wall:.1f} s)"
         )
         now = time.perf_counter()  # a method's time: from the previous result to each of its own
@@ -259,7 +263,7 @@ def tune(methods: Sequence[str], spec: RunSpec, *, data, epsilons: Sequence[floa
 
 def _tuning_report(budget: Budget, methods, trials, best, wall: float, per_method_s) -> dict[str, Any]:
     return {
-        "grid": {"lr": list(budget.lrs), "clip": list(budget.clips)},
+        "grid": {"lr": list(budget.lrs), "clip": list(budget.clips), "weight_cap": list(budget.weight_cap_grid)},
         "method_lr_grids": {m: list(budget.lrs_for(m)) for m in methods if budget.setting(m).lrs is not None},
         "trials_per_method": {m: sum(1 for t in trials if t["method"] == m) for m in methods},
         "tune_at": budget.tune_at,
