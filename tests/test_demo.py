@@ -43,7 +43,7 @@ def test_demo_schedule_does_not_follow_the_quick_budget(monkeypatch):
     quick = BUDGETS["quick"]
     moved = {
         "epochs": 3, "batch_size": 64, "refresh": 999, "q": 7, "weight_cap": 9.0, "ds_lam": 0.1, "gamma": 0.5,
-        "weight_caps": ((3.0, 1.5),), "weight_cap_grid": (1.5, 3.0),
+        "weight_caps": ((3.0, 1.5),), "weight_cap_grid": (1.5, 3.0), "tune_repeats": 4,
         "features": None, "feature_params": {"scale": 3.0}, "feature_model": "mlp", "eval_points": 2,
         "feature_model_params": {"bias_scale": 2.0}, "feature_centering": {"norm_bound": 1.0, "noise_ratio": 3.0},
         "max_train": 100, "image_model": "cnn", "tabular_model": "logreg", "model_params": {"hidden": 3},

@@ -2,6 +2,7 @@
 
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -221,7 +222,7 @@ def test_budget_batches_fit_small_datasets():
     assert small.batch_size == small.refresh == 201 and small.epochs == quick.epochs
 
 
-def test_tune_at_option_sets_the_budgets_tuning_epsilon(tmp_path, monkeypatch, capsys):
+def test_tune_at_and_repeats_options_set_the_budgets_tuning(tmp_path, monkeypatch, capsys):
     import privopt.experiments.dro as dro_cli
 
     seen = []
@@ -244,3 +245,38 @@ def test_tune_at_option_sets_the_budgets_tuning_epsilon(tmp_path, monkeypatch, c
             cli_main([*base, "--out", str(tmp_path / "d"), "--tune-at", bad])
         assert "--tune-at" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()  # refused before anything was written
+    assert cli_main([*base, "--out", str(tmp_path / "e"), "--tune-repeats", "3", "--tune-at", "1"]) == 0
+    assert (seen[-1].tune_repeats, seen[-1].tune_at) == (3, 1.0)
+    assert seen[-1].name == "quick, tuned at ε = 1, 3 run(s) per grid point"
+    for bad in ("0", "-2", "1.5", "many"):
+        with pytest.raises(SystemExit):
+            cli_main([*base, "--out", str(tmp_path / "f"), "--tune-repeats", bad])
+        assert "--tune-repeats" in capsys.readouterr().err
+    assert not (tmp_path / "f").exists()
+
+
+def test_tuning_scores_a_grid_point_by_the_mean_of_its_repeats(tmp_path):
+    from dataclasses import replace
+
+    from privopt.data import load_dataset
+    from privopt.experiments.dro_runner import RunSpec, _best_point, tune
+
+    hp = [{"lr": 1.0}, {"lr": 2.0}, {"lr": 3.0}]
+    # point 0 has the best single run, point 1 the best mean; one diverged run sinks point 2
+    assert _best_point({0: (hp[0], [0.9, 0.5]), 1: (hp[1], [0.7, 0.71]), 2: (hp[2], [0.99, -math.inf])}) == hp[1]
+    assert _best_point({0: (hp[0], [0.6]), 1: (hp[1], [0.6])}) == hp[0]  # a tie: the earlier point
+
+    budget = replace(TINY, tune_repeats=2, tune_at="each", weight_cap_grid=())
+    data = load_dataset("digits-st", seed=0, val_fraction=0.2)
+    best, report = tune(
+        ["dp-sgd"], RunSpec("digits-st", budget, insecure_seed=0), data=data, epsilons=[2.0], out=tmp_path,
+        log=lambda s: None,
+    )  # fmt: skip
+    trials = report["trials"]
+    assert [(t["lr"], t["repeat"]) for t in trials] == [(0.1, 0), (0.1, 1), (0.3, 0), (0.3, 1)]
+    assert report["tune_repeats"] == 2 and report["n_trials"] == 4
+    mean = {lr: statistics.fmean(t["val_balanced_accuracy"] for t in trials if t["lr"] == lr) for lr in (0.1, 0.3)}
+    assert best[("dp-sgd", 2.0)]["lr"] == max(mean, key=lambda lr: (mean[lr], -lr))
+    assert (tmp_path / "runs/tune/dp-sgd/eps2.0/trial0-repeat1/record.json").exists()
+    with pytest.raises(ConfigError, match="tune_repeats"):
+        run_dro_table3(dataset="digits-st", epsilons=[1], budget=replace(TINY, tune_repeats=0), out_dir=tmp_path / "x")

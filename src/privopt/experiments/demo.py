@@ -49,6 +49,7 @@ DEMO_SCHEDULE = {
     "weight_cap": 2.0,
     "weight_caps": (),  # one cap at every ε (the quick budget's ε-dependent caps were chosen on mnist-st)
     "weight_cap_grid": (),  # the demo does not tune
+    "tune_repeats": 1,
     "ds_lam": 1.0,
     "gamma": 10.0,
     "features": "scattering",

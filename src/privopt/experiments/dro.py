@@ -88,6 +88,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: the budget's, each for quick and paper)",
     )  # fmt: skip
     parser.add_argument(
+        "--tune-repeats", type=positive_int, metavar="N",
+        help="runs per tuning grid point, scored by their mean (each draws its own noise; default: the "
+        "budget's, 1 for quick and paper)",
+    )  # fmt: skip
+    parser.add_argument(
         "--device", choices=DEVICES, default="cpu", help="run every training on cpu or cuda (default cpu)"
     )
     parser.add_argument(
@@ -108,14 +113,17 @@ def tune_at_value(text: str) -> str | float:
     return "each" if text.strip().lower() == "each" else positive_float(text)
 
 
-def _budget(name: str, tune_at: str | float | None) -> str | Budget:
-    """The named budget, tuned at ``tune_at`` instead of its own setting when one is given."""
-    if tune_at is None:
+def _budget(name: str, tune_at: str | float | None, tune_repeats: int | None = None) -> str | Budget:
+    """The named budget, tuned at ``tune_at`` and with ``tune_repeats`` instead of its own settings when given."""
+    if tune_at is None and tune_repeats is None:
         return name
-    base = BUDGETS[name]
-    return replace(
-        base, name=f"{base.name}, tuned at {tune_at if tune_at == 'each' else f'ε = {tune_at:g}'}", tune_at=tune_at
-    )
+    budget = BUDGETS[name]
+    if tune_at is not None:
+        where = "each" if tune_at == "each" else f"ε = {tune_at:g}"
+        budget = replace(budget, name=f"{budget.name}, tuned at {where}", tune_at=tune_at)
+    if tune_repeats is not None:
+        budget = replace(budget, name=f"{budget.name}, {tune_repeats} run(s) per grid point", tune_repeats=tune_repeats)
+    return budget
 
 
 def main(args: argparse.Namespace) -> int:
@@ -134,7 +142,7 @@ def main(args: argparse.Namespace) -> int:
     common = dict(
         dataset=dataset,
         data_dir=args.data_dir,
-        budget=_budget(args.budget, getattr(args, "tune_at", None)),
+        budget=_budget(args.budget, getattr(args, "tune_at", None), getattr(args, "tune_repeats", None)),
         methods=methods,
         model=args.model,
         out_dir=args.out,

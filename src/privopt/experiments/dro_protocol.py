@@ -136,6 +136,8 @@ class Budget:
         lrs, clips: the tuning grid, identical for every method.
         tune_epochs: epoch-equivalents of a tuning trial.
         tune_at: ``"each"`` (tune at every ε) or one ε whose best setting is reused for all.
+        tune_repeats: runs per grid point (seeds 0, 1, …); a point's score is their mean. Each trial
+            draws its own noise, so with one run close points are ranked by the noise.
         val_fraction: share of the training split used for validation while tuning.
         eval_points: evaluations per run (curves).
         max_train: cap on training records (large tabular sets), None = all.
@@ -196,6 +198,7 @@ class Budget:
     method_settings: dict[str, MethodSetting] = field(default_factory=dict)
     lr_schedule: str = "constant"
     lr_final: float = 1.0
+    tune_repeats: int = 1
 
     def setting(self, method: str | None) -> MethodSetting:
         """``method``'s deviation from the shared setting (an empty :class:`MethodSetting` if none)."""

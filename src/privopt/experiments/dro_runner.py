@@ -203,18 +203,21 @@ def _tuning_data(dataset: Any, data_dir, budget: Budget):
     return dataset
 
 
-def _trial(method: str, spec: RunSpec, *, data, eps, hp: dict, run_dir: Path) -> tuple[float, float, str | None]:
-    """(balanced validation accuracy, wall seconds, error) of one grid point; a diverging trial loses."""
+def _trial(
+    method: str, spec: RunSpec, *, data, eps, hp: dict, repeat: int, run_dir: Path
+) -> tuple[float, float, str | None]:
+    """(balanced validation accuracy, wall seconds, error) of one run of a grid point (``repeat``: its
+    seed, hence its initialisation and an insecure seed's noise); a diverging trial loses."""
     try:
-        point = dict(hp=hp, epochs=spec.budget.tune_epochs, epsilon=eps, seed=0)
+        point = dict(hp=hp, epochs=spec.budget.tune_epochs, epsilon=eps, seed=repeat)
         row = run_one(method, spec, data=data, **point, out_dir=run_dir, eval_split="val", metrics=[])
         return (row["val_score"] if finite(row["val_score"]) else -math.inf), row["wall_s"], None
     except (PrivoptError, ArithmeticError, RuntimeError, ValueError) as e:
         return -math.inf, float("nan"), str(e)
 
 
-def _tuning_plan(methods: Sequence[str], budget: Budget, epsilons) -> list[tuple[str, Any, int, dict]]:
-    """(method, ε, grid index, grid point) of every trial, in the serial order."""
+def _tuning_plan(methods: Sequence[str], budget: Budget, epsilons) -> list[tuple[str, Any, int, dict, int]]:
+    """(method, ε, grid index, grid point, repeat) of every trial, in the serial order."""
     from privopt.algorithms import available_algorithms
 
     plan = []
@@ -223,12 +226,14 @@ def _tuning_plan(methods: Sequence[str], budget: Budget, epsilons) -> list[tuple
         for eps in tuning_epsilons(budget, epsilons, private=private):
             for k, hp in enumerate(budget.grid(method)):
                 if private or hp["clip"] == budget.clips[0]:  # non-private: no clip, the grid is the lr axis
-                    plan.append((method, eps, k, hp))
+                    plan += [(method, eps, k, hp, r) for r in range(budget.tune_repeats)]
     return plan
 
 
 def tune(methods: Sequence[str], spec: RunSpec, *, data, epsilons: Sequence[float], out: Path, log: Log, workers=None):
     """Grid search on the validation split; returns the best grid point per (method, ε) and a report.
+
+    A grid point's score is the mean over its ``budget.tune_repeats`` runs (each draws its own noise).
 
     ``data``: a Dataset with a validation split, or a :class:`DataRef` each run loads.
     ``workers``: where the trials run (a :class:`Workers` whose ``shared`` is ``data`` if that is a
@@ -238,18 +243,18 @@ def tune(methods: Sequence[str], spec: RunSpec, *, data, epsilons: Sequence[floa
     ref = data if isinstance(data, DataRef) else SHARED
     workers = workers or Workers(1, shared=None if ref is data else data)
     run_dir = out / "runs" / "tune"
-    calls = [
-        Call(kwargs=dict(method=m, spec=spec, eps=e, hp=hp, run_dir=run_dir / m / f"eps{e}" / f"trial{k}"), data=ref)
-        for m, e, k, hp in plan
-    ]
+    calls = []
+    for m, e, k, hp, r in plan:
+        where = _trial_dir(run_dir, m, e, k, r)
+        calls.append(Call(kwargs=dict(method=m, spec=spec, eps=e, hp=hp, repeat=r, run_dir=where), data=ref))
     scored, trials, per_method_s = {}, [], dict.fromkeys(methods, 0.0)
     t_all = t_last = time.perf_counter()
-    for (method, eps, k, hp), (score, wall, err) in zip(plan, workers.map(_trial, calls)):
+    for (method, eps, k, hp, r), (score, wall, err) in zip(plan, workers.map(_trial, calls)):
         if err is not None:
             log(f"    trial failed: {err}")
-        scored.setdefault((method, eps), []).append((score, k, hp))
-        trial = {"method": method, "epsilon": eps, "trial": k, **hp, "val_balanced_accuracy": score, "wall_s": wall}
-        trials.append(trial)
+        scored.setdefault((method, eps), {}).setdefault(k, (hp, []))[1].append(score)
+        trial = {"method": method, "epsilon": eps, "trial": k, "repeat": r, **hp}
+        trials.append({**trial, "val_balanced_accuracy": score, "wall_s": wall})
         cap = f"A={hp['weight_cap']:<5g} " if "weight_cap" in hp else ""
         log(
             f"  tune {method:20s} eps={eps!s:5s} lr={hp['lr']:<6g} clip={hp['clip']:<5g} {cap}"
@@ -257,8 +262,19 @@ def tune(methods: Sequence[str], spec: RunSpec, *, data, epsilons: Sequence[floa
         )
         now = time.perf_counter()  # a method's time: from the previous result to each of its own
         per_method_s[method], t_last = per_method_s[method] + now - t_last, now
-    best = {key: dict(max(results, key=lambda r: (r[0], -r[1]))[2]) for key, results in scored.items()}
+    best = {key: _best_point(points) for key, points in scored.items()}
     return best, _tuning_report(budget, methods, trials, best, time.perf_counter() - t_all, per_method_s)
+
+
+def _trial_dir(root: Path, method: str, eps, k: int, repeat: int) -> Path:
+    return root / method / f"eps{eps}" / (f"trial{k}" if repeat == 0 else f"trial{k}-repeat{repeat}")
+
+
+def _best_point(points: dict[int, tuple[dict, list[float]]]) -> dict:
+    """The grid point with the best mean score over its repeats (ties: the earlier point)."""
+    mean = {k: sum(scores) / len(scores) for k, (_hp, scores) in points.items()}  # one -inf loses
+    k_best = max(points, key=lambda k: (mean[k], -k))
+    return dict(points[k_best][0])
 
 
 def _tuning_report(budget: Budget, methods, trials, best, wall: float, per_method_s) -> dict[str, Any]:
@@ -268,6 +284,7 @@ def _tuning_report(budget: Budget, methods, trials, best, wall: float, per_metho
         "trials_per_method": {m: sum(1 for t in trials if t["method"] == m) for m in methods},
         "tune_at": budget.tune_at,
         "tune_epochs": budget.tune_epochs,
+        "tune_repeats": budget.tune_repeats,
         "validation": f"{budget.val_fraction:g} of the training split (stratified, seed 0); score = balanced "
         "validation accuracy (the -ST test splits are class-balanced while the validation split "
         "keeps the training imbalance, so plain accuracy would reward majority-class predictors)",
@@ -289,6 +306,8 @@ def _checked(budget, seeds, epsilons, methods, nonprivate, out_dir) -> tuple[Bud
     b = BUDGETS[budget] if isinstance(budget, str) else budget
     if not (isinstance(seeds, int) and seeds >= 1):
         raise ConfigError(f"seeds must be a positive integer, got {seeds!r}")
+    if not (isinstance(b.tune_repeats, int) and b.tune_repeats >= 1):
+        raise ConfigError(f"the budget's tune_repeats must be a positive integer, got {b.tune_repeats!r}")
     eps_list = [float(e) for e in epsilons]
     if not eps_list or any(not (math.isfinite(e) and e > 0) for e in eps_list):
         raise ConfigError(f"epsilons must be finite numbers > 0, got {list(epsilons)!r}")
