@@ -253,8 +253,17 @@ def tune(methods: Sequence[str], spec: RunSpec, *, data, epsilons: Sequence[floa
         if err is not None:
             log(f"    trial failed: {err}")
         scored.setdefault((method, eps), {}).setdefault(k, (hp, []))[1].append(score)
-        trial = {"method": method, "epsilon": eps, "trial": k, "repeat": r, **hp}
-        trials.append({**trial, "val_balanced_accuracy": score, "wall_s": wall})
+        trials.append(
+            {
+                "method": method,
+                "epsilon": eps,
+                "trial": k,
+                "repeat": r,
+                **hp,
+                "val_balanced_accuracy": score,
+                "wall_s": wall,
+            }
+        )
         cap = f"A={hp['weight_cap']:<5g} " if "weight_cap" in hp else ""
         log(
             f"  tune {method:20s} eps={eps!s:5s} lr={hp['lr']:<6g} clip={hp['clip']:<5g} {cap}"
