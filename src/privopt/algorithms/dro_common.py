@@ -27,6 +27,7 @@ from typing import Any, Union
 import torch
 
 from privopt.algorithms.base import Algorithm, RunContext
+from privopt.algorithms.batch_memo import BatchMemo
 from privopt.algorithms.config import one_of, param, positive, positive_int
 from privopt.algorithms.releases import Phase, PlanRun, Query, ReleasePlan
 from privopt.algorithms.step_schedules import ScheduledStepConfig
@@ -154,6 +155,7 @@ class DROAlgorithm(Algorithm):
         self._tau: int | None = None
         self._saved: dict[str, Any] | None = None
         self.releases: PlanRun | None = None
+        self._memo = BatchMemo()
 
     # -- schedule and plan -------------------------------------------------------------------
     def _phase_sizes(self) -> tuple[int, int]:
@@ -223,12 +225,18 @@ class DROAlgorithm(Algorithm):
         return None if flat is None else params_from_flat(self._ctx.model, flat)
 
     def _data(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._ctx.x_train[idx], self._ctx.y_train[idx]
+        return self._memo.rows(idx, self._ctx.x_train, self._ctx.y_train)
 
     def _losses(self, idx: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
-        xb, yb = self._data(idx)
-        chunk = self.config.chunk_size
-        return batch_losses(self._ctx.model, self._ctx.loss_fn, xb, yb, params=self._params(x), chunk=chunk)
+        """Per-sample losses of batch ``idx`` at ``x`` (reused if a query of this iteration has
+        computed them at the same point)."""
+        got = self._memo.losses(idx, self._ctx.model, x)
+        if got is None:
+            xb, yb = self._data(idx)
+            chunk = self.config.chunk_size
+            got = batch_losses(self._ctx.model, self._ctx.loss_fn, xb, yb, params=self._params(x), chunk=chunk)
+            self._memo.store_losses(idx, self._ctx.model, x, got)
+        return got
 
     def _grad_sum(
         self,
@@ -275,14 +283,22 @@ class DROAlgorithm(Algorithm):
         self, idx: torch.Tensor, *, clip: float, weights: Callable, cap: float, x: torch.Tensor | None = None
     ) -> BoundedSum:
         """``Σ_{i∈idx} w_i·Clip(∇ℓ_i(x), C)`` with ``w_i = weights(ℓ_i)`` clamped to ``[0, cap]``:
-        per-record bound ``cap·C``. Two engine passes: norms, then the re-weighted sum."""
+        per-record bound ``cap·C``. One engine pass per chunk: the weight and the clip factor
+        multiply each term after its norm is known (``GradEngine.scaled_sum``)."""
         ctx, total, params = self._ctx, self._zeros(), self._params(x)
+        xb, yb = self._data(idx)
+
+        def scale(losses: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
+            return self._capped_weights(weights, losses, cap) * clip_factors(norms, clip).to(torch.float64)
+
+        losses = []
         for s in range(0, idx.numel(), self.config.chunk_size):
-            xb, yb = self._data(idx[s : s + self.config.chunk_size])
-            losses, factors = self._clip_factors(xb, yb, clip=clip, params=params)
-            w = (self._capped_weights(weights, losses, cap) * factors.to(torch.float64)).to(losses.dtype)
-            res = ctx.engine.clipped_sum(ctx.model, ctx.loss_fn, xb, yb, clip=math.inf, params=params, weights=w)
+            sl = slice(s, s + self.config.chunk_size)
+            res = ctx.engine.scaled_sum(ctx.model, ctx.loss_fn, xb[sl], yb[sl], scale=scale, params=params)
             total = total + res.total.to(total.dtype)
+            losses.append(res.losses)
+        if losses:
+            self._memo.store_losses(idx, ctx.model, x, torch.cat(losses))
         return BoundedSum(total, bound=cap * clip)
 
     def _weighted_diff_sum(
@@ -302,8 +318,9 @@ class DROAlgorithm(Algorithm):
         refresh): per-record bound ``C_t`` (``clip``)."""
         ctx, total = self._ctx, self._zeros()
         params, params_prev = self._params(x), self._params(x_prev)
+        rows_x, rows_y = self._data(idx)
         for s in range(0, idx.numel(), self.config.chunk_size):
-            xb, yb = self._data(idx[s : s + self.config.chunk_size])
+            xb, yb = rows_x[s : s + self.config.chunk_size], rows_y[s : s + self.config.chunk_size]
             losses, factors = self._clip_factors(xb, yb, clip=grad_clip, params=params)
             losses_p, factors_p = self._clip_factors(xb, yb, clip=grad_clip, params=params_prev)
             w = (self._capped_weights(weights, losses, cap) * factors.to(torch.float64)).to(losses.dtype)

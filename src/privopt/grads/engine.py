@@ -16,6 +16,9 @@ Conventions shared by all engines:
 * ``weights`` scale each sample's gradient *before* clipping (the DRO chain rule
   ``a_i * grad l_i``): a tensor ``[B]`` or a callable from the per-sample losses ``[B]`` (evaluated
   at the same point, without gradient) to weights ``[B]``.
+* ``scale`` (:meth:`GradEngine.scaled_sum`) multiplies each sample's term *after* the pass, by a
+  function of that pass's per-sample losses and norms: the caller's own clipping (e.g. a DRO weight
+  times ``min(1, C/||grad l_i||)``) in one pass instead of a norm pass and a re-weighted pass.
 * A sample whose norm is not finite contributes nothing (its clip factor is 0 and its values are
   zeroed before summing), so the clipped sum stays finite.
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Union
@@ -38,6 +42,7 @@ from privopt.errors import ConfigError, ModelError
 from privopt.registry import Registry
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+ScaleFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Weights = Union[None, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
 Params = Mapping[str, torch.Tensor]
 
@@ -52,6 +57,7 @@ __all__ = [
     "current_params",
     "clip_factors",
     "resolve_weights",
+    "resolve_scale",
     "vmap_grads",
     "MIN_BATCH_ROWS",
     "fixed_min_rows",
@@ -165,6 +171,26 @@ def resolve_weights(weights: Weights, losses: torch.Tensor) -> torch.Tensor | No
     return w
 
 
+def resolve_scale(scale: ScaleFn, losses: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
+    """``scale(losses, norms)`` as float64 ``[B]``, 0 where the norm or the scale is not finite."""
+    if not callable(scale):
+        raise ConfigError(f"scale must be a function of (losses, norms), got {type(scale).__name__}")
+    s = torch.as_tensor(scale(losses.detach(), norms), device=norms.device).to(torch.float64)
+    if s.shape != norms.shape:
+        raise ConfigError(f"scale returned shape {tuple(s.shape)}, expected {tuple(norms.shape)}")
+    return torch.where(torch.isfinite(norms) & torch.isfinite(s), s, 0.0)
+
+
+def _pad_scale(scale: ScaleFn, B: int) -> ScaleFn:
+    """``scale`` for a batch padded beyond ``B`` rows: the caller's on the first ``B``, 0 after."""
+
+    def padded(losses: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
+        real = resolve_scale(scale, losses[:B], norms[:B])
+        return torch.cat([real, real.new_zeros(losses.shape[0] - B)])
+
+    return padded
+
+
 def _pad_weights(weights: Weights, B: int, rows: torch.Tensor) -> Weights:
     """Weights for a batch padded to ``rows.numel()`` rows: the caller's for the first ``B``, 0 after."""
 
@@ -176,8 +202,8 @@ def _pad_weights(weights: Weights, B: int, rows: torch.Tensor) -> Weights:
     return padded
 
 
-def fixed_min_rows(clipped_sum):
-    """Decorate an engine's ``clipped_sum``: a batch of fewer than :data:`MIN_BATCH_ROWS` records
+def fixed_min_rows(query):
+    """Decorate an engine's ``clipped_sum`` or ``scaled_sum``: a batch of fewer than :data:`MIN_BATCH_ROWS` records
     is answered on a fixed-size batch padded with zero-weight copies of its records.
 
     Why: multi-threaded CPU kernels pick their blocking from the matrix shapes, and for very small
@@ -189,25 +215,18 @@ def fixed_min_rows(clipped_sum):
     has weight 0 at both points, so its term is exactly 0.
     """
 
-    @functools.wraps(clipped_sum)
-    def padded(self, model, loss_fn, inputs, targets, *, clip, weights=None, weights_prev=None, **kwargs):
+    @functools.wraps(query)
+    def padded(self, model, loss_fn, inputs, targets, **kwargs):
         B = int(inputs.shape[0])
         if B == 0 or B >= MIN_BATCH_ROWS:
-            return clipped_sum(
-                self, model, loss_fn, inputs, targets, clip=clip, weights=weights, weights_prev=weights_prev, **kwargs
-            )
+            return query(self, model, loss_fn, inputs, targets, **kwargs)
         rows = torch.arange(MIN_BATCH_ROWS, device=inputs.device) % B
-        res = clipped_sum(
-            self,
-            model,
-            loss_fn,
-            inputs[rows],
-            targets[rows],
-            clip=clip,
-            weights=_pad_weights(weights, B, rows),
-            weights_prev=_pad_weights(weights_prev, B, rows),
-            **kwargs,
-        )
+        kwargs["weights"] = _pad_weights(kwargs.get("weights"), B, rows)
+        if kwargs.get("params_prev") is not None:
+            kwargs["weights_prev"] = _pad_weights(kwargs.get("weights_prev"), B, rows)
+        if kwargs.get("scale") is not None:
+            kwargs["scale"] = _pad_scale(kwargs["scale"], B)
+        res = query(self, model, loss_fn, inputs[rows], targets[rows], **kwargs)
         prev = None if res.losses_prev is None else res.losses_prev[:B]
         return ClippedSum(total=res.total, norms=res.norms[:B], losses=res.losses[:B], losses_prev=prev, clip=res.clip)
 
@@ -251,6 +270,49 @@ class GradEngine(abc.ABC):
         ``w_i * grad l(params; x_i) - w'_i * grad l(params_prev; x_i)`` clipped as one vector.
         """
 
+    def scaled_sum(
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        *,
+        scale: ScaleFn,
+        params: Params | None = None,
+        weights: Weights = None,
+    ) -> ClippedSum:
+        """``sum_i s_i * h_i`` with ``h_i = w_i * grad l(params; x_i)`` and ``s = scale(losses, norms)``,
+        from the per-sample losses ``[B]`` and norms ``||h_i||`` ``[B]`` (float64) of the same pass.
+
+        The caller clips through ``scale`` (``scale = lambda l, n: clip_factors(n, C)`` is
+        :meth:`clipped_sum`), so a clip factor can be combined with a weight that must not enter
+        the norm, e.g. a DRO weight times ``Clip(grad l_i, C)`` (``docs/engines.md``). A sample whose
+        norm or scale is not finite contributes nothing. The result's ``clip`` is ``inf``: its
+        per-record bound is the caller's to state.
+
+        This default makes two passes (norms, then the re-weighted sum); the built-in engines
+        answer in one.
+
+        Example:
+            >>> import torch
+            >>> from torch import nn
+            >>> from privopt.grads import get_engine
+            >>> model = nn.Linear(3, 2)
+            >>> loss = lambda out, y: nn.functional.cross_entropy(out, y, reduction="none")
+            >>> x, y = torch.randn(5, 3), torch.tensor([0, 1, 0, 1, 1])
+            >>> engine = get_engine("vmap")
+            >>> res = engine.scaled_sum(model, loss, x, y, scale=lambda losses, norms: clip_factors(norms, 0.5))
+            >>> ref = engine.clipped_sum(model, loss, x, y, clip=0.5)
+            >>> bool(torch.allclose(res.total, ref.total))
+            True
+        """
+        first = self.clipped_sum(model, loss_fn, inputs, targets, clip=math.inf, params=params, weights=weights)
+        s = resolve_scale(scale, first.losses, first.norms)
+        w = resolve_weights(weights, first.losses)
+        combined = (s if w is None else s * w.to(s.dtype)).to(first.losses.dtype)
+        second = self.clipped_sum(model, loss_fn, inputs, targets, clip=math.inf, params=params, weights=combined)
+        return ClippedSum(total=second.total, norms=first.norms, losses=first.losses, losses_prev=None, clip=math.inf)
+
 
 class VmapEngine(GradEngine):
     """Reference engine: materialises ``[B, d]`` per-sample gradients with ``vmap(grad(.))``.
@@ -277,6 +339,23 @@ class VmapEngine(GradEngine):
     def clipped_sum(
         self, model, loss_fn, inputs, targets, *, clip, params=None, weights=None, params_prev=None, weights_prev=None
     ):
+        point, prev = (params, weights), (params_prev, weights_prev)
+        losses, g, losses_prev = self._terms(model, loss_fn, inputs, targets, point, prev)
+        norms, g = _norms(g)
+        total = (g * clip_factors(norms, clip).to(g.dtype).unsqueeze(1)).sum(dim=0)
+        return ClippedSum(total=total, norms=norms, losses=losses, losses_prev=losses_prev, clip=float(clip))
+
+    @fixed_min_rows
+    def scaled_sum(self, model, loss_fn, inputs, targets, *, scale, params=None, weights=None):
+        losses, g, _ = self._terms(model, loss_fn, inputs, targets, (params, weights), (None, None))
+        norms, g = _norms(g)
+        total = (g * resolve_scale(scale, losses, norms).to(g.dtype).unsqueeze(1)).sum(dim=0)
+        return ClippedSum(total=total, norms=norms, losses=losses, losses_prev=None, clip=math.inf)
+
+    def _terms(self, model, loss_fn, inputs, targets, point, prev):
+        """Per-sample losses, (weighted, differenced) flat terms ``[B, d]`` and the previous losses;
+        ``point`` and ``prev`` are ``(params, weights)`` pairs (``prev``'s params None: no difference)."""
+        (params, weights), (params_prev, weights_prev) = point, prev
         losses, g = self.per_sample_grads(model, loss_fn, inputs, targets, params=params)
         w = resolve_weights(weights, losses)
         if w is not None:
@@ -288,13 +367,17 @@ class VmapEngine(GradEngine):
             if w_prev is not None:
                 g_prev = g_prev * w_prev.unsqueeze(1)
             g = g - g_prev
-        # float64 norms: DRO weights can reach e^30+, whose squared norms overflow float32.
-        norms = torch.linalg.vector_norm(g, dim=1, dtype=torch.float64)
-        valid = torch.isfinite(norms)
-        if not bool(valid.all()):  # 0 * inf would still be NaN: drop those rows outright
-            g = g.masked_fill(~valid.unsqueeze(1), 0)
-        total = (g * clip_factors(norms, clip).to(g.dtype).unsqueeze(1)).sum(dim=0)
-        return ClippedSum(total=total, norms=norms, losses=losses, losses_prev=losses_prev, clip=float(clip))
+        return losses, g, losses_prev
+
+
+def _norms(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 row norms of ``g`` and ``g`` with its non-finite rows zeroed."""
+    # float64 norms: DRO weights can reach e^30+, whose squared norms overflow float32.
+    norms = torch.linalg.vector_norm(g, dim=1, dtype=torch.float64)
+    valid = torch.isfinite(norms)
+    if not bool(valid.all()):  # 0 * inf would still be NaN: drop those rows outright
+        g = g.masked_fill(~valid.unsqueeze(1), 0)
+    return norms, g
 
 
 _ENGINES: Registry[type[GradEngine]] = Registry("gradient engine")

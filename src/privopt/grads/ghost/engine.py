@@ -8,7 +8,15 @@ import warnings
 import torch
 
 from privopt.errors import ConfigError
-from privopt.grads.engine import ClippedSum, GradEngine, VmapEngine, clip_factors, fixed_min_rows, register_engine
+from privopt.grads.engine import (
+    ClippedSum,
+    GradEngine,
+    VmapEngine,
+    clip_factors,
+    fixed_min_rows,
+    register_engine,
+    resolve_scale,
+)
 from privopt.grads.ghost.capture import Capture, Structure, structure
 from privopt.grads.ghost.keep import Keep
 from privopt.grads.ghost.pieces import sum_dense
@@ -123,11 +131,8 @@ class GhostEngine(GradEngine):
         points = [(params, weights, +1)]
         if params_prev is not None:
             points.append((params_prev, weights_prev, -1))
-        keep = Keep(TUNING.keep_elems)
-        try:
-            st, losses, pieces = self._collect(model, loss_fn, inputs, targets, points, keep)
-        except Unsupported as e:
-            _warn(e)
+        res = self._query(model, loss_fn, inputs, targets, points, clip=clip)
+        if res is None:
             return VmapEngine().clipped_sum(
                 model,
                 loss_fn,
@@ -139,6 +144,24 @@ class GhostEngine(GradEngine):
                 params_prev=params_prev,
                 weights_prev=weights_prev,
             )
+        return res
+
+    @fixed_min_rows
+    def scaled_sum(self, model, loss_fn, inputs, targets, *, scale, params=None, weights=None):
+        res = self._query(model, loss_fn, inputs, targets, [(params, weights, +1)], clip=math.inf, scale=scale)
+        if res is None:
+            return VmapEngine().scaled_sum(model, loss_fn, inputs, targets, scale=scale, params=params, weights=weights)
+        return res
+
+    def _query(self, model, loss_fn, inputs, targets, points, *, clip, scale=None) -> ClippedSum | None:
+        """One pass over every point; the per-sample coefficients are the clip factors, times
+        ``scale(losses, norms)`` if given. None: the model is unsupported (the caller falls back)."""
+        keep = Keep(TUNING.keep_elems)
+        try:
+            st, losses, pieces = self._collect(model, loss_fn, inputs, targets, points, keep)
+        except Unsupported as e:
+            _warn(e)
+            return None
         B = inputs.shape[0]
         keep.after_backward()
         with torch.no_grad():
@@ -147,6 +170,8 @@ class GhostEngine(GradEngine):
                 if pieces.get(n) or n in keep.blocks:
                     terms[n] = build_term(n, pieces.get(n, []), keep, B, terms)
             norms, coef = clip_terms(terms, clip, B)
+            if scale is not None:
+                coef = coef * resolve_scale(scale, losses[0], norms)
             zeros = losses[0].new_zeros
             total = torch.cat([terms[n].clipped_sum(coef) if n in terms else zeros(st.numels[n]) for n in st.names])
         losses_prev = losses[1] if len(losses) > 1 else None
