@@ -10,7 +10,6 @@ here). See ``docs/algorithms/dro.md`` ("Baselines").
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,7 @@ from privopt.algorithms.dpsgd import SGD, DPSGDConfig, SGDConfig, _BatchAlgorith
 from privopt.algorithms.dro_common import dual_objective, weight_cap_value
 from privopt.algorithms.dro_primal_dual import DPSGDA, PrivateDiff, project_mean_one
 from privopt.algorithms.releases import ReleasePlan
+from privopt.grads.engine import resolve_scale
 from privopt.grads.flat import num_trainable
 from privopt.grads.sums import BoundedSum
 from privopt.objectives.divergences import get_divergence
@@ -85,24 +85,27 @@ class DPSGDJoint(_BatchAlgorithm):
         """``Σ_{i∈idx} Clip((∇_x L(x,η;ξ_i), ∇_η L(x,η;ξ_i)), C)`` as one float64 (d+1)-vector."""
         ctx, obj, chunk = self._ctx, self._objective, self.config.chunk_size
         total = torch.zeros(num_trainable(ctx.model) + 1, dtype=torch.float64)
+
+        # One engine pass per chunk: the norm of the x-part a_i·∇ℓ_i and the loss give the joint
+        # (d+1)-vector's norm, so its clip factor f_i scales the x-part after the pass
+        # (GradEngine.scaled_sum) and the η-part b_i·f_i here.
+        def joint_factors(losses: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
+            b = obj.eta_grads(losses, eta).to(torch.float64)
+            return torch.clamp(clip / torch.sqrt(norms.to(torch.float64).pow(2) + b.pow(2)).clamp_min(1e-300), max=1.0)
+
         for s in range(0, idx.numel(), chunk):
             sub = idx[s : s + chunk]
-            xb, yb = ctx.x_train[sub], ctx.y_train[sub]
-            # Pass 1 (no clipping): per-sample norms of the x-part a_i·∇ℓ_i and the losses. The
-            # joint (d+1)-vector's norm adds the scalar η-part; pass 2 sums a_i·f_i·∇ℓ_i with the
-            # joint clip factors f_i. Two engine passes beat materialising [B, d] gradients.
-            first = ctx.engine.clipped_sum(
-                ctx.model, ctx.loss_fn, xb, yb, clip=math.inf, weights=lambda losses: obj.x_weights(losses, eta)
+            res = ctx.engine.scaled_sum(
+                ctx.model,
+                ctx.loss_fn,
+                ctx.x_train[sub],
+                ctx.y_train[sub],
+                scale=joint_factors,
+                weights=lambda losses: obj.x_weights(losses, eta),
             )
-            a = obj.x_weights(first.losses, eta).to(torch.float64)
-            b = obj.eta_grads(first.losses, eta).to(torch.float64)
-            norms = torch.sqrt(first.norms.to(torch.float64).pow(2) + b.pow(2))
-            f = torch.clamp(clip / norms.clamp_min(1e-300), max=1.0)
-            second = ctx.engine.clipped_sum(
-                ctx.model, ctx.loss_fn, xb, yb, clip=math.inf, weights=(a * f).to(first.losses.dtype)
-            )
-            total[:-1] += second.total.to(torch.float64)
-            total[-1] += (b * f).sum()
+            f = resolve_scale(joint_factors, res.losses, res.norms)
+            total[:-1] += res.total.to(torch.float64)
+            total[-1] += (obj.eta_grads(res.losses, eta).to(torch.float64) * f).sum()
         return BoundedSum(total, bound=clip)
 
     def step(self, t: int) -> dict[str, float]:
