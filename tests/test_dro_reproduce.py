@@ -3,6 +3,7 @@
 import json
 import math
 import statistics
+from dataclasses import replace
 
 import pytest
 import torch
@@ -79,8 +80,8 @@ def test_outputs_written(table3):
     md = (out / "table3.md").read_text()
     assert "| ε = 2 |" in md and "DP Recursive-SPIDER" in md and "non-private" in md
     assert (
-        "DRO weight cap A (a record's weighted term is at most A·clip): tuned from {1.25, 2} with the lr "
-        "(runs with given settings: 1.25 at ε ≤ 1, 2 above)." in md
+        "DRO weight cap A (a record's weighted term is at most A·clip): 1.25 at ε ≤ 1; above, tuned from "
+        "{1.25, 2} with the lr (2 for runs with given settings)." in md
     )
     # the hyper-parameters of every final run are in the report, the tuned cap of each DRO method with them
     for r in lines:
@@ -108,6 +109,22 @@ def test_tuning_same_grid_for_every_method(table3):
     for r in rows:
         if r["private"]:
             assert (r["lr"], r["weight_cap"]) == (best[r["method"]]["lr"], best[r["method"]]["weight_cap"])
+
+
+def test_cap_is_tuned_only_where_no_rule_fixes_it():
+    from privopt.experiments.dro_runner import _tuning_plan
+
+    budget = replace(TINY, tune_at="each")  # the quick budget's rule: A = 1.25 at ε ≤ 1
+    plan = _tuning_plan(["dp-double-spider", "dp-sgd"], budget, [0.5, 1.0, 2.0])
+    caps = {
+        (m, e): sorted({hp.get("weight_cap") for _m, _e, _k, hp, _r in plan if (_m, _e) == (m, e)}, key=str)
+        for m, e, *_ in plan
+    }
+    assert caps[("dp-double-spider", 0.5)] == caps[("dp-double-spider", 1.0)] == [None]  # the rule's cap
+    assert caps[("dp-double-spider", 2.0)] == [1.25, 2.0]
+    assert all(caps[("dp-sgd", e)] == [None] for e in (0.5, 1.0, 2.0))
+    assert sum(1 for m, e, *_ in plan if (m, e) == ("dp-double-spider", 2.0)) == 4  # 2 lrs x 2 caps
+    assert budget.at_epsilon(1.0).weight_cap == 1.25 and budget.at_epsilon(2.0).weight_cap == 2.0
 
 
 def test_every_dp_run_within_mia_cap(table3):

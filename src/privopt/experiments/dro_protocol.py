@@ -153,9 +153,10 @@ class Budget:
         weight_caps: ``(ε bound, A)`` pairs: a run at ε ≤ bound uses the cap of the smallest such
             bound instead of ``weight_cap`` (a public function of the run's ε). The cap multiplies the
             noise of the weighted query, so at small ε a gentler re-weighting can pay more.
-        weight_cap_grid: caps the tuning also chooses from, at each tuned ε, for every private method
-            with a DRO weight cap (its grid is lr × clip × cap); empty: the cap is not tuned. A run
-            whose hyper-parameters name no cap (an untuned method, explicit settings) uses the rule.
+        weight_cap_grid: caps the tuning also chooses from, for every private method with a DRO
+            weight cap (its grid is lr × clip × cap), at each tuned ε that no ``weight_caps`` rule
+            covers (where a rule covers ε, its cap is used, not tuned); empty: the cap is not tuned.
+            A run whose hyper-parameters name no cap (an untuned method, explicit settings) uses the rule.
         gamma: the factor of the step-proportional difference thresholds of the SPIDER methods.
         features, feature_params: a fixed feature map applied to image data before training
             (``None``: raw pixels; ``privopt.data.features``), the same for every method.
@@ -253,16 +254,21 @@ class Budget:
         own = self.setting(method).lrs
         return self.lrs if own is None else tuple(own)
 
-    def grid(self, method: str | None = None) -> list[dict[str, float]]:
-        """The tuning grid of ``method`` (``None``: the shared grid): lr × clip, × ``weight_cap_grid``
-        for a private method with a DRO weight cap.
+    def grid(self, method: str | None = None, *, epsilon: float | None = None) -> list[dict[str, float]]:
+        """The tuning grid of ``method`` (``None``: the shared grid) at ``epsilon``: lr × clip, ×
+        ``weight_cap_grid`` for a private method with a DRO weight cap at an ε no ``weight_caps`` rule
+        covers (``epsilon=None``: the largest grid).
 
         Example:
-            >>> len(BUDGETS["quick"].grid("dp-sgd")), len(BUDGETS["quick"].grid("dp-double-spider"))
+            >>> q = BUDGETS["quick"]
+            >>> len(q.grid("dp-sgd")), len(q.grid("dp-double-spider", epsilon=5.0))
             (3, 6)
+            >>> len(q.grid("dp-double-spider", epsilon=1.0))  # A = 1.25 at ε ≤ 1: the lr axis only
+            3
         """
         points = [{"lr": lr, "clip": c} for lr in self.lrs_for(method) for c in self.clips]
-        if not (self.weight_cap_grid and method is not None and tunes_weight_cap(method)):
+        ruled = epsilon is not None and any(epsilon <= bound for bound, _a in self.weight_caps)
+        if ruled or not (self.weight_cap_grid and method is not None and tunes_weight_cap(method)):
             return points
         return [{**p, "weight_cap": a} for p in points for a in self.weight_cap_grid]
 
@@ -317,8 +323,9 @@ BUDGETS: dict[str, Budget] = {
     # The weight cap multiplies the noise of the weighted query, and which cap pays depends on the
     # data as well as on ε: on the validation splits (docs/results/dro.md, "Phase 12"/"Phase 13") A =
     # 1.25 beat A = 2 at ε ≤ 1 everywhere and at ε ≥ 5 on cifar10-st, and lost at ε = 5 on mnist-st.
-    # So tuning picks A from {1.25, 2} with the lr; the rule (1.25 at ε ≤ 1, 2 above) is for runs
-    # whose settings name no cap.
+    # So at ε ≤ 1 the cap is 1.25 (the rule), and above it tuning picks A from {1.25, 2} with the
+    # lr: a cap tuned at ε ≤ 1 only added a grid point that loses on average, and single-trial
+    # tuning sometimes picked it (docs/results/dro.md, "Phase 14").
     "quick": Budget(
         name="quick",
         image_model="mlp",

@@ -52,15 +52,18 @@ def weight_cap_text(budget: dict[str, Any]) -> str:
         '1.25 at ε ≤ 1, 2 above'
         >>> weight_cap_text({"weight_cap": 2.0, "weight_caps": [], "weight_cap_grid": [1.25, 2.0]})
         'tuned from {1.25, 2} with the lr (runs with given settings: 2)'
+        >>> weight_cap_text({"weight_cap": 2.0, "weight_caps": [(1.0, 1.25)], "weight_cap_grid": [1.25, 2.0]})
+        '1.25 at ε ≤ 1; above, tuned from {1.25, 2} with the lr (2 for runs with given settings)'
     """
     caps = [tuple(pair) for pair in budget.get("weight_caps") or ()]
-    rule = f"{budget['weight_cap']:g}"
-    if caps:
-        rule = ", ".join(f"{a:g} at ε ≤ {bound:g}" for bound, a in caps) + f", {rule} above"
+    ruled = ", ".join(f"{a:g} at ε ≤ {bound:g}" for bound, a in caps)
     grid = budget.get("weight_cap_grid") or ()
     if not grid:
-        return rule
-    return f"tuned from {{{', '.join(f'{a:g}' for a in grid)}}} with the lr (runs with given settings: {rule})"
+        return f"{ruled}, {budget['weight_cap']:g} above" if caps else f"{budget['weight_cap']:g}"
+    tuned = f"tuned from {{{', '.join(f'{a:g}' for a in grid)}}} with the lr"
+    if caps:
+        return f"{ruled}; above, {tuned} ({budget['weight_cap']:g} for runs with given settings)"
+    return f"{tuned} (runs with given settings: {budget['weight_cap']:g})"
 
 
 def tuned_table(rows: Sequence[dict], epsilons: Sequence[float]) -> str:

@@ -224,7 +224,7 @@ def _tuning_plan(methods: Sequence[str], budget: Budget, epsilons) -> list[tuple
     for method in methods:
         private = available_algorithms()[method].private
         for eps in tuning_epsilons(budget, epsilons, private=private):
-            for k, hp in enumerate(budget.grid(method)):
+            for k, hp in enumerate(budget.grid(method, epsilon=eps)):
                 if private or hp["clip"] == budget.clips[0]:  # non-private: no clip, the grid is the lr axis
                     plan += [(method, eps, k, hp, r) for r in range(budget.tune_repeats)]
     return plan
@@ -289,6 +289,8 @@ def _best_point(points: dict[int, tuple[dict, list[float]]]) -> dict:
 def _tuning_report(budget: Budget, methods, trials, best, wall: float, per_method_s) -> dict[str, Any]:
     return {
         "grid": {"lr": list(budget.lrs), "clip": list(budget.clips), "weight_cap": list(budget.weight_cap_grid)},
+        # at an ε a rule covers, the cap is the rule's, not tuned
+        "weight_cap_rules": [list(rule) for rule in budget.weight_caps],
         "method_lr_grids": {m: list(budget.lrs_for(m)) for m in methods if budget.setting(m).lrs is not None},
         "trials_per_method": {m: sum(1 for t in trials if t["method"] == m) for m in methods},
         "tune_at": budget.tune_at,
@@ -410,6 +412,12 @@ class GridRequest:
     jobs: int = 1
 
 
+def _grid_sizes(budget: Budget, method: str, epsilons) -> str:
+    """The number of grid points of ``method``: one number, or its range over ``epsilons``."""
+    sizes = {len(budget.grid(method, epsilon=e)) for e in epsilons} or {len(budget.grid(method))}
+    return f"{min(sizes)}" if len(sizes) == 1 else f"{min(sizes)}–{max(sizes)}"
+
+
 def _choose_hyperparameters(req: GridRequest, spec: RunSpec, methods, eps_list, out: Path, say: Log, workers):
     """(best grid point per (method, ε), tuning report): given, tuned, or the budget's defaults."""
     if req.hyperparameters is not None:
@@ -417,7 +425,7 @@ def _choose_hyperparameters(req: GridRequest, spec: RunSpec, methods, eps_list, 
         return best, {"tuned": False, "hyperparameters": req.hyperparameters}
     if not req.tune_grid:
         return {}, {"tuned": False, "hyperparameters": "budget defaults"}
-    points = ", ".join(f"{m} {len(spec.budget.grid(m))}" for m in methods)
+    points = ", ".join(f"{m} {_grid_sizes(spec.budget, m, eps_list)}" for m in methods)
     say(f"tuning {len(methods)} method(s) on a validation split (grid points: {points})")
     data = _tuning_data(req.dataset, req.data_dir, spec.budget)
     best, tuning = tune(methods, spec, data=data, epsilons=eps_list, out=out, log=say, workers=workers)
