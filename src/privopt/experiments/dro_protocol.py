@@ -305,27 +305,14 @@ _SCDRO_QUICK = MethodSetting(
 BUDGETS: dict[str, Budget] = {
     # CPU-sized: a linear head on fixed scattering features (public: a per-record transform, rows
     # scaled to norm 64 ~ √D, Tramèr & Boneh's per-feature unit scale), so per-record gradients and
-    # their differences clip tightly. Their DP recipe (large batches, tens of epochs, a clip far
-    # below the gradient norms) chosen on the mnist-st validation split at ε = 1 (docs/results/dro.md,
-    # "Issue 10"): batch 1024 (also the refresh batch), 20 epoch-equivalents, clip 0.1 lifted DP-SGD
-    # from 87.9 % to 92.4 % and DP Recursive-SPIDER from 87-90 % to 91.6 % against batch 256, 10
-    # epochs, clip 1 on unit-norm rows. Phase length q = 1 (longer SPIDER phases lost accuracy:
-    # their difference queries cost more noise than they remove at this scale); weight cap A = 2.
-    # One lr grid for every method, tuned at every ε (10 epoch-equivalents per trial), as the paper
-    # budget and Paper A's protocol do: tuning once at ε = 1 was a time saving the mnist-st
-    # reproduction no longer needs (12.5 minutes with per-ε tuning, docs/results/dro.md, "Phase 12";
-    # `--tune-at 1` restores it). Every method's x step
-    # decays on a cosine to 0.1 of lr (SCDRO keeps its own 0.01): with a constant step the noise of
-    # the last steps is a random bias of the last iterate's threshold. Chosen on the mnist-st
-    # validation split at ε = 1, lr 40, 20 epochs, insecure seeds 0-2 (docs/results/dro.md, "Phase
-    # 9"): DP-SGD 90.5 ± 0.3 -> 91.8 ± 0.1 %, DP Double-SPIDER 89.8 ± 2.0 -> 91.1 ± 0.5 %, DP
-    # Recursive-SPIDER 90.4 ± 1.8 -> 91.3 ± 0.5 % balanced (cosine to 0.01: between the two).
-    # The weight cap multiplies the noise of the weighted query, and which cap pays depends on the
-    # data as well as on ε: on the validation splits (docs/results/dro.md, "Phase 12"/"Phase 13") A =
-    # 1.25 beat A = 2 at ε ≤ 1 everywhere and at ε ≥ 5 on cifar10-st, and lost at ε = 5 on mnist-st.
-    # So at ε ≤ 1 the cap is 1.25 (the rule), and above it tuning picks A from {1.25, 2} with the
-    # lr: a cap tuned at ε ≤ 1 only added a grid point that loses on average, and single-trial
-    # tuning sometimes picked it (docs/results/dro.md, "Phase 14").
+    # their differences clip tightly. Their DP recipe, chosen on the mnist-st validation split
+    # (docs/results/dro.md, "Issue 10" and phases 9-14): batch 1024 (also the refresh batch), 20
+    # epoch-equivalents, clip 0.1 far below the gradient norms, q = 1 (longer SPIDER phases cost more
+    # noise than they remove at this scale), every method's x step decaying on a cosine to 0.1 of lr
+    # (a constant step leaves the last iterate's threshold noisy), one lr grid tuned at every ε as
+    # Paper A's protocol does. The weight cap multiplies the weighted query's noise: A = 1.25 won at
+    # ε ≤ 1 on every validation split, so it is fixed there; above, the best cap depends on the data
+    # (1.25 on cifar10-st, 2 on mnist-st at ε = 5), so tuning picks it from {1.25, 2} with the lr.
     "quick": Budget(
         name="quick",
         image_model="mlp",
