@@ -78,3 +78,18 @@ def test_recursive_spider_refresh_computes_its_losses_once(monkeypatch):
     algo.step(0)
     # v's one-pass weighted query already has the batch's losses at (x_t, λ_t): s and u reuse them
     assert calls == []
+
+
+def test_recursive_spider_correction_reuses_both_points_losses(monkeypatch):
+    calls = []
+    real = dro_common.batch_losses
+    monkeypatch.setattr(dro_common, "batch_losses", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    algo = get_algorithm("dp-recursive-spider", **dict(FULL_RS, q=3))
+    algo.setup(make_ctx(torch.nn.Linear(4, 2), noise={"*": 1.0}))
+    algo.step(0)
+    calls.clear()
+    algo.step(1)  # a correction: v-diff and u-diff share a batch, the STORM s update has its own
+    assert set(algo._last_thresholds) == {"v-diff", "u-diff"}  # both corrections were made
+    # u-diff reads v-diff's losses at x_t and x_{t-1}; only s (another batch) computes its two points
+    assert len(calls) == 2

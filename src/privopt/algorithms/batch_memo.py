@@ -44,8 +44,10 @@ class BatchMemo:
 
     def __init__(self) -> None:
         self._rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        # (batch, point key, the flat vector kept alive so that its id is not reused, losses)
-        self._losses: tuple[torch.Tensor, tuple, torch.Tensor | None, torch.Tensor] | None = None
+        # The batch whose losses are held, and per point key: (the flat vector, kept alive so that
+        # its id is not reused; the losses). A correction holds two points, x_t and x_{t-1}.
+        self._batch: torch.Tensor | None = None
+        self._losses: dict[tuple, tuple[torch.Tensor | None, torch.Tensor]] = {}
 
     def rows(self, idx: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(x[idx], y[idx])``, gathered once per batch."""
@@ -55,16 +57,19 @@ class BatchMemo:
 
     def losses(self, idx: torch.Tensor, model: nn.Module, flat: torch.Tensor | None) -> torch.Tensor | None:
         """The losses stored for this batch at this point, or None."""
-        got = self._losses
-        if got is None or got[0] is not idx or got[1] != _state(model, flat):
+        if self._batch is not idx:
             return None
-        return got[3]
+        got = self._losses.get(_state(model, flat))
+        return None if got is None else got[1]
 
     def store_losses(
         self, idx: torch.Tensor, model: nn.Module, flat: torch.Tensor | None, losses: torch.Tensor
     ) -> None:
-        """Remember ``losses`` of batch ``idx`` at ``flat`` (``None``: the model's parameters)."""
-        self._losses = (idx, _state(model, flat), flat, losses.detach())
+        """Remember ``losses`` of batch ``idx`` at ``flat`` (``None``: the model's parameters); a new
+        batch forgets the previous one's."""
+        if self._batch is not idx:
+            self._batch, self._losses = idx, {}
+        self._losses[_state(model, flat)] = (flat, losses.detach())
 
 
 def _state(model: nn.Module, flat: torch.Tensor | None) -> tuple:

@@ -319,10 +319,13 @@ class DROAlgorithm(Algorithm):
         ctx, total = self._ctx, self._zeros()
         params, params_prev = self._params(x), self._params(x_prev)
         rows_x, rows_y = self._data(idx)
+        seen: tuple[list, list] = ([], [])
         for s in range(0, idx.numel(), self.config.chunk_size):
             xb, yb = rows_x[s : s + self.config.chunk_size], rows_y[s : s + self.config.chunk_size]
             losses, factors = self._clip_factors(xb, yb, clip=grad_clip, params=params)
             losses_p, factors_p = self._clip_factors(xb, yb, clip=grad_clip, params=params_prev)
+            seen[0].append(losses)
+            seen[1].append(losses_p)
             w = (self._capped_weights(weights, losses, cap) * factors.to(torch.float64)).to(losses.dtype)
             w_p = (self._capped_weights(weights_prev, losses_p, cap) * factors_p.to(torch.float64)).to(losses.dtype)
             res = ctx.engine.clipped_sum(
@@ -337,6 +340,9 @@ class DROAlgorithm(Algorithm):
                 weights_prev=w_p,
             )
             total = total + res.total.to(total.dtype)
+        if seen[0]:  # the scalar corrections on this batch need the losses at both points
+            self._memo.store_losses(idx, ctx.model, x, torch.cat(seen[0]))
+            self._memo.store_losses(idx, ctx.model, x_prev, torch.cat(seen[1]))
         return BoundedSum(total, bound=clip)
 
     # -- output iterate -----------------------------------------------------------------------
