@@ -68,25 +68,26 @@ def test_reuse_changes_no_released_value(name, params, monkeypatch):
     assert torch.equal(with_memo[1], without[1])
 
 
-def test_recursive_spider_refresh_computes_its_losses_once(monkeypatch):
+def _counting_recursive_spider(monkeypatch, **params):
+    """(Recursive-SPIDER set up on the standard problem, the list its ``batch_losses`` calls append to)."""
     calls = []
     real = dro_common.batch_losses
     monkeypatch.setattr(dro_common, "batch_losses", lambda *a, **k: calls.append(1) or real(*a, **k))
     torch.manual_seed(0)
-    algo = get_algorithm("dp-recursive-spider", **dict(FULL_RS, q=1))
+    algo = get_algorithm("dp-recursive-spider", **dict(FULL_RS, **params))
     algo.setup(make_ctx(torch.nn.Linear(4, 2), noise={"*": 1.0}))
+    return algo, calls
+
+
+def test_recursive_spider_refresh_computes_its_losses_once(monkeypatch):
+    algo, calls = _counting_recursive_spider(monkeypatch, q=1)
     algo.step(0)
     # v's one-pass weighted query already has the batch's losses at (x_t, λ_t): s and u reuse them
     assert calls == []
 
 
 def test_recursive_spider_correction_reuses_both_points_losses(monkeypatch):
-    calls = []
-    real = dro_common.batch_losses
-    monkeypatch.setattr(dro_common, "batch_losses", lambda *a, **k: calls.append(1) or real(*a, **k))
-    torch.manual_seed(0)
-    algo = get_algorithm("dp-recursive-spider", **dict(FULL_RS, q=3))
-    algo.setup(make_ctx(torch.nn.Linear(4, 2), noise={"*": 1.0}))
+    algo, calls = _counting_recursive_spider(monkeypatch, q=3)
     algo.step(0)
     calls.clear()
     algo.step(1)  # a correction: v-diff and u-diff share a batch, the STORM s update has its own
