@@ -224,8 +224,13 @@ class Budget:
         """
         if epsilon is None:
             return self
+        ruled = self._ruled_cap(epsilon)
+        return replace(self, weight_cap=self.weight_cap if ruled is None else ruled)
+
+    def _ruled_cap(self, epsilon: float) -> float | None:
+        """The cap of the tightest ``weight_caps`` rule covering ``epsilon`` (None: no rule does)."""
         covering = [(bound, a) for bound, a in self.weight_caps if epsilon <= bound]
-        return replace(self, weight_cap=min(covering)[1] if covering else self.weight_cap)
+        return min(covering)[1] if covering else None
 
     def data_options(self) -> dict[str, Any]:
         """The dataset options of this budget (for :func:`load_dro_dataset`)."""
@@ -267,7 +272,7 @@ class Budget:
             3
         """
         points = [{"lr": lr, "clip": c} for lr in self.lrs_for(method) for c in self.clips]
-        ruled = epsilon is not None and any(epsilon <= bound for bound, _a in self.weight_caps)
+        ruled = epsilon is not None and self._ruled_cap(epsilon) is not None
         if ruled or not (self.weight_cap_grid and method is not None and tunes_weight_cap(method)):
             return points
         return [{**p, "weight_cap": a} for p in points for a in self.weight_cap_grid]
