@@ -269,15 +269,18 @@ class DROAlgorithm(Algorithm):
         """A zero flat gradient on the data's device."""
         return torch.zeros(num_trainable(self._ctx.model), device=self._ctx.x_train.device)
 
-    def _clip_factors(self, xb, yb, *, clip: float, params) -> tuple[torch.Tensor, torch.Tensor]:
-        """(per-sample losses, per-sample factors ``min(1, C/‖∇ℓ_i‖)``) of a chunk (one engine pass)."""
-        ctx = self._ctx
-        res = ctx.engine.clipped_sum(ctx.model, ctx.loss_fn, xb, yb, clip=math.inf, params=params)
-        return res.losses, clip_factors(res.norms, clip)
-
     def _capped_weights(self, weights: Callable, losses: torch.Tensor, cap: float) -> torch.Tensor:
         # The clamp guarantees the declared bound whatever the weight function returns.
         return weights(losses).to(torch.float64).clamp(0.0, cap)
+
+    def _weight_scale(self, weights: Callable, cap: float, clip: float) -> Callable:
+        """The engine ``scale`` of the term ``w_i·Clip(∇ℓ_i, C)``: the capped weight of the loss
+        times the clip factor of the norm, both from the same pass."""
+
+        def scale(losses: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
+            return self._capped_weights(weights, losses, cap) * clip_factors(norms, clip).to(torch.float64)
+
+        return scale
 
     def _weighted_grad_sum(
         self, idx: torch.Tensor, *, clip: float, weights: Callable, cap: float, x: torch.Tensor | None = None
@@ -287,10 +290,7 @@ class DROAlgorithm(Algorithm):
         multiply each term after its norm is known (``GradEngine.scaled_sum``)."""
         ctx, total, params = self._ctx, self._zeros(), self._params(x)
         xb, yb = self._data(idx)
-
-        def scale(losses: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
-            return self._capped_weights(weights, losses, cap) * clip_factors(norms, clip).to(torch.float64)
-
+        scale = self._weight_scale(weights, cap, clip)
         losses = []
         for s in range(0, idx.numel(), self.config.chunk_size):
             sl = slice(s, s + self.config.chunk_size)
@@ -315,30 +315,29 @@ class DROAlgorithm(Algorithm):
     ) -> BoundedSum:
         """``Σ Clip(f_i(x) − f'_i(x_prev), C_t)`` with ``f_i(x) = w_i·Clip(∇ℓ_i(x), C)`` (the per-record
         term of :meth:`_weighted_grad_sum`, so a SPIDER correction tracks the same quantity as its
-        refresh): per-record bound ``C_t`` (``clip``)."""
+        refresh): per-record bound ``C_t`` (``clip``). One engine pass per point and chunk
+        (``GradEngine.scaled_diff_sum``)."""
         ctx, total = self._ctx, self._zeros()
         params, params_prev = self._params(x), self._params(x_prev)
+        scale = self._weight_scale(weights, cap, grad_clip)
+        scale_prev = self._weight_scale(weights_prev, cap, grad_clip)
         rows_x, rows_y = self._data(idx)
         seen: tuple[list, list] = ([], [])
         for s in range(0, idx.numel(), self.config.chunk_size):
             xb, yb = rows_x[s : s + self.config.chunk_size], rows_y[s : s + self.config.chunk_size]
-            losses, factors = self._clip_factors(xb, yb, clip=grad_clip, params=params)
-            losses_p, factors_p = self._clip_factors(xb, yb, clip=grad_clip, params=params_prev)
-            seen[0].append(losses)
-            seen[1].append(losses_p)
-            w = (self._capped_weights(weights, losses, cap) * factors.to(torch.float64)).to(losses.dtype)
-            w_p = (self._capped_weights(weights_prev, losses_p, cap) * factors_p.to(torch.float64)).to(losses.dtype)
-            res = ctx.engine.clipped_sum(
+            res = ctx.engine.scaled_diff_sum(
                 ctx.model,
                 ctx.loss_fn,
                 xb,
                 yb,
                 clip=clip,
+                scale=scale,
+                scale_prev=scale_prev,
                 params=params,
-                weights=w,
                 params_prev=params_prev,
-                weights_prev=w_p,
             )
+            seen[0].append(res.losses)
+            seen[1].append(res.losses_prev)
             total = total + res.total.to(total.dtype)
         if seen[0]:  # the scalar corrections on this batch need the losses at both points
             self._memo.store_losses(idx, ctx.model, x, torch.cat(seen[0]))

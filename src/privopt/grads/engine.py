@@ -19,6 +19,8 @@ Conventions shared by all engines:
 * ``scale`` (:meth:`GradEngine.scaled_sum`) multiplies each sample's term *after* the pass, by a
   function of that pass's per-sample losses and norms: the caller's own clipping (e.g. a DRO weight
   times ``min(1, C/||grad l_i||)``) in one pass instead of a norm pass and a re-weighted pass.
+  :meth:`GradEngine.scaled_diff_sum` does the same at two points (one scale per point), then clips
+  the difference: a DRO correction in one pass per point.
 * A sample whose norm is not finite contributes nothing (its clip factor is 0 and its values are
   zeroed before summing), so the clipped sum stays finite.
 
@@ -58,6 +60,7 @@ __all__ = [
     "clip_factors",
     "resolve_weights",
     "resolve_scale",
+    "pair_scales",
     "vmap_grads",
     "MIN_BATCH_ROWS",
     "fixed_min_rows",
@@ -181,6 +184,20 @@ def resolve_scale(scale: ScaleFn, losses: torch.Tensor, norms: torch.Tensor) -> 
     return torch.where(torch.isfinite(norms) & torch.isfinite(s), s, 0.0)
 
 
+def pair_scales(
+    scale: ScaleFn,
+    scale_prev: ScaleFn,
+    point: tuple[torch.Tensor, torch.Tensor],
+    prev: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both points' scales (float64 ``[B]``) from each point's ``(losses, norms)``: a sample whose
+    norm is not finite at *either* point gets 0 at both (it contributes nothing); a scale that is
+    not finite counts as 0 at its point."""
+    s, s_prev = resolve_scale(scale, *point), resolve_scale(scale_prev, *prev)
+    valid = torch.isfinite(point[1]) & torch.isfinite(prev[1])
+    return torch.where(valid, s, 0.0), torch.where(valid, s_prev, 0.0)
+
+
 def _pad_scale(scale: ScaleFn, B: int) -> ScaleFn:
     """``scale`` for a batch padded beyond ``B`` rows: the caller's on the first ``B``, 0 after."""
 
@@ -203,8 +220,9 @@ def _pad_weights(weights: Weights, B: int, rows: torch.Tensor) -> Weights:
 
 
 def fixed_min_rows(query):
-    """Decorate an engine's ``clipped_sum`` or ``scaled_sum``: a batch of fewer than :data:`MIN_BATCH_ROWS` records
-    is answered on a fixed-size batch padded with zero-weight copies of its records.
+    """Decorate an engine's query (``clipped_sum``, ``scaled_sum``, ``scaled_diff_sum``): a batch of
+    fewer than :data:`MIN_BATCH_ROWS` records is answered on a fixed-size batch padded with
+    zero-weight copies of its records.
 
     Why: multi-threaded CPU kernels pick their blocking from the matrix shapes, and for very small
     batches (observed: 8 rows, 2 threads) a record's computed gradient then depends on the batch
@@ -221,11 +239,13 @@ def fixed_min_rows(query):
         if B == 0 or B >= MIN_BATCH_ROWS:
             return query(self, model, loss_fn, inputs, targets, **kwargs)
         rows = torch.arange(MIN_BATCH_ROWS, device=inputs.device) % B
-        kwargs["weights"] = _pad_weights(kwargs.get("weights"), B, rows)
-        if kwargs.get("params_prev") is not None:
-            kwargs["weights_prev"] = _pad_weights(kwargs.get("weights_prev"), B, rows)
-        if kwargs.get("scale") is not None:
-            kwargs["scale"] = _pad_scale(kwargs["scale"], B)
+        if "scale_prev" not in kwargs:  # scaled_diff_sum weighs only through its scales
+            kwargs["weights"] = _pad_weights(kwargs.get("weights"), B, rows)
+            if kwargs.get("params_prev") is not None:
+                kwargs["weights_prev"] = _pad_weights(kwargs.get("weights_prev"), B, rows)
+        for key in ("scale", "scale_prev"):
+            if kwargs.get(key) is not None:
+                kwargs[key] = _pad_scale(kwargs[key], B)
         res = query(self, model, loss_fn, inputs[rows], targets[rows], **kwargs)
         prev = None if res.losses_prev is None else res.losses_prev[:B]
         return ClippedSum(total=res.total, norms=res.norms[:B], losses=res.losses[:B], losses_prev=prev, clip=res.clip)
@@ -313,6 +333,62 @@ class GradEngine(abc.ABC):
         second = self.clipped_sum(model, loss_fn, inputs, targets, clip=math.inf, params=params, weights=combined)
         return ClippedSum(total=second.total, norms=first.norms, losses=first.losses, losses_prev=None, clip=math.inf)
 
+    def scaled_diff_sum(
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        *,
+        clip: float,
+        scale: ScaleFn,
+        scale_prev: ScaleFn,
+        params: Params | None = None,
+        params_prev: Params | None = None,
+    ) -> ClippedSum:
+        """Sum of ``s_i g_i - s'_i g'_i`` clipped to ``clip`` as one vector, where ``g_i`` and ``g'_i``
+        are the per-sample gradients at ``params`` and ``params_prev``, ``s = scale(losses, norms)``
+        and ``s' = scale_prev(losses', norms')`` from each point's own losses and gradient norms.
+
+        A SPIDER correction of a DRO objective is this query: each point's term is a DRO weight
+        times ``Clip(grad l_i, C)``, known only once that point's norm is (``docs/engines.md``,
+        "Scaled sums"). Per-record bound: ``clip``. A sample whose norm is not finite at either
+        point contributes nothing. The result's ``norms`` are those of the differences.
+
+        This default makes four forward and backward passes (a norm pass at each point, then both
+        points again for the difference); the built-in engines make one per point.
+
+        Example:
+            >>> import torch
+            >>> from torch import nn
+            >>> from privopt.grads import get_engine
+            >>> model = nn.Linear(3, 2)
+            >>> loss = lambda out, y: nn.functional.cross_entropy(out, y, reduction="none")
+            >>> x, y = torch.randn(5, 3), torch.tensor([0, 1, 0, 1, 1])
+            >>> prev = {n: p.detach() + 0.1 for n, p in model.named_parameters()}
+            >>> one = lambda losses, norms: torch.ones_like(norms)
+            >>> engine = get_engine("vmap")
+            >>> res = engine.scaled_diff_sum(model, loss, x, y, clip=0.5, scale=one, scale_prev=one, params_prev=prev)
+            >>> ref = engine.clipped_sum(model, loss, x, y, clip=0.5, params_prev=prev)
+            >>> bool(torch.allclose(res.total, ref.total))
+            True
+        """
+        first = self.clipped_sum(model, loss_fn, inputs, targets, clip=math.inf, params=params)
+        second = self.clipped_sum(model, loss_fn, inputs, targets, clip=math.inf, params=params_prev)
+        s, s_prev = pair_scales(scale, scale_prev, (first.losses, first.norms), (second.losses, second.norms))
+        dtype = first.losses.dtype
+        return self.clipped_sum(
+            model,
+            loss_fn,
+            inputs,
+            targets,
+            clip=clip,
+            params=params,
+            weights=s.to(dtype),
+            params_prev=params_prev,
+            weights_prev=s_prev.to(dtype),
+        )
+
 
 class VmapEngine(GradEngine):
     """Reference engine: materialises ``[B, d]`` per-sample gradients with ``vmap(grad(.))``.
@@ -351,6 +427,21 @@ class VmapEngine(GradEngine):
         norms, g = _norms(g)
         total = (g * resolve_scale(scale, losses, norms).to(g.dtype).unsqueeze(1)).sum(dim=0)
         return ClippedSum(total=total, norms=norms, losses=losses, losses_prev=None, clip=math.inf)
+
+    @fixed_min_rows
+    def scaled_diff_sum(
+        self, model, loss_fn, inputs, targets, *, clip, scale, scale_prev, params=None, params_prev=None
+    ):
+        if not clip > 0:
+            raise ConfigError(f"clip threshold must be > 0, got {clip}")
+        losses, g = self.per_sample_grads(model, loss_fn, inputs, targets, params=params)
+        losses_prev, g_prev = self.per_sample_grads(model, loss_fn, inputs, targets, params=params_prev)
+        (norms, g), (norms_prev, g_prev) = _norms(g), _norms(g_prev)
+        s, s_prev = pair_scales(scale, scale_prev, (losses, norms), (losses_prev, norms_prev))
+        h = g * s.to(g.dtype).unsqueeze(1) - g_prev * s_prev.to(g.dtype).unsqueeze(1)
+        norms, h = _norms(h)
+        total = (h * clip_factors(norms, clip).to(h.dtype).unsqueeze(1)).sum(dim=0)
+        return ClippedSum(total=total, norms=norms, losses=losses, losses_prev=losses_prev, clip=float(clip))
 
     def _terms(self, model, loss_fn, inputs, targets, point, prev):
         """Per-sample losses, (weighted, differenced) flat terms ``[B, d]`` and the previous losses;

@@ -14,14 +14,15 @@ from privopt.grads.engine import (
     VmapEngine,
     clip_factors,
     fixed_min_rows,
+    pair_scales,
     register_engine,
     resolve_scale,
 )
 from privopt.grads.ghost.capture import Capture, Structure, structure
 from privopt.grads.ghost.keep import Keep
-from privopt.grads.ghost.pieces import sum_dense
+from privopt.grads.ghost.pieces import Piece, sum_dense
 from privopt.grads.ghost.rules import Unsupported
-from privopt.grads.ghost.terms import MAGNITUDE_CAP, U64, Term, build_term
+from privopt.grads.ghost.terms import MAGNITUDE_CAP, U64, MaterialisedTerm, Term, build_term
 from privopt.grads.ghost.tuning import TUNING
 
 __all__ = ["GhostEngine", "clip_terms"]
@@ -97,15 +98,16 @@ class GhostEngine(GradEngine):
             full[n] = t.requires_grad_(True) if p.requires_grad else t
         return full
 
-    def _collect(self, model, loss_fn, inputs, targets, points, keep=None):
-        """Capture every point ``(params, weights, sign)``; pieces of all points by parameter."""
+    def _collect(self, model, loss_fn, inputs, targets, points, keep=None, n_points=None):
+        """Capture every point ``(params, weights, sign)``; pieces of all points by parameter
+        (``n_points``: of the whole query, which sizes the kept blocks; default ``len(points)``)."""
         st = structure(model)
         losses, pieces = [], {}
         for params, weights, sign in points:
             with torch.enable_grad():  # the capture needs a graph even if the caller is in no_grad
                 capture = Capture(model, st, self._params(st, params))
                 got_losses, got = capture.run(
-                    loss_fn, inputs, targets, weights=weights, sign=sign, keep=keep, n_points=len(points)
+                    loss_fn, inputs, targets, weights=weights, sign=sign, keep=keep, n_points=n_points or len(points)
                 )
             losses.append(got_losses)
             for n, lst in got.items():
@@ -153,6 +155,60 @@ class GhostEngine(GradEngine):
             return VmapEngine().scaled_sum(model, loss_fn, inputs, targets, scale=scale, params=params, weights=weights)
         return res
 
+    @fixed_min_rows
+    def scaled_diff_sum(
+        self, model, loss_fn, inputs, targets, *, clip, scale, scale_prev, params=None, params_prev=None
+    ):
+        if not clip > 0:
+            raise ConfigError(f"clip threshold must be > 0, got {clip}")
+        res = self._diff_query(model, loss_fn, inputs, targets, [(params, scale), (params_prev, scale_prev)], clip)
+        if res is None:
+            return VmapEngine().scaled_diff_sum(
+                model,
+                loss_fn,
+                inputs,
+                targets,
+                clip=clip,
+                scale=scale,
+                scale_prev=scale_prev,
+                params=params,
+                params_prev=params_prev,
+            )
+        return res
+
+    def _diff_query(self, model, loss_fn, inputs, targets, points, clip) -> ClippedSum | None:
+        """One capture per point, kept apart: each point's terms give its norms and so its scale;
+        the scaled pieces of both points then form the difference's terms, clipped and summed."""
+        B, per_point = inputs.shape[0], []
+        try:
+            for params, _ in points:
+                keep = Keep(TUNING.keep_elems)
+                st, (losses,), pieces = self._collect(model, loss_fn, inputs, targets, [(params, None, +1)], keep, 2)
+                per_point.append((losses, pieces, keep))
+        except Unsupported as e:
+            _warn(e)
+            return None
+        with torch.no_grad():
+            norms = []
+            for _losses, pieces, keep in per_point:
+                keep.after_backward()
+                terms: dict[str, Term] = {}
+                for n in st.names:
+                    if pieces.get(n) or n in keep.blocks:
+                        terms[n] = build_term(n, pieces.get(n, []), keep, B, terms)
+                norms.append((clip_terms(terms, math.inf, B)[0], terms))
+            (losses, pieces, keep), (losses_prev, pieces_prev, _) = per_point
+            s, s_prev = pair_scales(points[0][1], points[1][1], (losses, norms[0][0]), (losses_prev, norms[1][0]))
+            sides = [(norms[0][1], pieces, s.to(losses.dtype)), (norms[1][1], pieces_prev, -s_prev.to(losses.dtype))]
+            terms = {}
+            for n in st.names:
+                if any(n in t for t, _, _ in sides):
+                    terms[n] = _difference_term(n, sides, keep, B, terms)
+            diff_norms, coef = clip_terms(terms, clip, B)
+            zeros = losses.new_zeros
+            total = torch.cat([terms[n].clipped_sum(coef) if n in terms else zeros(st.numels[n]) for n in st.names])
+        return ClippedSum(total=total, norms=diff_norms, losses=losses, losses_prev=losses_prev, clip=float(clip))
+
     def _query(self, model, loss_fn, inputs, targets, points, *, clip, scale=None) -> ClippedSum | None:
         """One pass over every point; the per-sample coefficients are the clip factors, times
         ``scale(losses, norms)`` if given. None: the model is unsupported (the caller falls back)."""
@@ -176,6 +232,32 @@ class GhostEngine(GradEngine):
             total = torch.cat([terms[n].clipped_sum(coef) if n in terms else zeros(st.numels[n]) for n in st.names])
         losses_prev = losses[1] if len(losses) > 1 else None
         return ClippedSum(total=total, norms=norms, losses=losses[0], losses_prev=losses_prev, clip=float(clip))
+
+
+def _difference_term(name: str, sides, keep: Keep, B: int, built: dict[str, Term]) -> Term:
+    """The term of ``s_i g_i - s'_i g'_i`` for one parameter, from each point's ``(terms, pieces,
+    signed scale)``. Where a point's term is a materialised block, the difference is one block
+    (no second materialisation); otherwise the scaled pieces of both points form the term, so its
+    norm is computed from what is summed, as in a two-point :meth:`GhostEngine.clipped_sum`."""
+    if any(isinstance(terms.get(name), MaterialisedTerm) for terms, _, _ in sides):
+        block = None
+        for terms, pieces, sc in sides:
+            t = terms.get(name)
+            if isinstance(t, MaterialisedTerm):
+                dense = t.block
+            elif pieces.get(name):
+                dense = sum_dense(pieces[name])
+            else:
+                continue
+            sc = sc.to(dense.dtype).unsqueeze(1)
+            block = dense * sc if block is None else block.addcmul_(dense, sc)
+        return MaterialisedTerm(block)
+    lst: list[Piece] = []
+    for _, pieces, sc in sides:
+        for pc in pieces.get(name, []):
+            pc.scale = sc
+            lst.append(pc)
+    return build_term(name, lst, keep, B, built)
 
 
 def _warn(e: Exception) -> None:
