@@ -70,7 +70,7 @@ def privacy_section(cfg: Any, ledger: PrivacyLedger | None) -> dict[str, Any]:
     if ledger is None:
         return {"private": False, "epsilon_spent": None, "delta": None}
     spent = ledger.spent()
-    return {
+    out = {
         "private": True,
         "epsilon_target": cfg.privacy.epsilon,
         "epsilon_spent": spent.epsilon,
@@ -79,6 +79,9 @@ def privacy_section(cfg: Any, ledger: PrivacyLedger | None) -> dict[str, Any]:
         "neighbouring": cfg.privacy.neighbouring,
         "ledger": ledger.to_dict(),
     }
+    if getattr(cfg, "hyperparameter_tuning", None):  # the ε above covers this run, not how it was chosen
+        out["not_accounted"] = {"hyperparameter_tuning": cfg.hyperparameter_tuning}
+    return out
 
 
 def _files(cfg: Any) -> dict[str, Any]:
