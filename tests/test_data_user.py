@@ -42,8 +42,9 @@ def test_float64_and_other_dtypes_are_cast_by_the_documented_rule():
     assert ints.x_train.dtype == torch.float32 and ints.y_train.dtype == torch.int64
     half = Dataset.from_tensors(x64.half(), y.bool(), num_classes=2)
     assert half.x_train.dtype == torch.float32 and half.y_train.dtype == torch.int64
-    with pytest.raises(DataError, match="beyond float32's range"):
+    with pytest.raises(DataError, match="beyond float32's range") as e:
         Dataset.from_tensors(torch.full((4, 2), 1e300, dtype=torch.float64), torch.zeros(4, dtype=torch.long))
+    assert "1e+300" not in str(e.value)  # a training record's value is never printed
 
 
 def test_from_numpy_matches_from_tensors():
@@ -96,8 +97,11 @@ def test_inferring_num_classes_warns():
 def test_validate_flags_absurd_magnitudes_and_casts():
     x, y = _xy()
     x[3, 1] = 1e37  # finite, but far beyond anything scaled with public constants
-    with pytest.raises(DataError, match=r"magnitude 1e\+37.*scaled with public constants"):
+    with pytest.raises(DataError, match=r"train split has a feature of magnitude above 1e\+06.*public constants") as e:
         Dataset.from_tensors(x, y, num_classes=2)
+    assert "1e+37" not in str(e.value)  # a training record's value is never printed
+    with pytest.raises(DataError, match=r"test split has a feature of magnitude 1e\+37"):
+        Dataset.from_tensors(_xy()[0], y, x_test=x, y_test=y, num_classes=2)  # test records are public
     x2, _ = _xy(dtype=torch.float64)
     ds = Dataset(
         name="raw", x_train=x2, y_train=y.int(), x_val=x2[:0], y_val=y[:0], x_test=x2[:4], y_test=y[:4],

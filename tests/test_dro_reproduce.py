@@ -4,6 +4,7 @@ import json
 import math
 import statistics
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from privopt.experiments.dro import (
     run_dro_table3,
 )
 from privopt.experiments.dro_metrics import class_matched_indices
+from privopt.experiments.privacy_notes import TRAINING_MEASUREMENTS, TUNED_ON_TRAINING
 
 TINY = Budget(
     **{
@@ -109,6 +111,23 @@ def test_tuning_same_grid_for_every_method(table3):
     for r in rows:
         if r["private"]:
             assert (r["lr"], r["weight_cap"]) == (best[r["method"]]["lr"], best[r["method"]]["weight_cap"])
+
+
+def test_every_output_says_the_tuning_and_the_training_measurements_are_not_covered(table3):
+    """The final runs' hyper-parameters were tuned on records of their training data and the tables
+    carry unnoised training-set measurements: every output that depends on them says so."""
+    out, _ = table3
+    rows = [json.loads(s) for s in (out / "results.jsonl").read_text().splitlines()]
+    assert all(r["hyperparameter_tuning"] == TUNED_ON_TRAINING for r in rows)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["hyperparameter_tuning"] == TUNED_ON_TRAINING and summary["not_private"] == TRAINING_MEASUREMENTS
+    md = (out / "table3.md").read_text()
+    assert f"**Not accounted:** hyper-parameters {TUNED_ON_TRAINING}." in md
+    assert f"**Not private:** {TRAINING_MEASUREMENTS}." in md
+    for r in rows:
+        rec = json.loads((Path(r["run_dir"]) / "record.json").read_text())
+        expected = {"hyperparameter_tuning": TUNED_ON_TRAINING} if r["private"] else None
+        assert rec["privacy"].get("not_accounted") == expected
 
 
 def test_cap_is_tuned_only_where_no_rule_fixes_it():

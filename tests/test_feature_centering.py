@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _run_helpers import cfg, cfg_dict, ledger_epsilon
+from _run_helpers import cfg, cfg_dict, ledger_epsilon, read_record
 from privopt.config import RunConfig
 from privopt.data.centering import FAMILY, FeatureCentering
 from privopt.errors import ConfigError
 from privopt.privacy import FullBatch, Gaussian, PrivacyLedger, Step
 from privopt.rng import TorchSource
-from privopt.training import build_run, train
+from privopt.training import build_run, load_diagnostics, train
 
 CENTRE = {"feature_centering": {"norm_bound": 16.0, "noise_ratio": 4.0}}
 
@@ -79,12 +79,29 @@ def test_resume_reuses_the_released_mean_and_spends_nothing_twice(tmp_path):
     assert resumed["metrics"] == full["metrics"]
 
 
-def test_a_non_private_run_centres_on_the_exact_mean():
-    sgd = dict(algorithm="sgd", privacy={"epsilon": None}, algorithm_params={"epochs": 1, "batch_size": 100, "lr": 0.5})
-    run, raw = build_run(RunConfig.from_dict({**sgd, **CENTRE})), build_run(RunConfig.from_dict(sgd)).data
+SGD = dict(algorithm="sgd", privacy={"epsilon": None}, algorithm_params={"epochs": 1, "batch_size": 100, "lr": 0.5})
+
+
+def test_a_non_private_run_centres_on_the_exact_mean_and_keeps_it_out_of_the_released_values():
+    run, raw = build_run(RunConfig.from_dict({**SGD, **CENTRE})), build_run(RunConfig.from_dict(SGD)).data
     fc = FeatureCentering(norm_bound=16.0, noise_ratio=4.0)
-    torch.testing.assert_close(torch.tensor(run.released["feature_mean"]), fc.clipped_sum(raw.x_train).float() / run.n)
-    assert run.ledger is None
+    exact = fc.clipped_sum(raw.x_train).float() / run.n
+    torch.testing.assert_close(run.data.x_train, fc.centre(raw.x_train, exact))
+    assert run.ledger is None and run.released == {}  # an exact statistic is never "released"
+    torch.testing.assert_close(torch.tensor(run.data.private_stats["feature_mean_exact"]), exact)
+
+
+def test_a_non_private_run_publishes_no_exact_training_mean(tmp_path):
+    """The exact mean gives a record away to anyone who knows the others (docs/privacy.md, attack 1):
+    it goes to the non-private diagnostics, never to record.json."""
+    rec = train(RunConfig.from_dict({**SGD, **CENTRE}), out_dir=tmp_path / "r", progress=False)
+    assert "released" not in rec and "released" not in read_record(tmp_path / "r")
+    diag = RunConfig.from_dict({**SGD, **CENTRE, "non_private_diagnostics": True})
+    train(diag, out_dir=tmp_path / "d", progress=False)
+    meta = load_diagnostics(tmp_path / "d")["dataset_meta"]["private"]
+    assert len(meta["feature_mean_exact"]) == 64
+    resumed = train(None, out_dir=tmp_path / "r", resume=True, progress=False)
+    assert "released" not in resumed
 
 
 @pytest.mark.parametrize(

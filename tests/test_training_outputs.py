@@ -97,6 +97,8 @@ def test_diagnostics_hold_the_non_private_values(tmp_path):
     assert diag["dataset_meta"]["private"]["label_histogram"]["train"] and "splits" in diag["dataset_meta"]["private"]
     assert not any(k.startswith("train_") for k in rec["metrics"]) and "meta" not in rec["dataset"]
     assert rec["files"]["diagnostics"].startswith("diagnostics.NOT_PRIVATE.json")
+    # exact training statistics: readable by the owner only, like the checkpoint
+    assert (tmp_path / "r" / "diagnostics.NOT_PRIVATE.json").stat().st_mode & 0o777 == 0o600
 
 
 # ---------------------------------------------------------------------------------- attack 1

@@ -83,12 +83,12 @@ def atomic_write_bytes(path: Path, data: bytes, *, mode: int | None = None) -> N
     _fsync_dir(path.parent)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
+def atomic_write_text(path: Path, text: str, *, mode: int | None = None) -> None:
+    atomic_write_bytes(path, text.encode(), mode=mode)
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+def atomic_write_json(path: Path, obj: Any, *, mode: int | None = None) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n", mode=mode)
 
 
 def _json_default(o: Any) -> Any:

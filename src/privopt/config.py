@@ -150,6 +150,9 @@ class RunConfig:
     plots: bool = True  # write curves.png
     # DP feature centring (privopt.data.centering): {norm_bound: R, noise_ratio: r}; {} = off.
     feature_centering: dict[str, Any] = field(default_factory=dict)
+    # How the hyper-parameters were chosen when that read private data (e.g. a grid search on a
+    # validation split of the training data): the record says this choice is not accounted.
+    hyperparameter_tuning: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.privacy, dict):  # RunConfig(privacy={...}) reads like the YAML it mirrors
@@ -173,6 +176,10 @@ class RunConfig:
             v = getattr(self, key)
             if isinstance(v, bool) or not (isinstance(v, int) and v >= 0):
                 raise ConfigError(f"{key} must be an integer >= 0, got {v!r}")
+        if self.hyperparameter_tuning is not None and not isinstance(self.hyperparameter_tuning, str):
+            raise ConfigError(
+                f"hyperparameter_tuning must be a note (a string) or null, got {self.hyperparameter_tuning!r}"
+            )
         if self.data_dir is not None and not isinstance(self.data_dir, str):
             raise ConfigError(f"data_dir must be a folder path (a string) or null, got {self.data_dir!r}")
         v = self.insecure_seed

@@ -60,8 +60,9 @@ def _features(x: Any, what: str, name: str) -> torch.Tensor:
     if x.dtype == torch.float64:
         big = x.abs()[torch.isfinite(x)]
         if big.numel() and float(big.max()) > _F32_MAX:
+            # No value in the message: it would be one private record's feature.
             raise DataError(
-                f"dataset {name!r}: {what} holds {float(big.max()):.3g}, beyond float32's range; "
+                f"dataset {name!r}: {what} holds a value beyond float32's range (|x| > {_F32_MAX:.3g}); "
                 "scale features with public constants first"
             )
     return x.to(torch.float32)
@@ -244,8 +245,10 @@ def _check_values(ds: Dataset, split: str, x: torch.Tensor, y: torch.Tensor, max
         raise DataError(f"dataset {ds.name!r}: the {split} split has NaN or infinite feature values")
     biggest = float(x.abs().max())
     if biggest > max_abs:
+        # The value itself is one record's feature: named only for the (public) test split.
+        found = f"{biggest:.3g} (> {max_abs:g})" if split == "test" else f"above {max_abs:g}"
         raise DataError(
-            f"dataset {ds.name!r}: the {split} split has a feature of magnitude {biggest:.3g} (> {max_abs:g}): "
+            f"dataset {ds.name!r}: the {split} split has a feature of magnitude {found}: "
             "features must be scaled with public constants (e.g. pixels / 255, documented value ranges) "
             "before training; see docs/data.md"
         )

@@ -39,6 +39,7 @@ from privopt.experiments.dro_protocol import (
 )
 from privopt.experiments.dro_report_settings import models_table, tuned_table
 from privopt.experiments.dro_runner import GridRequest, ModelSpec, run_grid, single_threaded
+from privopt.experiments.privacy_notes import notes_markdown
 
 __all__ = ["format_table", "models_table", "run_dro_mia", "run_dro_table3"]
 
@@ -244,6 +245,8 @@ def _table3_markdown(rows, meta, table: str, private_methods, violations) -> str
         f"Test accuracy (%), mean ± std over {meta['seeds']} seed(s); δ = n^-1.1; KL-DRO ρ = {RHO}, λ0 = {LAM0}; "
         f"{budget['epochs']} epoch-equivalents per run for every method. Noise and sampling: {meta['randomness']}.",
         "",
+        notes_markdown(meta),
+        "",
         "## Measured",
         "",
         table,
@@ -296,6 +299,7 @@ _FORWARDED = (
     "out_dir",
     "progress",
     "hyperparameters",
+    "selection_note",
     "log",
     "insecure_seed",
     "device",
@@ -334,6 +338,7 @@ def run_dro_table3(
     nonprivate: bool = True,
     tune: bool = True,
     hyperparameters: dict[str, dict] | None = None,
+    selection_note: str | None = None,
     log: Callable[[str], None] | None = None,
     insecure_seed: int | None = None,
     device: str = "cpu",
@@ -413,6 +418,7 @@ def run_dro_mia(
     progress: bool = False,
     tune: bool = True,
     hyperparameters: dict[str, dict] | None = None,
+    selection_note: str | None = None,
     log: Callable[[str], None] | None = None,
     insecure_seed: int | None = None,
     device: str = "cpu",
@@ -430,7 +436,8 @@ def run_dro_mia(
         f"# Paper A Table 2 reproduction — {meta['dataset']} (budget {meta['budget']['name']})\n\n"
         f"Loss-attack ROC AUC (members = training points, non-members = test points, class-matched), "
         f"mean ± std over {meta['seeds']} seed(s). The paper's values exceed the DP cap. "
-        f"Noise and sampling: {meta['randomness']}.\n\n{table}\n\nDP runs above cap + 3 SE: {len(violations)}.\n"
+        f"Noise and sampling: {meta['randomness']}.\n\n{notes_markdown(meta)}\n\n{table}\n\n"
+        f"DP runs above cap + 3 SE: {len(violations)}.\n"
     )
     atomic_write_text(out / "table2.md", text)
     summary = {**meta, "mia_violations": len(violations), "table_markdown": table}

@@ -38,6 +38,7 @@ from privopt.experiments.dro_protocol import (
 )
 from privopt.experiments.dro_rows import failed_row, finite, log_row, result_row
 from privopt.experiments.jobs import SHARED, Call, DataRef, Workers, picklable, single_threaded
+from privopt.experiments.privacy_notes import TRAINING_MEASUREMENTS, hyperparameter_note
 
 __all__ = ["GridRequest", "ModelSpec", "RunSpec", "randomness_note", "run_grid", "run_one", "single_threaded", "tune"]
 
@@ -56,6 +57,8 @@ class RunSpec:
         progress: per-run progress bars.
         insecure_seed: ``None`` (secret noise and sampling) or the base of seeded, insecure sources.
         device: ``"cpu"`` or ``"cuda"`` for every run (config key ``device``).
+        tuning_note: how the final runs' hyper-parameters were chosen when that read private
+            data (config key ``hyperparameter_tuning``: their records say it is not accounted).
     """
 
     dataset_label: str
@@ -64,6 +67,7 @@ class RunSpec:
     progress: bool = False
     insecure_seed: int | None = None
     device: str = "cpu"
+    tuning_note: str | None = None
 
     def noise_seed(self, seed: int) -> int | None:
         return None if self.insecure_seed is None else self.insecure_seed + seed
@@ -159,6 +163,7 @@ def run_one(
             "checkpoint_every": 10**9,
             # gradient norms, MIA and validation scores read the training data: non-private diagnostics
             "non_private_diagnostics": bool(metrics) or eval_split == "val",
+            "hyperparameter_tuning": spec.tuning_note,
             "feature_centering": _centering(budget, data),
         }
     )
@@ -170,6 +175,7 @@ def run_one(
         method, spec, rec, private=private, n=n, hp=hp, epochs=epochs, epsilon=epsilon, seed=seed, pre=eval_split
     )
     row["weight_cap"] = params.get("weight_cap")  # the cap that ran (None: not a DRO method)
+    row["hyperparameter_tuning"] = spec.tuning_note  # not accounted in epsilon_spent
     return {**row, "model": model_name, "model_params": model_params, "wall_s": wall, "run_dir": str(out_dir)}
 
 
@@ -385,6 +391,8 @@ class GridRequest:
         tune_grid: grid-search (lr, clip) per method on a validation split (same grid for all).
         hyperparameters: skip tuning and use ``{method: {"lr": .., "clip": ..}}`` (optionally with
             ``"algorithm_params": {field: value}``, which override that method's config fields).
+        selection_note: how given ``hyperparameters`` were chosen when that read these records
+            (e.g. the demo's): written into every output as not accounted.
         insecure_seed: ``None`` (secret noise and sampling) or a base seed — NOT private.
         device: ``"cpu"`` or ``"cuda"`` for every run.
         jobs: runs at a time, each in its own worker process with one torch thread (0: one per
@@ -406,6 +414,7 @@ class GridRequest:
     nonprivate: bool = True
     tune_grid: bool = True
     hyperparameters: dict | None = None
+    selection_note: str | None = None
     log: Log | None = None
     insecure_seed: int | None = None
     device: str = "cpu"
@@ -422,7 +431,8 @@ def _choose_hyperparameters(req: GridRequest, spec: RunSpec, methods, eps_list, 
     """(best grid point per (method, ε), tuning report): given, tuned, or the budget's defaults."""
     if req.hyperparameters is not None:
         best = {(m, None): dict(hp) for m, hp in req.hyperparameters.items()}
-        return best, {"tuned": False, "hyperparameters": req.hyperparameters}
+        selection = {"selection": req.selection_note} if req.selection_note else {}
+        return best, {"tuned": False, "hyperparameters": req.hyperparameters, **selection}
     if not req.tune_grid:
         return {}, {"tuned": False, "hyperparameters": "budget defaults"}
     points = ", ".join(f"{m} {_grid_sizes(spec.budget, m, eps_list)}" for m in methods)
@@ -453,6 +463,7 @@ def run_grid(req: GridRequest) -> tuple[list[dict], dict[str, Any], Path]:
     runs = dict(dataset=req.dataset, data_dir=req.data_dir, methods=methods, eps_list=eps_list, seeds=req.seeds)
     with workers:  # one pool for tuning and the final runs: workers start (import torch, warm up) once
         best, tuning = _choose_hyperparameters(req, spec, methods, eps_list, out, say, workers)
+        spec = replace(spec, tuning_note=hyperparameter_note(tuning))
         atomic_write_json(out / "tuning.json", tuning)
         rows = _final_runs(req.kind, spec, **runs, best=best, metrics=req.metrics, out=out, say=say, workers=workers)
     meta = {
@@ -466,6 +477,8 @@ def run_grid(req: GridRequest) -> tuple[list[dict], dict[str, Any], Path]:
         "lam0": LAM0,
         "delta_rule": "n^-1.1",
         "randomness": randomness_note(req.insecure_seed),
+        "hyperparameter_tuning": spec.tuning_note,
+        "not_private": TRAINING_MEASUREMENTS if req.metrics else None,
         "insecure_seed": req.insecure_seed,
         "jobs": jobs,
         "tuning_wall_s": tuning.get("wall_s", 0.0),

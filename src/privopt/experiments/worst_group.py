@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from privopt.checkpoint import atomic_write_json
 from privopt.cliargs import add_run_outputs, float_list, non_negative_int, positive_int
 from privopt.errors import ConfigError
 from privopt.experiments.jobs import Workers, single_threaded
+from privopt.experiments.privacy_notes import hyperparameter_note, notes_markdown
 from privopt.experiments.worst_group_protocol import BASELINES, DATASETS, EPSILONS, PAPER_D, load_group_dataset
 from privopt.experiments.worst_group_report import (
     per_group_table,
@@ -87,17 +89,16 @@ def run_worst_group(
     out.mkdir(parents=True, exist_ok=True)
     t0, c0 = time.perf_counter(), time.process_time()
     spec = Spec(dataset, data_dir=data_dir, insecure_seed=insecure_seed)
-    with workers:  # one pool for tuning and the final runs
-        best, tuning = _hyperparameters(methods, spec, tune_grid=tune_grid, log=log, workers=workers)
-        atomic_write_json(out / "tuning.json", tuning)
-        rows = final_runs(methods, spec, best=best, epsilons=eps, seeds=seeds, out=out, log=log, workers=workers)
+    best, tuning, rows = _tune_and_run(
+        methods, spec, eps=eps, seeds=seeds, out=out, tune=tune_grid, log=log, workers=workers
+    )
     summary = summarize(rows)
     names = load_group_dataset(dataset, data_dir=data_dir, seed=0).group_names
     result = {
         "dataset": dataset, "epsilons": eps, "seeds": seeds, "methods": methods,
         "hyperparameters": best, "summary": summary, "verdict": verdict(summary),
         "randomness": "secret (OS entropy)" if insecure_seed is None else f"seeded, INSECURE ({insecure_seed} + seed)",
-        "jobs": workers.jobs,
+        "jobs": workers.jobs, "hyperparameter_tuning": hyperparameter_note(tuning),
     }  # fmt: skip
     if rates and dataset == "synthetic":
         from privopt.experiments.worst_group_rates import run_rates
@@ -123,6 +124,17 @@ def run_worst_group(
     return result
 
 
+def _tune_and_run(methods, spec: Spec, *, eps, seeds: int, out: Path, tune: bool, log, workers):
+    """(best point per method, tuning report, final rows); the rows and the report say how the
+    hyper-parameters were chosen when that read the training data (not accounted)."""
+    with workers:  # one pool for tuning and the final runs
+        best, tuning = _hyperparameters(methods, spec, tune_grid=tune, log=log, workers=workers)
+        atomic_write_json(out / "tuning.json", tuning)
+        spec = replace(spec, tuning_note=hyperparameter_note(tuning))
+        rows = final_runs(methods, spec, best=best, epsilons=eps, seeds=seeds, out=out, log=log, workers=workers)
+    return best, tuning, rows
+
+
 def _hyperparameters(methods, spec: Spec, *, tune_grid: bool, log, workers) -> tuple[dict, dict]:
     """Each method's hyper-parameters: tuned on a validation split, or the middle of its grid."""
     if tune_grid:
@@ -138,6 +150,7 @@ def _markdown(result: dict, rows, names) -> str:
     parts = [
         f"# Worst-group reproduction: {result['dataset']}",
         f"Worst-group test accuracy, mean ± std over {result['seeds']} seeds (average accuracy in brackets).",
+        notes_markdown(result),
         results_table(result["summary"], eps),
         f"\nPer-group test accuracy at ε = {eps[len(eps) // 2]:g} (mean over seeds):",
         per_group_table(rows, epsilon=eps[len(eps) // 2], group_names=names),

@@ -21,6 +21,7 @@ from typing import Any
 
 from privopt.errors import PrivoptError
 from privopt.experiments.jobs import Call, DataRef, Workers
+from privopt.experiments.privacy_notes import TUNED_ON_TRAINING
 from privopt.experiments.worst_group_protocol import (
     DATASETS,
     METHOD_LABELS,
@@ -45,6 +46,7 @@ class Spec:
     data_dir: Any = None
     insecure_seed: int | None = None
     accountant: str = "rdp"
+    tuning_note: str | None = None  # how the final runs' hyper-parameters were chosen (not accounted)
 
     @property
     def schedule(self):
@@ -83,6 +85,7 @@ def run_one(method: str, spec: Spec, *, data, point: dict, epsilon, seed: int, t
     )
     base = {"dataset": spec.dataset, "method": method, "label": METHOD_LABELS.get(method, method), "private": private}
     base.update({"epsilon": epsilon if private else None, "seed": seed, "hyperparameters": params})
+    base["hyperparameter_tuning"] = spec.tuning_note
     t0, c0 = time.perf_counter(), time.process_time()
     try:
         run = build_run(cfg, dataset=data)
@@ -150,6 +153,9 @@ def tune(methods: Sequence[str], spec: Spec, *, log: Log, workers: Workers | Non
         "score": "worst-group accuracy on the validation split (ties: average accuracy)",
         "validation": f"{spec.schedule.val_fraction:g} of the training split, seed 0 (synthetic: an independent draw)",
         "privacy_note": "tuning runs are not accounted in epsilon",
+        "tuned": True,
+        # the synthetic generator's validation records are an independent draw: no training record is read
+        "selection": None if spec.dataset == "synthetic" else TUNED_ON_TRAINING,
         "points_per_method": {m: len(grid(m)) for m in methods},
         "best": best,
         "trials": trials,

@@ -271,13 +271,18 @@ def _centering(cfg: RunConfig, comm: Any) -> FeatureCentering | None:
 
 def _centred(cfg: RunConfig, data: Any, centering, calibration, ledger, *, rng, released) -> tuple[Any, dict]:
     """``data`` centred on the released feature mean: drawn now (and recorded in the ledger), or the
-    one a resumed run released before (``released``); a non-private run uses the exact mean."""
+    one a resumed run released before (``released``); a non-private run uses the exact mean, which
+    is a private statistic (diagnostics only), never a released one."""
     if centering is None:
         return data, {}
     if released is not None:
         mean = torch.tensor(released["feature_mean"], dtype=torch.float32)
     elif calibration is None:
-        mean = (centering.clipped_sum(data.x_train) / data.x_train.shape[0]).to(torch.float32)
+        mean = (centering.clipped_sum(data.x_train) / data.x_train.shape[0]).to(torch.float32).to(data.x_train.device)
+        centred = centering.apply(data, mean)
+        meta = dict(centred.meta)
+        meta["private"] = {**meta.get("private", {}), "feature_mean_exact": mean.cpu().tolist()}
+        return replace(centred, meta=meta), {}
     else:
         z = calibration.noise[CENTERING_FAMILY]
         nb = cfg.privacy.neighbouring

@@ -29,7 +29,14 @@ from typing import Any
 import torch
 
 import privopt
-from privopt.checkpoint import CHECKPOINT_NAME, atomic_write_bytes, atomic_write_json, atomic_write_text, torch_bytes
+from privopt.checkpoint import (
+    CHECKPOINT_NAME,
+    SECRET_MODE,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    torch_bytes,
+)
 from privopt.errors import DataError
 from privopt.privacy import PrivacyLedger
 from privopt.training.builder import Run, randomness_section
@@ -63,7 +70,7 @@ def privacy_section(cfg: Any, ledger: PrivacyLedger | None) -> dict[str, Any]:
     if ledger is None:
         return {"private": False, "epsilon_spent": None, "delta": None}
     spent = ledger.spent()
-    return {
+    out = {
         "private": True,
         "epsilon_target": cfg.privacy.epsilon,
         "epsilon_spent": spent.epsilon,
@@ -72,6 +79,9 @@ def privacy_section(cfg: Any, ledger: PrivacyLedger | None) -> dict[str, Any]:
         "neighbouring": cfg.privacy.neighbouring,
         "ledger": ledger.to_dict(),
     }
+    if getattr(cfg, "hyperparameter_tuning", None):  # the ε above covers this run, not how it was chosen
+        out["not_accounted"] = {"hyperparameter_tuning": cfg.hyperparameter_tuning}
+    return out
 
 
 def _files(cfg: Any) -> dict[str, Any]:
@@ -161,8 +171,8 @@ def write_outputs(
     """Write the public outputs of one commit (and the diagnostics, when enabled), record first."""
     out = Path(out)
     atomic_write_json(out / RECORD_NAME, record)
-    if diagnostics is not None:
-        atomic_write_json(out / DIAGNOSTICS_NAME, diagnostics)
+    if diagnostics is not None:  # exact training statistics: owner-only, like the checkpoint
+        atomic_write_json(out / DIAGNOSTICS_NAME, diagnostics, mode=SECRET_MODE)
     atomic_write_text(out / METRICS_NAME, _metrics_csv(record["history"]))
     if plots and record["status"] != "running" and record["history"]:
         from privopt.plots import plot_training_curves

@@ -1,0 +1,60 @@
+"""What a reproduction's outputs must say about the values its ε does not cover.
+
+Every run's ε covers that run only (docs/privacy.md, "What is not accounted"). A reproduction
+that chose its hyper-parameters on records of the training data, or reports measurements taken on
+the training records without noise, says so in every output that depends on them: the run records
+(``privacy.not_accounted``), the result rows, the summaries and the Markdown tables.
+
+Example:
+    >>> hyperparameter_note({"tuned": True}).startswith("tuned by grid search")
+    True
+    >>> hyperparameter_note({"tuned": False, "hyperparameters": "budget defaults"}) is None
+    True
+    >>> hyperparameter_note({"tuned": True, "selection": None}) is None  # e.g. an independent draw
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "DEMO_SELECTION",
+    "TRAINING_MEASUREMENTS",
+    "TUNED_ON_TRAINING",
+    "hyperparameter_note",
+    "notes_markdown",
+]
+
+TUNED_ON_TRAINING = (
+    "tuned by grid search on a validation split carved from the training data (tuning.json): "
+    "that choice read private records and is NOT accounted in epsilon_spent"
+)
+DEMO_SELECTION = (
+    "fixed in code (privopt.experiments.demo.DEMO_HYPERPARAMETERS), chosen by the developers on "
+    "validation splits of digits-st (docs/results/dro.md, 'Demo'): that choice read these records "
+    "and is NOT accounted in epsilon_spent"
+)
+TRAINING_MEASUREMENTS = (
+    "grad_norm (‖∇ₓΨ_KL‖), dro_lam_star and the MIA AUCs are computed on the training records "
+    "without noise: NOT private, research measurements of the methods (docs/privacy.md, 'Diagnostics')"
+)
+
+
+def hyperparameter_note(tuning: dict[str, Any]) -> str | None:
+    """The note for a reproduction's tuning report (``tuning.json``): its ``selection`` when it has
+    one (``None``: no private record was read, e.g. tuned on independent data), else
+    :data:`TUNED_ON_TRAINING` for a tuned report and ``None`` for given values or budget defaults."""
+    if "selection" in tuning:
+        return tuning["selection"]
+    return TUNED_ON_TRAINING if tuning.get("tuned") else None
+
+
+def notes_markdown(meta: dict[str, Any]) -> str:
+    """The privacy notes of a summary (``hyperparameter_tuning``, ``not_private``) as Markdown lines."""
+    lines = []
+    if meta.get("hyperparameter_tuning"):
+        lines.append(f"**Not accounted:** hyper-parameters {meta['hyperparameter_tuning']}.")
+    if meta.get("not_private"):
+        lines.append(f"**Not private:** {meta['not_private']}.")
+    return "\n\n".join(lines)
