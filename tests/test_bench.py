@@ -121,12 +121,21 @@ def test_breakdown_counts_two_gradients_per_record_of_a_difference_query():
     model = nn.Linear(3, 2)
     loss = lambda out, y: nn.functional.cross_entropy(out, y, reduction="none")
     prev = {n: p.detach() + 0.1 for n, p in model.named_parameters()}
+    one = lambda losses, norms: torch.ones_like(norms)
+    x, y = torch.randn(40, 3), torch.zeros(40, dtype=torch.long)
     with Breakdown() as bd:
-        get_engine("ghost").clipped_sum(model, loss, torch.randn(40, 3), torch.zeros(40, dtype=torch.long), clip=1.0)
-        get_engine("vmap").clipped_sum(
-            model, loss, torch.randn(5, 3), torch.zeros(5, dtype=torch.long), clip=1.0, params_prev=prev
-        )
+        get_engine("ghost").clipped_sum(model, loss, x, y, clip=1.0)
+        get_engine("vmap").clipped_sum(model, loss, x[:5], y[:5], clip=1.0, params_prev=prev)
     assert bd.counts["grad_evals"] == 40 + 2 * 5
+    # the one-pass DRO queries count too, each once (the ghost engine's own passes are not queries)
+    for name in ("ghost", "vmap"):
+        with Breakdown() as bd:
+            get_engine(name).scaled_sum(model, loss, x, y, scale=one)
+            get_engine(name).scaled_diff_sum(
+                model, loss, x[:7], y[:7], clip=1.0, scale=one, scale_prev=one, params_prev=prev
+            )
+        assert bd.counts["grad_evals"] == 40 + 2 * 7, name
+        assert bd.calls["engine: rest (vmap, sums)"] == 2
 
 
 @pytest.mark.slow

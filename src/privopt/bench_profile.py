@@ -36,6 +36,9 @@ from collections.abc import Callable
 
 __all__ = ["COMPONENTS", "Breakdown"]
 
+# The engines' queries: each is timed, and counts its per-record gradients (see Breakdown).
+_QUERIES = ("clipped_sum", "scaled_sum", "scaled_diff_sum")
+
 # (component, absorbing, [(module, attribute path)]): module-level functions are replaced in every
 # privopt module that imported them by name; "Class.method" paths are patched on the class.
 _TARGETS: tuple[tuple[str, bool, tuple[tuple[str, str], ...]], ...] = (
@@ -70,7 +73,11 @@ _TARGETS: tuple[tuple[str, bool, tuple[tuple[str, str], ...]], ...] = (
     (
         "engine: rest (vmap, sums)",
         False,
-        (("privopt.grads.engine", "VmapEngine.clipped_sum"), ("privopt.grads.ghost.engine", "GhostEngine.clipped_sum")),
+        tuple(
+            (module, f"{cls}.{query}")
+            for module, cls in (("privopt.grads.engine", "VmapEngine"), ("privopt.grads.ghost.engine", "GhostEngine"))
+            for query in _QUERIES
+        ),
     ),
     ("engine: forward+backward", True, (("privopt.grads.ghost.engine", "GhostEngine._collect"),)),
     (
@@ -85,8 +92,9 @@ COMPONENTS = tuple(c for c, _, _ in _TARGETS) + (STEP, "other")
 
 class Breakdown:
     """Context manager: per-component wall time (``times``), call counts (``calls``) and
-    ``counts["grad_evals"]`` (per-record gradients the engines computed; two per record in a
-    difference query) / ``counts["sampled"]`` (records drawn by the samplers)."""
+    ``counts["grad_evals"]`` (per-record gradients the engines' queries computed; two per record
+    in a difference query, whatever the number of passes an engine takes for it) and
+    ``counts["sampled"]`` (records drawn by the samplers)."""
 
     def __init__(self) -> None:
         self.times: dict[str, float] = defaultdict(float)
@@ -146,11 +154,13 @@ class Breakdown:
 
     def _counting(self, fn: Callable, path: str) -> Callable:
         counts, depth = self.counts, self._engine_depth
-        if path.endswith("clipped_sum"):
+        if path.split(".")[-1] in _QUERIES:
 
             def engine_call(self_, model, loss_fn, inputs, *args, **kwargs):
-                if not depth:  # the ghost engine's vmap fallback is the same query: count it once
-                    counts["grad_evals"] += int(inputs.shape[0]) * (2 if kwargs.get("params_prev") is not None else 1)
+                # Count a query once, not the queries it makes (a fallback, a default's passes).
+                if not depth:
+                    two = "scale_prev" in kwargs or kwargs.get("params_prev") is not None
+                    counts["grad_evals"] += int(inputs.shape[0]) * (2 if two else 1)
                 depth.append(1)
                 try:
                     return fn(self_, model, loss_fn, inputs, *args, **kwargs)
