@@ -197,12 +197,15 @@ class GhostEngine(GradEngine):
                     if pieces.get(n) or n in keep.blocks:
                         terms[n] = build_term(n, pieces.get(n, []), keep, B, terms)
                 norms.append((clip_terms(terms, math.inf, B)[0], terms))
-            (losses, pieces, keep), (losses_prev, pieces_prev, _) = per_point
+            (losses, pieces, keep), (losses_prev, pieces_prev, keep_prev) = per_point
             s, s_prev = pair_scales(points[0][1], points[1][1], (losses, norms[0][0]), (losses_prev, norms[1][0]))
-            sides = [(norms[0][1], pieces, s.to(losses.dtype)), (norms[1][1], pieces_prev, -s_prev.to(losses.dtype))]
+            sides = [
+                (norms[0][1], pieces, keep, s.to(losses.dtype)),
+                (norms[1][1], pieces_prev, keep_prev, -s_prev.to(losses.dtype)),
+            ]
             terms = {}
             for n in st.names:
-                if any(n in t for t, _, _ in sides):
+                if any(n in side[0] for side in sides):
                     terms[n] = _difference_term(n, sides, keep, B, terms)
             diff_norms, coef = clip_terms(terms, clip, B)
             zeros = losses.new_zeros
@@ -236,12 +239,13 @@ class GhostEngine(GradEngine):
 
 def _difference_term(name: str, sides, keep: Keep, B: int, built: dict[str, Term]) -> Term:
     """The term of ``s_i g_i - s'_i g'_i`` for one parameter, from each point's ``(terms, pieces,
-    signed scale)``. Where a point's term is a materialised block, the difference is one block
-    (no second materialisation); otherwise the scaled pieces of both points form the term, so its
-    norm is computed from what is summed, as in a two-point :meth:`GhostEngine.clipped_sum`."""
-    if any(isinstance(terms.get(name), MaterialisedTerm) for terms, _, _ in sides):
+    keep, signed scale)``. Where a point's term is a materialised block, the difference is one
+    block (no second materialisation; formed in the first point's kept block when it has one);
+    otherwise the scaled pieces of both points form the term, so its norm is computed from what
+    is summed, as in a two-point :meth:`GhostEngine.clipped_sum`."""
+    if any(isinstance(side[0].get(name), MaterialisedTerm) for side in sides):
         block = None
-        for terms, pieces, sc in sides:
+        for terms, pieces, keep, sc in sides:
             t = terms.get(name)
             if isinstance(t, MaterialisedTerm):
                 dense = t.block
@@ -250,10 +254,13 @@ def _difference_term(name: str, sides, keep: Keep, B: int, built: dict[str, Term
             else:
                 continue
             sc = sc.to(dense.dtype).unsqueeze(1)
-            block = dense * sc if block is None else block.addcmul_(dense, sc)
+            if block is not None:
+                block = block.addcmul_(dense, sc)
+            else:  # a kept block is the engine's own (a lone piece's tensor may be shared): scale it in place
+                block = dense.mul_(sc) if dense is keep.blocks.get(name) else dense * sc
         return MaterialisedTerm(block)
     lst: list[Piece] = []
-    for _, pieces, sc in sides:
+    for _, pieces, _, sc in sides:
         for pc in pieces.get(name, []):
             pc.scale = sc
             lst.append(pc)
