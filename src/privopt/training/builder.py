@@ -180,15 +180,24 @@ def check_model_fits(
     """
     x, y = x[:2], y[:2]
     was_training = model.training
+    failing = "model"
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             model.eval()
             out = model(x)
+            failing = "loss"
             losses = loss_fn(out, y)
     except (RuntimeError, ValueError, TypeError, IndexError, AttributeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if failing == "model":
+            raise ModelError(
+                f"the model cannot take {what} (one example: shape {tuple(x.shape[1:])}, {x.dtype}): {first}"
+            ) from None
+        # The model ran: the targets (dtype, range, shape) or the loss are what to fix.
+        got = tuple(out.shape[1:]) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ModelError(
-            f"the model cannot take {what} (one example: shape {tuple(x.shape[1:])}, {x.dtype}): {first}"
+            f"the loss cannot take the model's outputs (shape {got}) and the targets of {what} "
+            f"(shape {tuple(y.shape[1:])}, {y.dtype}; class ids for cross-entropy): {first}"
         ) from None
     finally:
         model.train(was_training)
