@@ -319,7 +319,8 @@ def test_bad_targets_are_blamed_on_the_targets_not_the_model(targets, torch_says
     with pytest.raises(ModelError) as info:
         privopt.PrivacyEngine(accountant="rdp").make_private(**kwargs(dataset=(x, targets)))
     msg = str(info.value)
-    assert msg.startswith("the loss cannot take the model's outputs (shape (2,)) and the targets") and torch_says in msg
+    assert msg.startswith("the loss cannot take the model's outputs on the training inputs (shape (2,) per example)")
+    assert torch_says in msg
     assert "the model cannot take" not in msg
 
 
