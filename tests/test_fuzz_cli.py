@@ -219,3 +219,18 @@ def test_reproduction_progress_does_not_flood_a_log(monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "stderr", log)
     exp.run_comparison(data_dir=str(tmp_path), out_dir=tmp_path / "o", epsilons=(1.0,), seeds=3, progress=True)
     assert log.getvalue() == ""
+
+
+@pytest.mark.parametrize("earlier", ["results.jsonl", "privopt-eps1-seed2"])
+def test_opacus_comparison_refuses_an_earlier_out_before_any_run(monkeypatch, tmp_path, earlier):
+    import privopt.experiments.dpsgd_opacus as exp
+    from privopt.errors import ConfigError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "opacus" else real(name, *a))
+    ran = []
+    monkeypatch.setattr(exp, "_mnist_subset", lambda *a: ran.append(a))
+    (tmp_path / earlier).mkdir()
+    with pytest.raises(ConfigError, match=f"already holds a comparison \\({earlier}\\)"):
+        exp.run_comparison(data_dir=str(tmp_path), out_dir=tmp_path, epsilons=(1.0,), seeds=3, progress=False)
+    assert ran == []
