@@ -67,6 +67,7 @@ def no_work(monkeypatch):
     import privopt.experiments.dpsgd_opacus as opacus_exp
     import privopt.experiments.dro as dro
     import privopt.experiments.erm_covertype as erm
+    import privopt.experiments.sosp as sosp
 
     def started(*a, **kw):
         raise AssertionError("work started despite a bad argument")
@@ -74,6 +75,7 @@ def no_work(monkeypatch):
     for module, name in ((dro, "run_dro_table3"), (dro, "run_dro_mia"), (erm, "run_erm_covertype")):
         monkeypatch.setattr(module, name, started)
     monkeypatch.setattr(opacus_exp, "run_comparison", started)
+    monkeypatch.setattr(sosp, "run_sosp", started)
 
 
 BAD_ARGS = [
@@ -114,6 +116,8 @@ BAD_ARGS = [
     ["reproduce", "dpsgd-vs-opacus", "--data-dir", "TMP", "--epsilons", "1,-8", "--out", "OUT"],
     ["reproduce", "dpsgd-vs-opacus", "--data-dir", "TMP", "--seeds", "0", "--out", "OUT"],
     ["reproduce", "dpsgd-vs-opacus", "--data-dir", "TMP", "--insecure-seed", "-3", "--out", "OUT"],
+    ["reproduce", "sosp", "--workers", "0", "--out", "OUT"],
+    ["reproduce", "sosp", "--workers", "-2", "--out", "OUT"],
 ]
 
 
