@@ -1,6 +1,6 @@
 """Accuracy of DP-SGD in your own loop (privopt.PrivacyEngine) beside `privopt train`, same setting.
 
-Run:  python examples/own_loop_vs_train.py [SEEDS]      (a few minutes on 2 CPU cores)
+Run:  python examples/own_loop_vs_train.py [SEEDS >= 2]      (a few minutes on 2 CPU cores)
 
 Two comparisons at epsilon = 1, delta = 1e-5, 10 epochs, expected batch 128, lr 1.0, clip 1.0,
 each over SEEDS seeds (default 8), noise and batches from secret randomness (so the two differ by
@@ -102,4 +102,7 @@ def main(seeds: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 8)
+    arg = sys.argv[1] if len(sys.argv) > 1 else "8"
+    if not (arg.isdigit() and int(arg) >= 2):  # the spreads printed need two seeds
+        sys.exit(f"usage: python examples/own_loop_vs_train.py [SEEDS], SEEDS an integer >= 2 (got {arg!r})")
+    main(int(arg))

@@ -59,3 +59,42 @@ def test_a_config_object_or_keywords_but_not_both():
     with pytest.raises(ConfigError, match="needs a DPSGDConfig"):
         DPSGD(config=object())
     assert cfg.replace(lr=0.25).lr == 0.25 and cfg.lr == 0.5
+
+
+def test_every_hyper_parameter_the_algorithm_pages_give_a_default_exists():
+    """A `name` the docs give a default for is a field of some algorithm's config (or of the DRO
+    reproduction's Budget): a renamed or removed option does not live on in the docs."""
+    import pathlib
+    import re
+
+    from privopt.experiments.dro_protocol import Budget
+
+    fields = {f.name for cls in available_algorithms().values() for f in dataclasses.fields(cls.Config)}
+    fields |= {f.name for f in dataclasses.fields(Budget)}
+    pages = sorted((pathlib.Path(__file__).resolve().parents[1] / "docs" / "algorithms").glob("*.md"))
+    named = {
+        (page.name, m.group(1))
+        for page in pages
+        for m in re.finditer(r"`([a-z_][a-z0-9_]*)`[^`\n]{0,30}default", page.read_text(encoding="utf-8"))
+    }
+    assert len(named) >= 4 and sorted((p, n) for p, n in named if n not in fields) == []
+
+
+def test_the_algorithm_pages_name_no_option_or_function_the_code_lacks():
+    """Every `snake_case` name on the algorithm pages occurs in the source or the tests (math such as
+    `f_T` aside): a removed option or function does not live on in the docs."""
+    import pathlib
+    import re
+
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    code = "\n".join(p.read_text(encoding="utf-8") for d in ("src", "tests") for p in (repo / d).rglob("*.py"))
+    math_symbols = {"f_T"}
+    stale = sorted(
+        {
+            (page.name, name)
+            for page in (repo / "docs" / "algorithms").glob("*.md")
+            for name in re.findall(r"`([A-Za-z_][A-Za-z0-9_]*_[A-Za-z0-9_]+)`", page.read_text(encoding="utf-8"))
+            if name not in code and name not in math_symbols
+        }
+    )
+    assert stale == []

@@ -306,6 +306,24 @@ def test_bad_arguments_are_refused_by_name(case):
         privopt.PrivacyEngine(accountant="rdp").make_private(**kwargs(**over))
 
 
+@pytest.mark.parametrize(
+    "targets,torch_says",
+    [
+        (toy()[1] + 5, "out of bounds"),  # class ids beyond the model's 2 outputs
+        (toy()[1].float(), "dtype"),  # float labels
+        (toy()[1][:, None], "target"),  # [N, 1] instead of [N]
+    ],
+)
+def test_bad_targets_are_blamed_on_the_targets_not_the_model(targets, torch_says):
+    x, _ = toy()
+    with pytest.raises(ModelError) as info:
+        privopt.PrivacyEngine(accountant="rdp").make_private(**kwargs(dataset=(x, targets)))
+    msg = str(info.value)
+    assert msg.startswith("the loss cannot take the model's outputs on the training inputs (shape (2,) per example)")
+    assert torch_says in msg
+    assert "the model cannot take" not in msg
+
+
 def test_nan_learning_rate_and_step_misuse():
     model = nn.Linear(5, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

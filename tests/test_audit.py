@@ -188,3 +188,22 @@ def test_cli_audit_exits_non_zero_when_the_bound_exceeds_the_accounted_epsilon(t
         assert _cli(tmp_path) == 5
     audit = json.loads(capsys.readouterr().out)["audits"][0]
     assert audit["exceeds"] and audit["epsilon_lower_bound"] > audit["epsilon_accounted"]
+
+
+def test_cli_audit_refuses_an_out_that_would_overwrite_an_audit_or_is_a_file_before_training(
+    tmp_path, capsys, monkeypatch
+):
+    import privopt.audit as audit_pkg
+
+    def no_training(*a, **kw):
+        raise AssertionError("the audit trained before its --out was checked")
+
+    monkeypatch.setattr(audit_pkg, "run_audit", no_training)
+    (tmp_path / "audit.json").write_text("{}")  # an earlier audit's results
+    assert _cli(tmp_path) == 2
+    err = capsys.readouterr().err
+    assert "already holds an audit (audit.json)" in err and "Traceback" not in err
+    assert (tmp_path / "audit.json").read_text() == "{}"
+    (tmp_path / "file").write_text("")
+    assert _cli(tmp_path / "file") == 2
+    assert "is a file" in capsys.readouterr().err

@@ -110,6 +110,17 @@ def test_config_errors_name_the_key(tmp_path):
         load_config(tmp_path / "missing.yaml")
 
 
+@pytest.mark.parametrize("text,kind", [("- 1\n- 2\n", "list"), ("5\n", "int"), ("just text\n", "str")])
+def test_config_file_that_is_not_a_mapping_is_refused_with_overrides_too(tmp_path, capsys, text, kind):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError, match=f"must hold a mapping.*got {kind}"):
+        load_config(cfg, ["seed=1"])
+    code, _, err = run(capsys, "train", "--config", str(cfg), "--set", "seed=1", "--out", str(tmp_path / "r"))
+    assert code == 2 and "must hold a mapping" in err and one_line_error(err)
+    assert not (tmp_path / "r").exists()
+
+
 def test_overrides_parse_values():
     d = apply_overrides({"privacy": {"epsilon": 1.0}}, ["privacy.epsilon=3", "algorithm_params.lr=0.5", "model=cnn"])
     assert d == {"privacy": {"epsilon": 3}, "algorithm_params": {"lr": 0.5}, "model": "cnn"}

@@ -111,3 +111,12 @@ def test_demo_refuses_a_bad_number_of_runs_before_running(tmp_path):
         with pytest.raises(ConfigError, match="runs per cell"):
             run_demo(out_dir=tmp_path, progress=False, quick=True, runs=bad)
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_an_out_that_is_a_file_is_refused_before_the_demo_starts(tmp_path, capsys):
+    from privopt.cli import main
+
+    (tmp_path / "f").write_text("")
+    assert main(["demo", "--quick", "--out", str(tmp_path / "f")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "is a file" in err and "Traceback" not in err

@@ -232,3 +232,64 @@ def test_dp_gd_erm_bad_hyperparameters(bad):
 
     with pytest.raises(ConfigError):
         DPGDERM(**bad)
+
+
+# ----------------------------------------------------------------------------- through privopt train / fit
+ERM_RUN = [
+    "--set", "dataset=breast-cancer", "--set", "model=logreg", "--set", "model_params.bias=false",
+    "--set", "model_params.single_logit=true", "--set", "loss=logistic", "--set", "privacy.delta=1e-4",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "algorithm,params",
+    [
+        ("dp-svrg", ["algorithm_params.epochs=2", "algorithm_params.inner=50", "algorithm_params.step_size=0.1"]),
+        ("dp-gd-erm", ["algorithm_params.iterations=20", "algorithm_params.step_size=0.5"]),
+        ("dp-amd", ["algorithm_params.iterations=10"]),
+    ],
+)
+def test_linear_erm_algorithms_run_through_privopt_train(algorithm, params, tmp_path, capsys):
+    """`privopt list` shows them, so `privopt train` runs them: a one-logit logreg and the logistic loss."""
+    import json
+
+    from privopt.cli import main
+
+    sets = [a for p in params for a in ("--set", p)]
+    argv = ["train", "--set", f"algorithm={algorithm}", *ERM_RUN, *sets, "--out", str(tmp_path / "r"), "--quiet"]
+    assert main([*argv, "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["status"] == "finished" and res["privacy"]["epsilon_spent"] <= 1.0 + 1e-9
+    assert 0.0 <= res["metrics"]["test_accuracy"] <= 1.0 and np.isfinite(res["metrics"]["test_loss"])
+
+
+def test_a_single_logit_needs_the_logistic_loss_whatever_the_first_labels(tmp_path):
+    """The model check probes both class ids: cross-entropy on one logit fails on label 1 only, so two
+    leading 0 labels must not let it through to a traceback mid-run."""
+    from privopt.config import RunConfig
+    from privopt.data import Dataset
+    from privopt.training import build_loss, train
+
+    x = torch.rand(60, 3, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([0, 0] + [0, 1] * 29)
+    data = Dataset.from_tensors(x[:40], y[:40], x_test=x[40:], y_test=y[40:], num_classes=2)
+    cfg = RunConfig.from_dict({"algorithm": "dp-sgd", "algorithm_params": {"epochs": 1, "batch_size": 10}})
+    with pytest.raises(ModelError, match="one logit per example needs loss: logistic"):
+        train(cfg, out_dir=tmp_path / "r", progress=False, dataset=data, model=torch.nn.Linear(3, 1))
+    assert not (tmp_path / "r").exists()
+    logistic = build_loss("logistic")
+    assert torch.allclose(
+        logistic(torch.tensor([[0.0], [3.0]]), torch.tensor([0, 1])), torch.log1p(torch.exp(torch.tensor([0.0, -3.0])))
+    )
+    with pytest.raises(ValueError, match="0 or 1"):
+        logistic(torch.zeros(2, 1), torch.tensor([0, 2]))
+
+
+def test_logreg_single_logit_needs_two_classes():
+    from privopt.models import build_model
+
+    assert build_model("logreg", input_shape=(4,), num_classes=2, single_logit=True, bias=False)(
+        torch.zeros(3, 4)
+    ).shape == (3, 1)
+    with pytest.raises(ConfigError, match="two-class"):
+        build_model("logreg", input_shape=(4,), num_classes=10, single_logit=True)

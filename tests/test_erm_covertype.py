@@ -147,6 +147,15 @@ def test_bad_options_are_refused_before_any_output(shared_data, tmp_path):
         assert not out.exists()
 
 
+def test_an_out_holding_earlier_results_is_refused_not_truncated(tmp_path):
+    from privopt.experiments.erm_covertype import run_erm_covertype
+
+    (tmp_path / "results.jsonl").write_text('{"earlier": 1}\n')
+    with pytest.raises(ConfigError, match="already holds a results.jsonl"):
+        run_erm_covertype(data_dir=tmp_path / "no-data-needed", out_dir=tmp_path, epsilons=[1.0])
+    assert (tmp_path / "results.jsonl").read_text() == '{"earlier": 1}\n'
+
+
 def test_tuning_extends_the_run_length_while_the_best_is_the_longest(monkeypatch):
     from privopt.experiments.erm_covertype_protocol import MethodSpec, Setting
     from privopt.experiments.erm_covertype_runner import Runner

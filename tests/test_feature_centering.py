@@ -107,8 +107,8 @@ def test_a_non_private_run_publishes_no_exact_training_mean(tmp_path):
 @pytest.mark.parametrize(
     "value,match",
     [
-        ({"norm_bound": 1.0}, "missing"),
-        ({"norm_bound": 1.0, "noise_ratio": 2.0, "scale": 1}, "unknown"),
+        ({"norm_bound": 1.0}, r"renormalise; missing \['noise_ratio'\]$"),  # no empty "unknown []"
+        ({"norm_bound": 1.0, "noise_ratio": 2.0, "scale": 1}, r"renormalise; unknown \['scale'\]$"),
         ({"norm_bound": 0.0, "noise_ratio": 2.0}, "norm_bound must be a finite number > 0"),
         ({"norm_bound": 1.0, "noise_ratio": float("nan")}, "noise_ratio must be"),
         ({"norm_bound": 1.0, "noise_ratio": 2.0, "renormalise": "yes"}, "renormalise must be true or false"),

@@ -67,6 +67,7 @@ def no_work(monkeypatch):
     import privopt.experiments.dpsgd_opacus as opacus_exp
     import privopt.experiments.dro as dro
     import privopt.experiments.erm_covertype as erm
+    import privopt.experiments.sosp as sosp
 
     def started(*a, **kw):
         raise AssertionError("work started despite a bad argument")
@@ -74,6 +75,7 @@ def no_work(monkeypatch):
     for module, name in ((dro, "run_dro_table3"), (dro, "run_dro_mia"), (erm, "run_erm_covertype")):
         monkeypatch.setattr(module, name, started)
     monkeypatch.setattr(opacus_exp, "run_comparison", started)
+    monkeypatch.setattr(sosp, "run_sosp", started)
 
 
 BAD_ARGS = [
@@ -114,6 +116,8 @@ BAD_ARGS = [
     ["reproduce", "dpsgd-vs-opacus", "--data-dir", "TMP", "--epsilons", "1,-8", "--out", "OUT"],
     ["reproduce", "dpsgd-vs-opacus", "--data-dir", "TMP", "--seeds", "0", "--out", "OUT"],
     ["reproduce", "dpsgd-vs-opacus", "--data-dir", "TMP", "--insecure-seed", "-3", "--out", "OUT"],
+    ["reproduce", "sosp", "--workers", "0", "--out", "OUT"],
+    ["reproduce", "sosp", "--workers", "-2", "--out", "OUT"],
 ]
 
 
@@ -219,3 +223,18 @@ def test_reproduction_progress_does_not_flood_a_log(monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "stderr", log)
     exp.run_comparison(data_dir=str(tmp_path), out_dir=tmp_path / "o", epsilons=(1.0,), seeds=3, progress=True)
     assert log.getvalue() == ""
+
+
+@pytest.mark.parametrize("earlier", ["results.jsonl", "privopt-eps1-seed2"])
+def test_opacus_comparison_refuses_an_earlier_out_before_any_run(monkeypatch, tmp_path, earlier):
+    import privopt.experiments.dpsgd_opacus as exp
+    from privopt.errors import ConfigError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "opacus" else real(name, *a))
+    ran = []
+    monkeypatch.setattr(exp, "_mnist_subset", lambda *a: ran.append(a))
+    (tmp_path / earlier).mkdir()
+    with pytest.raises(ConfigError, match=f"already holds a comparison \\({earlier}\\)"):
+        exp.run_comparison(data_dir=str(tmp_path), out_dir=tmp_path, epsilons=(1.0,), seeds=3, progress=False)
+    assert ran == []

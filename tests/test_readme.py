@@ -56,3 +56,22 @@ def test_readme_links_every_docs_page():
     assert len(pages) >= 10
     assert pages - linked == set(), f"docs pages the README does not link: {sorted(pages - linked)}"
     assert all((REPO / link).exists() for link in linked), "a README link to docs/ points nowhere"
+
+
+def test_readme_names_every_registered_algorithm():
+    from privopt.algorithms import available_algorithms
+
+    readme = (REPO / "README.md").read_text()
+    built_in = [name for name, cls in available_algorithms().items() if cls.__module__.startswith("privopt.")]
+    missing = [name for name in built_in if f"`{name}`" not in readme]
+    assert missing == [], f"algorithms `privopt list` shows but the README does not name: {missing}"
+
+
+@pytest.mark.parametrize("seeds", ["1", "0", "x"])
+def test_own_loop_example_refuses_too_few_seeds_with_a_usage_line(seeds):
+    import subprocess
+
+    script = REPO / "examples" / "own_loop_vs_train.py"
+    proc = subprocess.run([sys.executable, str(script), seeds], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("usage: python examples/own_loop_vs_train.py [SEEDS], SEEDS an integer >= 2")

@@ -143,6 +143,22 @@ def test_runtime_opens_each_batch_once_and_records_what_it_declares():
     assert set(run.last_indices) == {"a", "b", "rider", "a-diff"}
 
 
+@pytest.mark.parametrize("cap", [1.0, None])
+@pytest.mark.parametrize("distance", [float("inf"), float("nan")])
+def test_a_correction_at_a_non_finite_distance_is_a_divergence_and_costs_nothing(cap, distance):
+    """Diverged iterates (NaN/inf) stop the run as diverged (exit code 4, a failed record), not as a
+    configuration error about an infinite per-record bound, and no batch is charged for it."""
+    from privopt.training import RunDiverged
+
+    plan = ReleasePlan(
+        phases=(Phase("diff", 3, (Query("a-diff", StepProportional(4.0, cap), batch=BatchPlan(10, N)),)),)
+    )
+    run, ledger = run_for(plan)
+    with pytest.raises(RunDiverged, match="non-finite distance") as info:
+        run.phase("diff").release("a-diff", ones, distance=distance)
+    assert info.value.exit_code == 4 and ledger.num_steps == 0
+
+
 def test_an_undeclared_release_fails():
     run, ledger = run_for(two_phase_plan(True))
     with pytest.raises(ConfigError, match="not declared in phase 'refresh'"):

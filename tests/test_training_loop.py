@@ -109,7 +109,24 @@ def test_train_progress_lines_show_only_public_values(tmp_path, capsys):
     train(cfg(algorithm_params={"epochs": 1}), out_dir=tmp_path / "r", progress=True)
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("dp-sgd: step")]
-    assert lines and all({tok.split("=")[0] for tok in ln.split()[4:]} <= {"eps", "test_acc"} for ln in lines)
+    assert lines and all(
+        {tok.split("=")[0] for tok in ln.split()[4:]} <= {"eps", "test_acc", "at_step"} for ln in lines
+    )
+
+
+def test_progress_line_says_when_its_epsilon_is_an_earlier_evaluations(tmp_path, capsys):
+    """Progress lines come every 10 % of the steps, evaluations every eval_every: a line between two
+    evaluations must not pair the current step with the ε spent at an earlier one unlabelled."""
+    c = cfg(algorithm_params={"epochs": 1, "batch_size": 50}, eval_every=7)  # 30 steps: lines every 3
+    train(c, out_dir=tmp_path / "r", progress=True)
+    lines = [ln.split() for ln in capsys.readouterr().err.splitlines() if ln.startswith("dp-sgd: step")]
+    evaluated = {h["step"] for h in read_record(tmp_path / "r")["history"]}
+    for ln in lines:
+        step, fields = int(ln[2].split("/")[0]), dict(tok.split("=") for tok in ln[4:])
+        if "eps" in fields:
+            assert (step in evaluated) == ("at_step" not in fields), ln
+            assert int(fields.get("at_step", step)) in evaluated
+    assert any("at_step=" in " ".join(ln) for ln in lines)
 
 
 # ----------------------------------------------------------------------------- user errors, before any output

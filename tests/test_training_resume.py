@@ -170,6 +170,17 @@ def test_resume_needs_a_run_directory(tmp_path):
         train(None, out_dir=tmp_path / "new", progress=False)
 
 
+def test_resume_of_a_folder_that_is_not_a_run_is_refused_and_left_untouched(tmp_path):
+    """Not 'start it again with the same output directory' (its files would refuse that), and no lock
+    file left behind in the user's folder."""
+    folder = tmp_path / "papers"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match=r"not a privopt run directory \(no checkpoint.pt; it holds notes.txt\)"):
+        train(None, out_dir=folder, resume=True, progress=False)
+    assert sorted(os.listdir(folder)) == ["notes.txt"]
+
+
 def test_crash_while_saving_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     save_checkpoint(tmp_path, {"step": 1})
     real_write = os.write

@@ -162,6 +162,7 @@ AUDIT_FAILED = 5  # an empirical lower bound exceeds the accounted epsilon
 
 def _cmd_audit(args) -> int:
     from privopt.audit import format_report, run_audit, write_report
+    from privopt.audit.report import check_report_dir
     from privopt.config import load_config
 
     overrides = list(args.set)
@@ -170,6 +171,8 @@ def _cmd_audit(args) -> int:
     if args.epsilon is not None:
         overrides.append(f"privacy.epsilon={args.epsilon}")
     cfg = load_config(args.config, overrides)
+    if args.out is not None:  # before minutes of training, not when the report is written
+        check_report_dir(args.out)
     say = None if (args.quiet or args.json) else (lambda line: print(line, file=sys.stderr, flush=True))
     report = run_audit(
         cfg,
@@ -298,7 +301,11 @@ def _add_audit_parser(sub) -> None:
     a.add_argument("--canaries", type=int, default=1000, help="canaries of a one-run audit (default 1000)")
     a.add_argument("--runs", type=int, default=100, help="training runs of a many-run audit (default 100)")
     a.add_argument("--confidence", type=float, default=0.95, help="confidence of the lower bound (default 0.95)")
-    a.add_argument("--out", help="directory for audit.json and audit.png (score distributions and the bound)")
+    a.add_argument(
+        "--out",
+        help="directory for audit.json and audit.png (score distributions and the bound); "
+        "one that holds an earlier audit is refused",
+    )
     a.add_argument("--quiet", action="store_true", help="no progress and no summary")
     a.add_argument("--json", action="store_true", help="print the report as one JSON object")
     a.set_defaults(func=_cmd_audit)

@@ -262,4 +262,6 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             raise ConfigError(f"config file {p} is not valid YAML: {_yaml_problem(e)}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"config file {p} is not a text (UTF-8) YAML file") from None
+        if not isinstance(d, dict):  # before --set, which would index into it
+            raise ConfigError(f"config file {p} must hold a mapping of keys (key: value), got {type(d).__name__}")
     return RunConfig.from_dict(apply_overrides(d, overrides or []))

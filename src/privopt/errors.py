@@ -19,3 +19,9 @@ class ModelError(PrivoptError, ValueError):
 
 class PrivacyBudgetExceeded(PrivoptError):
     """A query would push the spent epsilon above the run's target; it was not answered."""
+
+
+class RunDiverged(PrivoptError, ArithmeticError):
+    """The loss or the parameters became non-finite (NaN/inf): the run stopped, its record says so."""
+
+    exit_code = 4  # the CLI's exit code for a run that failed

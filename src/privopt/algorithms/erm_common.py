@@ -128,7 +128,8 @@ class LinearERMAlgorithm(Algorithm):
             shapes = [tuple(p.shape) for p in params]
             raise ModelError(
                 f"algorithm {self.name!r} needs a linear model with one trainable weight of {p_dim} entries "
-                f"(e.g. nn.Linear({p_dim}, 1, bias=False)); got trainable parameters {shapes}"
+                f"(e.g. nn.Linear({p_dim}, 1, bias=False); in a config: model: logreg, "
+                f"model_params: {{bias: false, single_logit: true}}, loss: logistic); got trainable parameters {shapes}"
             )
         self._ctx = ctx
         self._param = params[0]

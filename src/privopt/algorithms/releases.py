@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union
@@ -40,7 +41,7 @@ import torch
 
 from privopt.algorithms.release_batches import BatchPlan, FullSampler, PoissonBatch, SingleRecordBatch
 from privopt.algorithms.release_kinds import DrawnBatch, PublicBound, check_kind, gaussian_only, planned_entry
-from privopt.errors import ConfigError, PrivacyBudgetExceeded
+from privopt.errors import ConfigError, PrivacyBudgetExceeded, RunDiverged
 from privopt.grads.release import PrivateBatch
 from privopt.grads.sums import as_bounded
 from privopt.privacy import COMPOSITIONS, Gaussian, Inventory, PlannedStep, Step
@@ -402,6 +403,11 @@ class PhaseRun:
         """Make release ``name``: ``stat(indices, threshold)`` must return a bounded sum whose
         per-record bound is at most the plan's; returns the noisy estimate."""
         q = self._mark(name)
+        if distance is not None and not math.isfinite(float(distance)):  # before the batch is opened and charged
+            raise RunDiverged(
+                f"diverged: release {name!r} at a non-finite distance ({distance}) between its two points "
+                "(the iterates are NaN/inf; try a smaller lr)"
+            )
         clip = q.sensitivity.threshold(distance)
         if not clip > 0:
             raise ConfigError(f"release {name!r}: threshold {clip} is not > 0 (skip zero-distance corrections)")

@@ -9,7 +9,7 @@ import numpy as np
 
 from privopt.audit.audit import AuditReport, AuditResult
 
-__all__ = ["format_report", "write_report", "plot_report", "JSON_NAME", "PLOT_NAME"]
+__all__ = ["format_report", "write_report", "check_report_dir", "plot_report", "JSON_NAME", "PLOT_NAME"]
 
 JSON_NAME = "audit.json"
 PLOT_NAME = "audit.png"
@@ -44,6 +44,25 @@ def format_report(report: AuditReport) -> str:
         bad = ", ".join(f"{r.mode} {r.method}" for r in report.results if r.exceeds)
         lines.append(f"FAILED ({bad}): the run is not (epsilon, delta)-DP as accounted (see docs/audit.md)")
     return "\n".join(lines)
+
+
+def check_report_dir(out_dir: str | Path) -> None:
+    """Before an audit trains anything: ``out_dir`` must be a directory (or not exist yet) that
+    holds no earlier audit, whose results would be overwritten.
+
+    Raises:
+        ConfigError: ``out_dir`` is a file, or already holds ``audit.json`` / ``audit.png``.
+    """
+    from privopt.errors import ConfigError
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output path {out} is a file, not a directory; choose a new directory")
+    earlier = [name for name in (JSON_NAME, PLOT_NAME) if (out / name).exists()]
+    if earlier:
+        raise ConfigError(
+            f"{out} already holds an audit ({', '.join(earlier)}); choose a new --out directory (or move them away)"
+        )
 
 
 def write_report(report: AuditReport, out_dir: str | Path) -> list[Path]:

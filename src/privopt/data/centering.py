@@ -73,9 +73,8 @@ class FeatureCentering:
         unknown = sorted(set(d) - {"norm_bound", "noise_ratio", "renormalise"})
         missing = sorted({"norm_bound", "noise_ratio"} - set(d))
         if unknown or missing:
-            raise ConfigError(
-                f"feature_centering takes norm_bound, noise_ratio and renormalise; unknown {unknown}, missing {missing}"
-            )
+            problems = [f"{what} {keys}" for what, keys in (("unknown", unknown), ("missing", missing)) if keys]
+            raise ConfigError(f"feature_centering takes norm_bound, noise_ratio and renormalise; {', '.join(problems)}")
         renorm = d.get("renormalise", True)
         if not isinstance(renorm, bool):
             raise ConfigError(f"feature_centering.renormalise must be true or false, got {renorm!r}")

@@ -245,6 +245,8 @@ def run_demo(
     runs = (1 if quick else DEMO_RUNS) if runs is None else runs
     if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
         raise ConfigError(f"the demo's runs per cell must be a positive integer, got {runs!r}")
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise ConfigError(f"output path {out_dir} is a file; the demo writes a time-stamped folder inside a directory")
     t0 = time.perf_counter()
     print(f"privopt demo — Paper A's DP DRO methods on digits-st (embedded); outputs in {root}", flush=True)
     res = run_dro_table3(

@@ -139,6 +139,10 @@ def _table(summary: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _run_dir(out: Path, epsilon: float, seed: int) -> Path:
+    return out / f"privopt-eps{epsilon:g}-seed{seed}"
+
+
 def run_comparison(
     *,
     data_dir: str,
@@ -162,6 +166,11 @@ def run_comparison(
     if importlib.util.find_spec("opacus") is None:  # before minutes of privopt training
         raise ConfigError("this comparison needs Opacus: pip install 'privopt[bench]'")
     out, rows = Path(out_dir), []
+    planned = [out / "results.jsonl", *(_run_dir(out, e, s) for e in epsilons for s in range(seeds))]
+    earlier = [p.name for p in planned if p.exists()]
+    if earlier:  # found before minutes of training, not at the first run that would collide
+        shown = ", ".join(earlier[:3]) + (", ..." if len(earlier) > 3 else "")
+        raise ConfigError(f"{out} already holds a comparison ({shown}); choose a new --out directory")
     jobs = [(eps, s, lib) for eps in epsilons for s in range(seeds) for lib in ("privopt", "opacus")]
     # disable=None: a bar on a terminal only, nothing in logs
     for eps, seed, lib in tqdm(jobs, disable=None if progress else True, desc="dpsgd-vs-opacus"):
@@ -169,7 +178,7 @@ def run_comparison(
         kw = dict(epsilon=eps, delta=delta, epochs=epochs, batch_size=batch_size, lr=lr, clip=clip, seed=seed)
         if lib == "privopt":
             noise_seed = None if insecure_seed is None else insecure_seed + seed
-            res = _run_privopt(data, out_dir=out / f"privopt-eps{eps:g}-seed{seed}", insecure_seed=noise_seed, **kw)
+            res = _run_privopt(data, out_dir=_run_dir(out, eps, seed), insecure_seed=noise_seed, **kw)
         else:
             res = _run_opacus(data, **kw)
         rows.append({"library": lib, "epsilon": eps, "seed": seed, **res})
@@ -192,7 +201,9 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-size", type=positive_int, default=256, help="expected Poisson batch size (default 256)")
     p.add_argument("--lr", type=positive_float, default=0.5, help="SGD learning rate (default 0.5)")
     p.add_argument("--clip", type=positive_float, default=1.0, help="per-example clipping threshold (default 1)")
-    add_run_outputs(p, out_help="output folder (results.jsonl, summary.json, table.md)", quiet=False)
+    add_run_outputs(
+        p, out_help="output folder (results.jsonl, summary.json, table.md); not an earlier one", quiet=False
+    )
 
 
 def main(args) -> int:

@@ -151,15 +151,18 @@ def run_erm_covertype(
         epsilons, delta: privacy targets.
         runs: final runs per (setting, method, epsilon); default from the budget (quick 3, paper 10).
         budget: ``"quick"`` or ``"paper"`` (:data:`BUDGETS`: runs, tuning runs, accountant, grids).
-        out_dir: output folder (created); progress: one line per tuned method and per final schedule.
+        out_dir: output folder (created; one holding a ``results.jsonl`` is refused).
+        progress: one line per tuned method and per final schedule.
         seed: data selection key (a public choice).
         accountant: ``"rdp"`` or ``"pld"`` (default: the budget's).
         insecure_seed: seed the noise and sampling (reproducible but NOT private); default secret.
         only: the settings to run (default all three).
     """
     b, runs, accountant, eps_list = _check_options(budget, runs, accountant, epsilons, delta, only)
-    data = load_covertype_split(data_dir=data_dir, n_train=n_train, n_tune=n_tune, seed=seed)
     out = Path(out_dir)
+    if (out / "results.jsonl").exists():  # opening it would truncate an earlier reproduction's results
+        raise ConfigError(f"{out} already holds a results.jsonl; choose a new --out directory")
+    data = load_covertype_split(data_dir=data_dir, n_train=n_train, n_tune=n_tune, seed=seed)
     out.mkdir(parents=True, exist_ok=True)
     log = (lambda msg: print(msg, flush=True)) if progress else (lambda msg: None)
     meta = _meta(data, budget=budget, b=b, runs=runs, delta=delta, accountant=accountant, insecure_seed=insecure_seed)
@@ -205,7 +208,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--settings", default=",".join(SETTINGS), help=f"subset of {','.join(SETTINGS)}")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="data selection key (public)")
     parser.add_argument("--accountant", choices=("rdp", "pld"), default=None, help="default: the budget's")
-    add_run_outputs(parser, out_help="output folder", quiet=False)
+    add_run_outputs(parser, out_help="output folder (new, or without a results.jsonl)", quiet=False)
 
 
 def main(args: argparse.Namespace) -> int:

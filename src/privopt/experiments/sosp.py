@@ -25,7 +25,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from privopt.cliargs import add_run_outputs, float_list, int_list
+from privopt.cliargs import add_run_outputs, float_list, int_list, positive_int
 from privopt.errors import ConfigError
 from privopt.experiments.sosp_protocol import (
     BUDGETS,
@@ -272,7 +272,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--launcher", choices=("simulate", "torchrun"), default="simulate",
         help="simulate: all clients of a run in one process; torchrun: one process per client (default simulate)",
     )  # fmt: skip
-    parser.add_argument("--workers", type=int, default=2, help="parallel runs with --launcher simulate (default 2)")
+    parser.add_argument(
+        "--workers", type=positive_int, default=2, help="parallel runs with --launcher simulate (default 2)"
+    )
     parser.add_argument("--data-dir", help="folder with one sub-folder per dataset (default $PRIVOPT_DATA)")
     parser.add_argument("--tune", action="store_true", help="run the tuning grid instead (docs/algorithms/sosp.md)")
     add_run_outputs(parser)

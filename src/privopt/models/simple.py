@@ -51,8 +51,13 @@ def logreg(
     bias: bool = True,
     zero_init: bool = True,
     bias_scale: float = 1.0,
+    single_logit: bool = False,
 ) -> nn.Module:
     """Linear model on the flattened input (multinomial / binary logistic regression).
+
+    ``single_logit`` (two classes only): one output, the logit of class 1, for ``loss: logistic``;
+    with ``bias=false`` it is the ``Linear(d, 1, bias=False)`` of the linear ERM algorithms
+    (``dp-svrg``, ``dp-svrg-pp``, ``dp-gd-erm``, ``dp-amd``).
 
     ``bias_scale`` = s ≠ 1 reparametrises the bias as ``s·b`` (a public constant; the function class
     is unchanged): the model appends the constant s to every input and trains a bias-free Linear.
@@ -65,7 +70,7 @@ def logreg(
         >>> m[-1].weight.shape, m[-1].bias is None
         (torch.Size([2, 4]), True)
     """
-    for key, flag in (("bias", bias), ("zero_init", zero_init)):
+    for key, flag in (("bias", bias), ("zero_init", zero_init), ("single_logit", single_logit)):
         if not isinstance(flag, bool):
             raise ConfigError(f"logreg {key} must be true or false, got {flag!r}")
     if (
@@ -76,9 +81,11 @@ def logreg(
         raise ConfigError(f"logreg bias_scale must be a finite number > 0, got {bias_scale!r}")
     if bias_scale != 1.0 and not bias:
         raise ConfigError("logreg bias_scale needs bias=true (it scales the bias)")
+    if single_logit and num_classes != 2:
+        raise ConfigError(f"logreg single_logit needs a two-class dataset, got {num_classes} classes")
     d = math.prod(input_shape)
     scaled = bias and bias_scale != 1.0
-    lin = nn.Linear(d + scaled, num_classes, bias=bias and not scaled)
+    lin = nn.Linear(d + scaled, 1 if single_logit else num_classes, bias=bias and not scaled)
     if zero_init:
         nn.init.zeros_(lin.weight)
         if lin.bias is not None:

@@ -184,21 +184,38 @@ def check_model_fits(
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             model.eval()
             out = model(x)
-            losses = loss_fn(out, y)
-    except (RuntimeError, ValueError, TypeError, IndexError, AttributeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    except _PROBE_ERRORS as e:
         raise ModelError(
-            f"the model cannot take {what} (one example: shape {tuple(x.shape[1:])}, {x.dtype}): {first}"
+            f"the model cannot take {what} (one example: shape {tuple(x.shape[1:])}, {x.dtype}): {_first_line(e)}"
         ) from None
     finally:
         model.train(was_training)
-    if num_classes is not None and isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[1] != num_classes:
+    width = out.shape[1] if isinstance(out, torch.Tensor) and out.dim() == 2 else num_classes
+    # A binary model may output the logit of class 1 only (loss: logistic).
+    if num_classes is not None and width != num_classes and not (num_classes == 2 and width == 1):
+        raise ModelError(f"the model outputs {width} values per example but the dataset has {num_classes} classes")
+    try:
+        with torch.no_grad():
+            losses = loss_fn(out, y)
+            if num_classes is not None and y.shape[0] == 2:  # both extreme class ids, whatever the data's two are
+                loss_fn(out, torch.tensor([0, num_classes - 1], dtype=y.dtype, device=y.device))
+    except _PROBE_ERRORS as e:  # the model ran: the targets (dtype, range, shape) or the loss are what to fix
+        got = tuple(out.shape[1:]) if isinstance(out, torch.Tensor) else type(out).__name__
+        hint = "; one logit per example needs loss: logistic" if got == (1,) else ""
         raise ModelError(
-            f"the model outputs {out.shape[1]} values per example but the dataset has {num_classes} classes"
-        )
+            f"the loss cannot take the model's outputs on {what} (shape {got} per example) and their targets "
+            f"(shape {tuple(y.shape[1:])} per example, {y.dtype}){hint}: {_first_line(e)}"
+        ) from None
     if not isinstance(losses, torch.Tensor) or tuple(losses.shape) != (x.shape[0],):
         shape = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
         raise ModelError(f"the loss must return one value per example (reduction='none'), got shape {shape}")
+
+
+_PROBE_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, AttributeError)
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 def _check_metrics(cfg: RunConfig) -> list[RunMetric]:

@@ -15,16 +15,10 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from privopt.errors import PrivoptError
+from privopt.errors import RunDiverged
 from privopt.training.loop import Callback, LoopState
 
 __all__ = ["AlgorithmDone", "DivergenceGuard", "ProgressCallback", "RunDiverged", "SignalGuard"]
-
-
-class RunDiverged(PrivoptError, ArithmeticError):
-    """The loss or the parameters became non-finite (NaN/inf): the run stopped, its record says so."""
-
-    exit_code = 4  # the CLI's exit code for a run that failed
 
 
 class AlgorithmDone(Callback):

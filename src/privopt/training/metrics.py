@@ -35,15 +35,29 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def build_loss(name: str) -> LossFn:
-    """Per-sample loss ``(outputs, targets) -> [B]`` by name.
+    """Per-sample loss ``(outputs, targets) -> [B]`` by name: ``cross_entropy`` (one logit per
+    class) or ``logistic`` (binary labels 0/1 and a single logit, the model of the linear ERM
+    algorithms: ``log(1 + exp(-(2y - 1)·out))``).
 
     Example:
         >>> build_loss("cross_entropy")(torch.zeros(2, 3), torch.tensor([0, 2])).shape
         torch.Size([2])
+        >>> build_loss("logistic")(torch.tensor([[0.0], [2.0]]), torch.tensor([1, 0]))
+        tensor([0.6931, 2.1269])
     """
     if name == "cross_entropy":
         return lambda out, y: nn.functional.cross_entropy(out, y, reduction="none")
-    raise ConfigError(f"unknown loss {name!r}; available: cross_entropy")
+    if name == "logistic":
+        return _logistic_loss
+    raise ConfigError(f"unknown loss {name!r}; available: cross_entropy, logistic")
+
+
+def _logistic_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if out.dim() > 2 or (out.dim() == 2 and out.shape[1] != 1):
+        raise ValueError(f"the logistic loss needs one logit per example, got outputs of shape {tuple(out.shape)}")
+    if y.is_floating_point() or bool(((y != 0) & (y != 1)).any()):
+        raise ValueError("the logistic loss needs integer labels 0 or 1")
+    return nn.functional.softplus(-(2 * y - 1).to(out.dtype) * out.reshape(-1))
 
 
 @torch.no_grad()

@@ -122,6 +122,8 @@ class _Session:
             out["eps"] = f"{last['epsilon_spent']:.3g}"
         if "test_accuracy" in last:
             out["test_acc"] = f"{last['test_accuracy']:.3f}"
+        if out and last.get("step") != self.state.step:  # an earlier evaluation's: say which, ε has grown since
+            out["at_step"] = str(last["step"])
         return out
 
     # ------------------------------------------------------------------ committing

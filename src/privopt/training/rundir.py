@@ -82,6 +82,16 @@ def check_resume_dir(out: Path) -> None:
     if not out.is_dir():
         what = "is a file" if out.exists() else "does not exist"
         raise ConfigError(f"cannot resume: {out} {what} (give the run's output directory)")
+    names = sorted(p.name for p in out.iterdir())
+    foreign = [n for n in names if not is_leftover(n)]
+    # A run writes its checkpoint before anything else: without one, other files are not a run's
+    # (and locking the folder would leave a lock file in it).
+    if CHECKPOINT_NAME not in names and foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise ConfigError(
+            f"cannot resume: {out} is not a privopt run directory (no {CHECKPOINT_NAME}; it holds {shown}); "
+            "give the output directory of the run to continue"
+        )
     _check_writable(out)
 
 
