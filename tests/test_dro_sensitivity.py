@@ -145,3 +145,28 @@ def test_dp_sgd_query_carries_its_clip(name):
         return as_bounded(ctx.engine.clipped_sum(model, loss_fn, ctx.x_train[i], ctx.y_train[i], clip=0.4))
 
     check(stat, 0.4)
+
+
+def test_double_spider_correction_is_the_per_record_definition():
+    """x-diff (one engine pass per point) equals ``Σ Clip(a_i·Clip(∇ℓ_i(x), C) − a'_i·Clip(∇ℓ_i(x'), C), C_t)``
+    built from per-sample gradients, each point with its own η (so swapped points or weights fail)."""
+    from privopt.grads import get_engine
+    from privopt.grads.engine import clip_factors
+
+    algo, model = setup_algo("dp-double-spider", steps=4, lam=0.1, eta_init=0.2, clip_x=0.3)
+    x = flat(model)
+    x_prev = x + 0.5 * torch.randn(x.shape, generator=torch.Generator().manual_seed(3))
+    xb, yb = algo._ctx.x_train[BATCH], algo._ctx.y_train[BATCH]
+    terms = []
+    for point, eta in ((x, 0.2), (x_prev, 0.9)):
+        losses, g = get_engine("vmap").per_sample_grads(model, loss_fn, xb, yb, params=algo._params(point))
+        a = algo.objective.weight_fn(eta)(losses).double().clamp(0, algo.config.weight_cap)
+        c = clip_factors(torch.linalg.vector_norm(g.double(), dim=1), 0.3)
+        terms.append(g.double() * (a * c).unsqueeze(1))
+    h = terms[0] - terms[1]
+    want = (h * clip_factors(torch.linalg.vector_norm(h, dim=1), 0.05).unsqueeze(1)).sum(0)
+    assert bool((torch.linalg.vector_norm(h, dim=1) > 0.05).any())  # the outer clip binds somewhere
+    got = algo.x_diff_sum(BATCH, x=x, eta=0.2, x_prev=x_prev, eta_prev=0.9, clip=0.05)
+    assert torch.allclose(got.value.double(), want, rtol=1e-5, atol=1e-7)
+    swapped = algo.x_diff_sum(BATCH, x=x, eta=0.9, x_prev=x_prev, eta_prev=0.2, clip=0.05)
+    assert not torch.allclose(swapped.value.double(), want, rtol=1e-3, atol=1e-5)
