@@ -150,6 +150,9 @@ class RunConfig:
     plots: bool = True  # write curves.png
     # DP feature centring (privopt.data.centering): {norm_bound: R, noise_ratio: r}; {} = off.
     feature_centering: dict[str, Any] = field(default_factory=dict)
+    # A fixed, public feature map applied to every split (privopt.data.features), e.g.
+    # {name: scattering, scale: 64.0}; {} = the inputs as loaded.
+    features: dict[str, Any] = field(default_factory=dict)
     # How the hyper-parameters were chosen when that read private data (e.g. a grid search on a
     # validation split of the training data): the record says this choice is not accounted.
     hyperparameter_tuning: str | None = None
@@ -191,9 +194,13 @@ class RunConfig:
             raise ConfigError(f"eval_split must be 'test' or 'val', got {self.eval_split!r}")
         if not isinstance(self.metrics, list):
             raise ConfigError(f"metrics must be a list of names, got {self.metrics!r}")
-        for key in ("algorithm_params", "dataset_params", "model_params", "feature_centering"):
+        for key in ("algorithm_params", "dataset_params", "model_params", "feature_centering", "features"):
             if not isinstance(getattr(self, key), dict):
                 raise ConfigError(f"{key} must be a mapping, got {getattr(self, key)!r}")
+        if self.features and not isinstance(self.features.get("name"), str):
+            raise ConfigError(
+                f"features needs the name of a feature map (e.g. {{name: scattering}}), got {self.features!r}"
+            )
         return self
 
     def to_dict(self) -> dict[str, Any]:

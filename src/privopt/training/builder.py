@@ -133,8 +133,15 @@ def _dataset(cfg: RunConfig, dataset: Any) -> Any:
     from privopt.data.user import ensure_dataset
 
     if dataset is None:
-        return load_dataset(cfg.dataset, data_dir=cfg.data_dir, seed=cfg.seed, **cfg.dataset_params)
-    return ensure_dataset(dataset)
+        data = load_dataset(cfg.dataset, data_dir=cfg.data_dir, seed=cfg.seed, **cfg.dataset_params)
+    else:
+        data = ensure_dataset(dataset)
+    if not cfg.features:
+        return data
+    from privopt.data.features import apply_features
+
+    params = {k: v for k, v in cfg.features.items() if k != "name"}
+    return apply_features(data, cfg.features["name"], **params)
 
 
 def _model(cfg: RunConfig, data: Any, model: Any) -> nn.Module:
