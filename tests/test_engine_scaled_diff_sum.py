@@ -143,3 +143,28 @@ def test_bad_arguments_are_refused():
             engine.scaled_diff_sum(model, ce, x, y, clip=0.0, scale=_scale, scale_prev=_scale, params_prev=prev)
         with pytest.raises(ConfigError, match="scale"):
             engine.scaled_diff_sum(model, ce, x, y, clip=1.0, scale=_scale, scale_prev=2.0, params_prev=prev)
+
+
+@pytest.mark.parametrize("name", ["conv", "seq", "mlp"])
+@pytest.mark.parametrize("kept", ["none", "after-backward"])
+def test_every_term_form_gives_the_definition(monkeypatch, name, kept):
+    """With no per-sample block kept during the backward pass, the terms come from the pieces
+    (Gram, dot-product and chunked forms) or from blocks formed after it; both match vmap."""
+    from privopt.grads.ghost import TUNING
+
+    monkeypatch.setattr(TUNING, "small_keep_elems", 0)
+    monkeypatch.setattr(TUNING, "extra_keep_fraction", (0.0, 0.0))
+    monkeypatch.setattr(TUNING, "after_keep_fraction", 100.0 if kept == "after-backward" else 0.0)
+    if kept == "none":
+        monkeypatch.setattr(TUNING, "keep_elems", 0)
+        monkeypatch.setattr(TUNING, "chunk_elems", 64)  # chunked materialisation in several slices
+    model, x, y = _case(name)
+    params, params_prev = _other_point(model, scale=0.1, seed=2), _other_point(model, scale=0.1)
+    want, want_norms = _reference(model, x, y, 0.05, params, params_prev)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got = GHOST.scaled_diff_sum(
+            model, ce, x, y, clip=0.05, scale=_scale, scale_prev=_scale_prev, params=params, params_prev=params_prev
+        )
+    assert torch.allclose(got.total, want, rtol=1e-9, atol=1e-12)
+    assert torch.allclose(got.norms, want_norms, rtol=1e-6)
