@@ -79,6 +79,14 @@ def test_resume_with_a_custom_loss_continues_the_same_run(tmp_path):
     train(cfg(insecure_seed=0), out_dir=part, progress=False, max_steps=4, loss=_smoothed_loss)
     with pytest.raises(ConfigError, match="its own loss function"):
         train(None, out_dir=part, resume=True, progress=False)
+    # Another loss would get the interrupted run's noise on other sums: refused, whatever changed.
+    other_smoothing = lambda o, t: nn.functional.cross_entropy(o, t, reduction="none", label_smoothing=0.2)
+    weight = torch.ones(10)
+    weighted = nn.CrossEntropyLoss(weight=weight, reduction="none")
+    for other in (other_smoothing, weighted, lambda o, t: _smoothed_loss(o, t) * 2):
+        with pytest.raises(ConfigError, match="loss function differs"):
+            train(None, out_dir=part, resume=True, progress=False, loss=other)
+    assert read_record(part)["steps_done"] == 4  # nothing was touched
     rec = train(None, out_dir=part, resume=True, progress=False, loss=_smoothed_loss)
     assert rec["status"] == "finished" and rec["config"]["loss"] == full["config"]["loss"] == "custom"
     assert rec["privacy"]["ledger"] == full["privacy"]["ledger"]

@@ -2,14 +2,16 @@
 
 A resumed run keeps the config it started with; data and model are rebuilt and checked against
 fingerprints kept in the (secret) checkpoint, so a resume never silently continues on other data.
-A run made through the Python API with its own ``Dataset`` or ``nn.Module`` cannot be rebuilt
-from its config: resuming it requires passing the same objects again. Fingerprints are hashes of
+A run made through the Python API with its own ``Dataset``, ``nn.Module`` or loss cannot be rebuilt
+from its config: resuming it requires passing the same objects again (a custom loss is checked
+too: a resume replays the run's noise, which must fall on the same sums). Fingerprints are hashes of
 the training data, so they live only in the checkpoint, never in public outputs (a hash lets
 anyone test a guess of the whole dataset).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Any
 
@@ -20,7 +22,15 @@ from privopt.config import RunConfig
 from privopt.errors import ConfigError, DataError, ModelError
 from privopt.training.builder import Run
 
-__all__ = ["CHECKPOINT_FORMAT", "data_fingerprint", "model_fingerprint", "provenance", "resume_config", "restore"]
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "data_fingerprint",
+    "loss_fingerprint",
+    "model_fingerprint",
+    "provenance",
+    "resume_config",
+    "restore",
+]
 
 CHECKPOINT_FORMAT = 2
 _SPLITS = ("x_train", "y_train", "g_train", "x_val", "y_val", "g_val", "x_test", "y_test", "g_test")
@@ -48,8 +58,64 @@ def model_fingerprint(model: nn.Module) -> str:
     return hashlib.blake2b("\n".join(items).encode(), digest_size=20).hexdigest()
 
 
+def _code_parts(code: Any) -> list[Any]:
+    """A code object's bytecode, names and constants, nested code objects included."""
+    parts: list[Any] = [code.co_code, code.co_names, code.co_varnames]
+    for c in code.co_consts:
+        parts += _code_parts(c) if hasattr(c, "co_code") else [repr(c)]
+    return parts
+
+
+def _value_parts(v: Any, depth: int = 0) -> list[Any]:
+    if isinstance(v, torch.Tensor):
+        t = v.detach().cpu().contiguous()
+        return [str(t.dtype), tuple(t.shape), t.reshape(-1).view(torch.uint8).numpy().tobytes()]
+    if isinstance(v, (str, int, float, bool, bytes, type(None))):
+        return [repr(v)]
+    if hasattr(v, "tobytes") and hasattr(v, "dtype") and hasattr(v, "shape"):  # a NumPy array
+        return [str(v.dtype), tuple(v.shape), v.tobytes()]
+    if depth < 3 and isinstance(v, (list, tuple)):
+        return [len(v), *(x for item in v for x in _value_parts(item, depth + 1))]
+    if isinstance(v, nn.Module):  # e.g. the trained model itself: its architecture, not its weights
+        return [type(v).__qualname__, repr(v)]
+    if depth < 3 and callable(v):
+        return _callable_parts(v, depth + 1)
+    return [type(v).__module__ + "." + type(v).__qualname__]
+
+
+def _callable_parts(fn: Any, depth: int = 0) -> list[Any]:
+    if isinstance(fn, nn.Module):
+        state = [x for t in fn.state_dict().values() for x in _value_parts(t)]
+        return [type(fn).__qualname__, repr(fn), *state]
+    if isinstance(fn, functools.partial):
+        return [
+            "partial",
+            *_callable_parts(fn.func, depth),
+            *_value_parts((fn.args, tuple(sorted(fn.keywords.items())))),
+        ]
+    code = getattr(fn, "__code__", None)
+    if code is None:  # a builtin or another callable: its name
+        return [getattr(fn, "__module__", ""), getattr(fn, "__qualname__", type(fn).__qualname__)]
+    cells = [c.cell_contents for c in (fn.__closure__ or ()) if c.cell_contents is not fn]
+    return [*_code_parts(code), *_value_parts(tuple(fn.__defaults__ or ()), depth), *_value_parts(tuple(cells), depth)]
+
+
+def loss_fingerprint(loss: Any) -> str:
+    """Hash of a loss function's code (bytecode, names, constants, nested functions), defaults and
+    captured values, or of a loss module's class, settings and state: a resumed run replays the
+    interrupted run's noise, so it must compute the same sums (best effort: what a function
+    reads from global variables is not covered)."""
+    parts = _callable_parts(loss)
+    h = hashlib.blake2b(digest_size=20)
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else repr(part).encode())
+    return h.hexdigest()
+
+
 def provenance(run: Run) -> dict[str, Any]:
-    """Where the run's data and model came from, with fingerprints (kept in the checkpoint only)."""
+    """Where the run's data, model and loss came from, with fingerprints (kept in the checkpoint only;
+    a loss named in the config is checked with the config)."""
+    source = run.provenance.get("loss", "config")
     return {
         "dataset": {
             "source": run.provenance["dataset"],
@@ -61,7 +127,7 @@ def provenance(run: Run) -> dict[str, Any]:
             "class": type(run.model).__qualname__,
             "fingerprint": model_fingerprint(run.model),
         },
-        "loss": {"source": run.provenance.get("loss", "config")},
+        "loss": {"source": source, "fingerprint": loss_fingerprint(run.loss_fn) if source == "api" else None},
     }
 
 
@@ -127,6 +193,12 @@ def verify(ckpt: dict[str, Any], run: Run) -> None:
         raise ModelError(
             f"the model's architecture differs from the one this run trained ({prov['model']['class']}); "
             "pass the same architecture to resume"
+        )
+    saved = prov.get("loss", {}).get("fingerprint")
+    if saved is not None and loss_fingerprint(run.loss_fn) != saved:
+        raise ConfigError(
+            "the loss function differs from the one this run was trained with (its code, settings or captured "
+            "values changed): a resume replays the run's noise, so it must compute the same sums; pass the same loss"
         )
 
 
