@@ -49,6 +49,13 @@ __all__ = ["BUDGETS", "add_arguments", "load_covertype_binary", "main", "run_erm
 SETTINGS = ("regularized", "unregularized", "l1-constrained")
 
 
+def _new_out(out_dir) -> Path:
+    out = Path(out_dir)
+    if (out / "results.jsonl").exists():  # opening it would truncate an earlier reproduction's results
+        raise ConfigError(f"{out} already holds a results.jsonl; choose a new --out directory")
+    return out
+
+
 def _check_options(budget: str, runs, accountant, epsilons, delta, chosen) -> tuple[Budget, int, str, list[float]]:
     if budget not in BUDGETS:
         raise ConfigError(f"unknown budget {budget!r}; use one of {sorted(BUDGETS)}")
@@ -151,17 +158,14 @@ def run_erm_covertype(
         epsilons, delta: privacy targets.
         runs: final runs per (setting, method, epsilon); default from the budget (quick 3, paper 10).
         budget: ``"quick"`` or ``"paper"`` (:data:`BUDGETS`: runs, tuning runs, accountant, grids).
-        out_dir: output folder (created; one holding a ``results.jsonl`` is refused).
-        progress: one line per tuned method and per final schedule.
+        out_dir: a new output folder (not one with ``results.jsonl``); progress: a line per tuned method/final run.
         seed: data selection key (a public choice).
         accountant: ``"rdp"`` or ``"pld"`` (default: the budget's).
         insecure_seed: seed the noise and sampling (reproducible but NOT private); default secret.
         only: the settings to run (default all three).
     """
     b, runs, accountant, eps_list = _check_options(budget, runs, accountant, epsilons, delta, only)
-    out = Path(out_dir)
-    if (out / "results.jsonl").exists():  # opening it would truncate an earlier reproduction's results
-        raise ConfigError(f"{out} already holds a results.jsonl; choose a new --out directory")
+    out = _new_out(out_dir)
     data = load_covertype_split(data_dir=data_dir, n_train=n_train, n_tune=n_tune, seed=seed)
     out.mkdir(parents=True, exist_ok=True)
     log = (lambda msg: print(msg, flush=True)) if progress else (lambda msg: None)
