@@ -302,6 +302,20 @@ def test_sigint_to_a_starting_cli_process_gives_no_traceback(tmp_path, delay):
     assert proc.returncode == 130 and "Traceback" not in err and err.strip().startswith("privopt: ")
 
 
+def test_a_reader_that_closes_the_output_is_not_a_user_error(monkeypatch, capsys):
+    """`privopt list | head -1`: the write fails with EPIPE; exit like a tool killed by SIGPIPE, with
+    no 'privopt: error: Broken pipe' line."""
+    import io
+
+    class ClosedPipe(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    code = main(["list"])
+    assert code == 128 + signal.SIGPIPE and capsys.readouterr().err == ""
+
+
 def test_help_documents_exit_codes(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
