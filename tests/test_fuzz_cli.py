@@ -50,6 +50,20 @@ def test_every_option_of_every_subcommand_has_help():
     assert commands >= 10 and not missing, missing
 
 
+def test_every_option_with_a_default_says_it():
+    """`--help` tells what happens when an option is left out (a user should not need the source)."""
+    plain = (argparse._HelpAction, argparse._SubParsersAction, argparse._StoreTrueAction, argparse._AppendAction)
+    silent = [
+        f"privopt {' '.join(path)} {'/'.join(action.option_strings)}"
+        for path, parser in subparsers(build_parser())
+        for action in parser._actions
+        if not isinstance(action, plain)
+        and action.default not in (None, False, argparse.SUPPRESS)
+        and "default" not in (action.help or "")
+    ]
+    assert silent == []
+
+
 def test_help_imports_no_experiment_and_no_torch():
     code = (
         "import sys\nfrom privopt.cli import main\n"

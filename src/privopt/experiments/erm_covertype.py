@@ -201,15 +201,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", required=True, help="folder with covtype*.data[.gz] (UCI format)")
     parser.add_argument("--n-train", type=positive_int, default=10_000, help="training rows (default 10000)")
     parser.add_argument("--n-tune", type=positive_int, default=10_000, help="disjoint tuning rows (default 10000)")
-    parser.add_argument("--epsilons", type=float_list, default=[0.2, 0.5, 1.0], help="e.g. 0.2,0.5,1")
+    parser.add_argument(
+        "--epsilons", type=float_list, default=[0.2, 0.5, 1.0], help="comma-separated ε (default 0.2,0.5,1)"
+    )
     parser.add_argument("--delta", type=float, default=1e-3, help="target δ of every run (default 1e-3, below 1/n)")
     parser.add_argument(
         "--runs", type=positive_int, default=None, help="final runs per method and ε (default: the budget's)"
     )
     parser.add_argument(
-        "--budget", choices=sorted(BUDGETS), default="quick", help="quick: short CPU schedule; paper: the paper's"
+        "--budget",
+        choices=sorted(BUDGETS),
+        default="quick",
+        help="quick: short CPU schedule; paper: the paper's (default quick)",
     )
-    parser.add_argument("--settings", default=",".join(SETTINGS), help=f"subset of {','.join(SETTINGS)}")
+    parser.add_argument(
+        "--settings", default=",".join(SETTINGS), help=f"comma-separated subset of {','.join(SETTINGS)} (default all)"
+    )
     parser.add_argument("--seed", type=non_negative_int, default=0, help="data selection key (public)")
     parser.add_argument("--accountant", choices=("rdp", "pld"), default=None, help="default: the budget's")
     add_run_outputs(parser, out_help="output folder (new, or without a results.jsonl)", quiet=False)
