@@ -7,6 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
+
 from privopt.config import RunConfig
 
 BASE: dict[str, Any] = {
@@ -44,3 +47,15 @@ def ledger_epsilon(record: dict[str, Any]) -> float:
     from privopt.privacy import PrivacyLedger
 
     return PrivacyLedger.from_dict(record["privacy"]["ledger"]).epsilon()
+
+
+class PythonGate(nn.Module):
+    """A learned scale behind a data-dependent Python branch: it runs forward, but torch.func cannot
+    take its per-example gradients (``float(tensor)`` under vmap)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.s = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * self.s if float(x.sum()) > -1e9 else x

@@ -324,6 +324,14 @@ def test_bad_targets_are_blamed_on_the_targets_not_the_model(targets, torch_says
     assert "the model cannot take" not in msg
 
 
+def test_a_model_the_engine_cannot_differentiate_per_example_is_refused_by_make_private():
+    from _run_helpers import PythonGate
+
+    module = nn.Sequential(PythonGate(5), nn.Linear(5, 2))
+    with pytest.raises(ModelError, match="cannot compute per-example gradients of the model on the training inputs"):
+        privopt.PrivacyEngine(accountant="rdp").make_private(**kwargs(module=module))
+
+
 def test_nan_learning_rate_and_step_misuse():
     model = nn.Linear(5, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -103,7 +103,8 @@ def test_breakdown_accounts_for_a_whole_training_run(tmp_path):
     times = bd.as_dict()
     assert list(times) == list(COMPONENTS)
     assert sum(times.values()) == pytest.approx(bd.wall_s, rel=1e-6)  # "other" closes the sum
-    for part in ("setup: noise calibration", "evaluation", "engine: forward+backward", "noise", "accounting"):
+    parts = ("setup: noise calibration", "setup: model checks", "evaluation", "engine: forward+backward", "noise")
+    for part in (*parts, "accounting"):
         assert times[part] > 0, part
     # every record of every sampled batch had its gradient computed once
     assert bd.counts["grad_evals"] == bd.counts["sampled"] > 0

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from privopt.cli import main
-from privopt.config import RunConfig, apply_overrides, load_config
+from privopt.config import RunConfig, apply_overrides, load_config, yaml_load
 from privopt.errors import ConfigError
 
 
@@ -108,6 +108,19 @@ def test_config_errors_name_the_key(tmp_path):
         load_config(bad)
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_a_key_given_twice_is_refused_not_silently_overridden(tmp_path, capsys):
+    """PyYAML keeps the last of two equal keys: a second `privacy:` block dropped the first's ε."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("privacy: {epsilon: 0.1}\nalgorithm: dp-sgd\nprivacy: {delta: 1.0e-6}\n")
+    with pytest.raises(ConfigError, match=r"duplicate key 'privacy' \(first on line 1\) \(line 3, column 1\)"):
+        load_config(cfg)
+    cfg.write_text("algorithm_params: {lr: 0.5, epochs: 1, lr: 5.0}\n")
+    code, _, err = run(capsys, "train", "--config", str(cfg), "--out", str(tmp_path / "r"))
+    assert code == 2 and "duplicate key 'lr'" in err and one_line_error(err) and not (tmp_path / "r").exists()
+    cfg.write_text("base: &b {lr: 0.5}\nalgorithm_params:\n  <<: *b\n  lr: 0.25\n")  # merges still override
+    assert yaml_load(cfg.read_text())["algorithm_params"] == {"lr": 0.25}
 
 
 @pytest.mark.parametrize("text,kind", [("- 1\n- 2\n", "list"), ("5\n", "int"), ("just text\n", "str")])
@@ -287,6 +300,20 @@ def test_sigint_to_a_starting_cli_process_gives_no_traceback(tmp_path, delay):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "Traceback" not in err and err.strip().startswith("privopt: ")
+
+
+def test_a_reader_that_closes_the_output_is_not_a_user_error(monkeypatch, capsys):
+    """`privopt list | head -1`: the write fails with EPIPE; exit like a tool killed by SIGPIPE, with
+    no 'privopt: error: Broken pipe' line."""
+    import io
+
+    class ClosedPipe(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    code = main(["list"])
+    assert code == 128 + signal.SIGPIPE and capsys.readouterr().err == ""
 
 
 def test_help_documents_exit_codes(capsys):

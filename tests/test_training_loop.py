@@ -149,6 +149,16 @@ def test_wrong_input_size_for_the_model(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_model_the_engine_cannot_differentiate_per_example_fails_before_any_output(tmp_path):
+    """It used to fail at the first step with a torch traceback, after the run had written its files."""
+    from _run_helpers import PythonGate
+
+    model = nn.Sequential(nn.Flatten(), PythonGate(64), nn.Linear(64, 10))
+    with pytest.raises(ModelError, match="gradient engine .* cannot compute per-example gradients"):
+        train(cfg(), out_dir=tmp_path / "run", progress=False, model=model)
+    assert not (tmp_path / "run").exists()
+
+
 def test_float64_features_are_cast_to_float32_before_training(tmp_path):
     from privopt.data import load_dataset
 

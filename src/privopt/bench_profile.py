@@ -43,6 +43,7 @@ _QUERIES = ("clipped_sum", "scaled_sum", "scaled_diff_sum")
 # privopt module that imported them by name; "Class.method" paths are patched on the class.
 _TARGETS: tuple[tuple[str, bool, tuple[tuple[str, str], ...]], ...] = (
     ("setup: data loading", True, (("privopt.training.builder", "_dataset"),)),
+    ("setup: model checks", True, (("privopt.training.builder", "check_engine_fits"),)),
     ("setup: noise calibration", True, (("privopt.privacy.calibration", "calibrate"),)),
     (
         "evaluation",
@@ -147,10 +148,25 @@ class Breakdown:
             return
         fn = getattr(module, path)
         timed = self.wrap(fn, component, absorbing)
+        if path == "check_engine_fits":  # its per-example gradients check the model; no batch was sampled
+            timed = self._uncounted(timed)
         for mod in [m for name, m in list(sys.modules.items()) if name.startswith("privopt") and m is not None]:
             for attr, value in list(vars(mod).items()):
                 if value is fn:
                     self._set(mod, attr, timed)
+
+    def _uncounted(self, fn: Callable) -> Callable:
+        depth = self._engine_depth
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            depth.append(1)  # engine calls inside are not counted as gradient evaluations
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth.pop()
+
+        return call
 
     def _counting(self, fn: Callable, path: str) -> Callable:
         counts, depth = self.counts, self._engine_depth

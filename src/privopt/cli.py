@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -386,7 +387,8 @@ def _add_reproduce_parser(sub) -> None:
 
 
 EXIT_CODES = """exit codes: 0 done; 2 a user error (one-line message, nothing half-written); 3 privacy budget
-exhausted; 4 the run failed (e.g. diverged; its record holds the epsilon spent); 130 interrupted (resumable)."""
+exhausted; 4 the run failed (e.g. diverged; its record holds the epsilon spent); 130 interrupted (resumable);
+141 the reader of the output closed it (e.g. `| head`)."""
 
 
 def _inside_import(frame) -> bool:
@@ -438,6 +440,9 @@ def _run(argv: list[str] | None) -> int:
         prefix = {4: "privopt: run failed: "}.get(code, "privopt: error: ")
         print(f"{prefix}{e}", file=sys.stderr)
         return code
+    except BrokenPipeError:  # the reader of the output left (`privopt list | head`): not an error to report
+        _silence_stdout()
+        return 128 + signal.SIGPIPE  # what a shell tool killed by SIGPIPE exits with
     except OSError as e:  # disk full, permissions, a path that is a file: the user's to fix
         where = f": {e.filename}" if getattr(e, "filename", None) else ""
         print(f"privopt: error: {e.strerror or e}{where}", file=sys.stderr)
@@ -448,6 +453,12 @@ def _run(argv: list[str] | None) -> int:
         else:
             print(f"privopt: {e}" if str(e) else "privopt: interrupted", file=sys.stderr)
         return 130
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so Python's flush at exit does not fail on the closed pipe again."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # no real stdout (captured): nothing to flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":  # pragma: no cover

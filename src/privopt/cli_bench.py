@@ -65,7 +65,10 @@ def add_bench_parser(sub) -> None:
         help="comma-separated batch sizes to time (default 128,512)",
     )
     b.add_argument(
-        "--repeats", type=positive_int, default=5, help="timed rounds per (model, batch); the median is reported"
+        "--repeats",
+        type=positive_int,
+        default=5,
+        help="timed rounds per (model, batch); the median is reported (default 5)",
     )
     b.add_argument(
         "--threads", type=positive_int, default=None, help="torch threads for every method (default: torch's)"

@@ -56,8 +56,25 @@ class _Loader(yaml.SafeLoader):
 
     PyYAML follows YAML 1.1, where ``yes``/``no``/``on``/``off``/``y``/``n`` are booleans too, so
     ``dataset: no`` or ``--set model_params.bias=yes`` would silently change type. They are plain
-    strings here, and a key that needs a boolean refuses them with a clear error.
+    strings here, and a key that needs a boolean refuses them with a clear error. A key given twice
+    in one mapping is an error (YAML 1.2 requires unique keys; PyYAML keeps the last silently, so a
+    second ``privacy:`` block would drop the first one's epsilon).
     """
+
+    def construct_mapping(self, node, deep=False):
+        first_line: dict = {}
+        for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor` merges: their keys are overridden by design
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool, type(None))):
+                continue  # unhashable keys get PyYAML's own error
+            if key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {first_line[key]})", key_node.start_mark
+                )
+            first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
 
 
 _BOOL = "tag:yaml.org,2002:bool"

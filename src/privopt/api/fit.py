@@ -74,7 +74,8 @@ def fit(
     Args:
         model: your ``nn.Module`` (trained in place) or a registered model name (``privopt list``).
         dataset: a :class:`privopt.data.Dataset` with a (public) test split, or a registered dataset name.
-        loss: ``None`` (cross-entropy), a torch loss module (``reduction="none"``) or a per-example callable.
+        loss: ``None`` (cross-entropy), ``"logistic"`` (one logit, labels 0/1: the linear ERM algorithms), a
+            torch loss module (``reduction="none"``) or a per-example callable.
         algorithm: a registered algorithm name, e.g. ``"dp-sgd"``, ``"dp-double-spider"`` (docs/algorithms/).
         epsilon, delta: the target; required for a private algorithm, δ below 1/n (or ``allow_large_delta``).
         out_dir: where the run's outputs go; default: a temporary folder, deleted when ``fit`` returns.

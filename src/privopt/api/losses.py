@@ -27,9 +27,10 @@ def per_sample_loss(criterion: Any = None) -> LossFn:
     """A per-example loss ``(outputs, targets) -> [B]``.
 
     Args:
-        criterion: ``None`` or ``"cross_entropy"`` (the default loss of ``privopt train``), a torch
-            loss module such as ``nn.CrossEntropyLoss()`` (used with ``reduction="none"``; its other
-            settings are kept), or a callable that returns one loss per example.
+        criterion: ``None`` or ``"cross_entropy"`` (the default loss of ``privopt train``), ``"logistic"``
+            (one logit per example, labels 0/1), a torch loss module such as ``nn.CrossEntropyLoss()``
+            (used with ``reduction="none"``; its other settings are kept), or a callable that returns
+            one loss per example.
 
     Raises:
         ConfigError: anything else (e.g. a number or an unknown loss name).

@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--budget",
         choices=sorted(BUDGETS),
         default="quick",
-        help="quick: CPU-sized model and schedule; paper: ResNet20-GN, batch 128, the project's default grid",
+        help="quick (default): CPU-sized model and schedule; paper: ResNet20-GN, batch 128, the project's grid",
     )
     parser.add_argument(
         "--model", help="model of every method, replacing the budget's and any per-method one (a registered model name)"

@@ -49,6 +49,13 @@ __all__ = ["BUDGETS", "add_arguments", "load_covertype_binary", "main", "run_erm
 SETTINGS = ("regularized", "unregularized", "l1-constrained")
 
 
+def _new_out(out_dir) -> Path:
+    out = Path(out_dir)
+    if (out / "results.jsonl").exists():  # opening it would truncate an earlier reproduction's results
+        raise ConfigError(f"{out} already holds a results.jsonl; choose a new --out directory")
+    return out
+
+
 def _check_options(budget: str, runs, accountant, epsilons, delta, chosen) -> tuple[Budget, int, str, list[float]]:
     if budget not in BUDGETS:
         raise ConfigError(f"unknown budget {budget!r}; use one of {sorted(BUDGETS)}")
@@ -151,17 +158,14 @@ def run_erm_covertype(
         epsilons, delta: privacy targets.
         runs: final runs per (setting, method, epsilon); default from the budget (quick 3, paper 10).
         budget: ``"quick"`` or ``"paper"`` (:data:`BUDGETS`: runs, tuning runs, accountant, grids).
-        out_dir: output folder (created; one holding a ``results.jsonl`` is refused).
-        progress: one line per tuned method and per final schedule.
+        out_dir: a new output folder (not one with ``results.jsonl``); progress: a line per tuned method/final run.
         seed: data selection key (a public choice).
         accountant: ``"rdp"`` or ``"pld"`` (default: the budget's).
         insecure_seed: seed the noise and sampling (reproducible but NOT private); default secret.
         only: the settings to run (default all three).
     """
     b, runs, accountant, eps_list = _check_options(budget, runs, accountant, epsilons, delta, only)
-    out = Path(out_dir)
-    if (out / "results.jsonl").exists():  # opening it would truncate an earlier reproduction's results
-        raise ConfigError(f"{out} already holds a results.jsonl; choose a new --out directory")
+    out = _new_out(out_dir)
     data = load_covertype_split(data_dir=data_dir, n_train=n_train, n_tune=n_tune, seed=seed)
     out.mkdir(parents=True, exist_ok=True)
     log = (lambda msg: print(msg, flush=True)) if progress else (lambda msg: None)
@@ -197,15 +201,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", required=True, help="folder with covtype*.data[.gz] (UCI format)")
     parser.add_argument("--n-train", type=positive_int, default=10_000, help="training rows (default 10000)")
     parser.add_argument("--n-tune", type=positive_int, default=10_000, help="disjoint tuning rows (default 10000)")
-    parser.add_argument("--epsilons", type=float_list, default=[0.2, 0.5, 1.0], help="e.g. 0.2,0.5,1")
+    parser.add_argument(
+        "--epsilons", type=float_list, default=[0.2, 0.5, 1.0], help="comma-separated ε (default 0.2,0.5,1)"
+    )
     parser.add_argument("--delta", type=float, default=1e-3, help="target δ of every run (default 1e-3, below 1/n)")
     parser.add_argument(
         "--runs", type=positive_int, default=None, help="final runs per method and ε (default: the budget's)"
     )
     parser.add_argument(
-        "--budget", choices=sorted(BUDGETS), default="quick", help="quick: short CPU schedule; paper: the paper's"
+        "--budget",
+        choices=sorted(BUDGETS),
+        default="quick",
+        help="quick: short CPU schedule; paper: the paper's (default quick)",
     )
-    parser.add_argument("--settings", default=",".join(SETTINGS), help=f"subset of {','.join(SETTINGS)}")
+    parser.add_argument(
+        "--settings", default=",".join(SETTINGS), help=f"comma-separated subset of {','.join(SETTINGS)} (default all)"
+    )
     parser.add_argument("--seed", type=non_negative_int, default=0, help="data selection key (public)")
     parser.add_argument("--accountant", choices=("rdp", "pld"), default=None, help="default: the budget's")
     add_run_outputs(parser, out_help="output folder (new, or without a results.jsonl)", quiet=False)

@@ -179,14 +179,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dataset", required=True, choices=sorted(DATASETS),
         help="group data: adult (sex x race), celeba (Blond_Hair x Male) or synthetic (p-group mixture)",
     )  # fmt: skip
-    parser.add_argument("--epsilons", type=float_list, default=list(EPSILONS), help="comma-separated ε (0.5,1,2,5)")
-    parser.add_argument("--seeds", type=int, default=3, help="runs per (method, ε)")
+    parser.add_argument(
+        "--epsilons", type=float_list, default=list(EPSILONS), help="comma-separated ε (default 0.5,1,2,5)"
+    )
+    parser.add_argument("--seeds", type=int, default=3, help="runs per (method, ε) (default 3)")
     parser.add_argument("--data-dir", help="folder with adult/ and celeba/ (default $PRIVOPT_DATA)")
     parser.add_argument("--methods", help="comma-separated algorithm names (default: Paper D's four + baselines)")
     parser.add_argument("--no-tune", action="store_true", help="skip tuning (the middle grid point)")
     parser.add_argument("--no-rates", action="store_true", help="synthetic: skip the excess-risk-vs-K sweep")
     parser.add_argument(
-        "--rate-seeds", type=positive_int, default=8, help="synthetic: runs per (ε, K) of the excess-risk-vs-K sweep"
+        "--rate-seeds",
+        type=positive_int,
+        default=8,
+        help="synthetic: runs per (ε, K) of the excess-risk-vs-K sweep (default 8)",
     )
     parser.add_argument(
         "--minimax-reference", action="store_true",

@@ -26,7 +26,15 @@ from privopt.privacy import Inventory, PrivacyLedger, calibrate, check_delta_for
 from privopt.rng import RandomSource, make_sources
 from privopt.training.metrics import RunMetric, build_loss, get_run_metrics
 
-__all__ = ["CUSTOM_LOSS", "Run", "build_run", "check_model_fits", "randomness_section", "run_sources"]
+__all__ = [
+    "CUSTOM_LOSS",
+    "Run",
+    "build_run",
+    "check_engine_fits",
+    "check_model_fits",
+    "randomness_section",
+    "run_sources",
+]
 
 # ``RunConfig.loss`` of a run whose loss function was passed through the Python API.
 CUSTOM_LOSS = "custom"
@@ -172,10 +180,18 @@ def _place(cfg: RunConfig, data: Any, net: nn.Module) -> tuple[Any, nn.Module]:
 
 
 def check_model_fits(
-    model: nn.Module, loss_fn: Any, x: torch.Tensor, y: torch.Tensor, *, what: str, num_classes: int | None = None
+    model: nn.Module,
+    loss_fn: Any,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    what: str,
+    num_classes: int | None = None,
+    engine: Any = None,
 ) -> None:
     """One forward pass on two examples (nothing is kept): the model must take the inputs and the
-    loss must return one value per example. Raises :class:`ModelError` naming the problem.
+    loss must return one value per example; with an ``engine`` (a private run), also
+    :func:`check_engine_fits`. Raises :class:`ModelError` naming the problem.
 
     Example:
         >>> from torch import nn
@@ -216,9 +232,33 @@ def check_model_fits(
     if not isinstance(losses, torch.Tensor) or tuple(losses.shape) != (x.shape[0],):
         shape = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
         raise ModelError(f"the loss must return one value per example (reduction='none'), got shape {shape}")
+    if engine is not None:
+        check_engine_fits(engine, model, loss_fn, x, y, what=what)
 
 
 _PROBE_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, AttributeError)
+
+
+def check_engine_fits(engine: Any, model: nn.Module, loss_fn: Any, x: torch.Tensor, y: torch.Tensor, *, what: str):
+    """Clipped per-example gradients of two examples (nothing is kept, nothing released): a layer the
+    engine cannot differentiate per example (e.g. data-dependent Python control flow under
+    ``torch.func``) fails here with a :class:`ModelError`, before any output, not at the first step.
+
+    Example:
+        >>> from torch import nn
+        >>> from privopt.grads import get_engine
+        >>> loss = lambda out, y: nn.functional.cross_entropy(out, y, reduction="none")
+        >>> x, y = torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)
+        >>> check_engine_fits(get_engine("vmap"), nn.Linear(3, 2), loss, x, y, what="x")  # fits: returns None
+    """
+    try:
+        with torch.random.fork_rng(devices=[]):
+            engine.clipped_sum(model, loss_fn, x[:2], y[:2], clip=1.0)
+    except _PROBE_ERRORS as e:
+        raise ModelError(
+            f"the gradient engine ({type(engine).__name__}) cannot compute per-example gradients of the model on "
+            f"{what} (a layer it cannot differentiate example by example?): {_first_line(e)}"
+        ) from None
 
 
 def _first_line(e: BaseException) -> str:
@@ -337,8 +377,9 @@ def _checked_config(cfg: Any, loss: Any) -> RunConfig:
     return replace(cfg, loss=CUSTOM_LOSS)
 
 
-def _data_and_model(cfg: RunConfig, *, dataset: Any, model: Any, loss: Any) -> tuple[Any, nn.Module, Any]:
-    """The validated data, model (initialised with the public seed) and per-example loss, placed on the device."""
+def _data_and_model(cfg: RunConfig, dataset: Any, model: Any, loss: Any, engine: Any) -> tuple[Any, nn.Module, Any]:
+    """The validated data, model (initialised with the public seed) and per-example loss, placed on the
+    device; with an ``engine`` (private runs), checked to give per-example gradients."""
     torch.manual_seed(cfg.seed)  # public randomness: model initialisation
     data = _dataset(cfg, dataset)
     data.validate()  # user datasets especially: NaN/inf, shapes and labels fail here, before any output
@@ -353,9 +394,8 @@ def _data_and_model(cfg: RunConfig, *, dataset: Any, model: Any, loss: Any) -> t
     validate_model(net)
     data, net = _place(cfg, data, net)
     loss_fn = build_loss(cfg.loss) if loss is None else loss
-    check_model_fits(
-        net, loss_fn, data.x_train, data.y_train, what=f"dataset {data.name!r}'s inputs", num_classes=data.num_classes
-    )
+    what, classes = f"dataset {data.name!r}'s inputs", data.num_classes
+    check_model_fits(net, loss_fn, data.x_train, data.y_train, what=what, num_classes=classes, engine=engine)
     return data, net, loss_fn
 
 
@@ -383,7 +423,7 @@ def build_run(
     if algo.private and cfg.privacy.epsilon is None:
         raise ConfigError(f"algorithm {cfg.algorithm!r} is private: set privacy.epsilon")
     metrics = _check_metrics(cfg)
-    data, net, loss_fn = _data_and_model(cfg, dataset=dataset, model=model, loss=loss)
+    data, net, loss_fn = _data_and_model(cfg, dataset, model, loss, engine if algo.private else None)
     n = int(data.y_train.shape[0])
     inventory, calibration, ledger = _privacy(cfg, algo, n, ledger_state, centering)
     sources = run_sources(cfg.insecure_seed, client=comm.rank if comm is not None else 0)
