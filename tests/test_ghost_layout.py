@@ -15,7 +15,7 @@ from torch import nn
 
 import privopt.grads.ghost.capture as capture_mod
 import privopt.grads.ghost.rules as rules_mod
-from privopt.grads import engine as engine_mod
+from privopt.grads import coefficients as coefficients_mod
 from privopt.grads import get_engine
 from privopt.grads.ghost import register_layer_rule, rule_for, unregister_layer_rule
 from privopt.grads.ghost.layout import probe_layout
@@ -27,7 +27,7 @@ GHOST, VMAP = get_engine("ghost"), get_engine("vmap")
 def exact_batch_shapes(monkeypatch):
     # These tests are about where the batch dimension is, with sizes chosen to collide (T == B);
     # small batches must reach the engine at their own size, not padded (tested elsewhere).
-    monkeypatch.setattr(engine_mod, "MIN_BATCH_ROWS", 0)
+    monkeypatch.setattr(coefficients_mod, "MIN_BATCH_ROWS", 0)
 
 
 def ce(out, y):
