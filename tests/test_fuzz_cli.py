@@ -255,3 +255,36 @@ def test_opacus_comparison_refuses_an_earlier_out_before_any_run(monkeypatch, tm
     with pytest.raises(ConfigError, match=f"already holds a comparison \\({earlier}\\)"):
         exp.run_comparison(data_dir=str(tmp_path), out_dir=tmp_path, epsilons=(1.0,), seeds=3, progress=False)
     assert ran == []
+
+
+def test_every_reproduction_takes_quiet(monkeypatch, tmp_path, capsys):
+    """erm-covertype and dpsgd-vs-opacus take --quiet like the others: no progress, nothing printed."""
+    import privopt.experiments.dpsgd_opacus as opacus_exp
+    import privopt.experiments.erm_covertype as erm
+
+    seen = {}
+
+    def fake_erm(**kw):
+        seen["erm"] = kw["progress"]
+        (tmp_path / "e" / "summary.md").parent.mkdir(exist_ok=True)
+        (tmp_path / "e" / "summary.md").write_text("| table |\n")
+        return {"methods": [], "printed": [], "selections": []}
+
+    def fake_opacus(**kw):
+        seen["opacus"] = kw["progress"]
+        return []
+
+    monkeypatch.setattr(erm, "run_erm_covertype", fake_erm)
+    monkeypatch.setattr(opacus_exp, "run_comparison", fake_opacus)
+    monkeypatch.setattr(opacus_exp.importlib.util, "find_spec", lambda name: object())
+    for quiet in (True, False):
+        flag = ["--quiet"] if quiet else []
+        assert (
+            main(["reproduce", "erm-covertype", "--data-dir", str(tmp_path), "--out", str(tmp_path / "e"), *flag]) == 0
+        )
+        printed = capsys.readouterr().out
+        assert seen["erm"] is not quiet and (printed == "") is quiet
+        (tmp_path / "e" / "summary.md").unlink()
+        args = ["reproduce", "dpsgd-vs-opacus", "--data-dir", str(tmp_path), "--out", str(tmp_path / "o"), *flag]
+        assert main(args) == 0
+        assert seen["opacus"] is not quiet and capsys.readouterr().out == ""

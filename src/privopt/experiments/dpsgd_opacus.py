@@ -201,7 +201,7 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-size", type=positive_int, default=256, help="expected Poisson batch size (default 256)")
     p.add_argument("--lr", type=positive_float, default=0.5, help="SGD learning rate (default 0.5)")
     p.add_argument("--clip", type=positive_float, default=1.0, help="per-example clipping threshold (default 1)")
-    add_run_outputs(p, out_help="a new output folder (results.jsonl, summary.json, table.md)", quiet=False)
+    add_run_outputs(p, out_help="a new output folder (results.jsonl, summary.json, table.md)")
 
 
 def main(args) -> int:
@@ -214,7 +214,7 @@ def main(args) -> int:
         batch_size=args.batch_size,
         lr=args.lr,
         clip=args.clip,
-        progress=not args.json,
+        progress=not (args.json or args.quiet),
         insecure_seed=args.insecure_seed,
     )
     if args.json:

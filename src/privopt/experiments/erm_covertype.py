@@ -219,7 +219,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=non_negative_int, default=0, help="data selection key (public)")
     parser.add_argument("--accountant", choices=("rdp", "pld"), default=None, help="default: the budget's")
-    add_run_outputs(parser, out_help="output folder (new, or without a results.jsonl)", quiet=False)
+    add_run_outputs(parser, out_help="output folder (new, or without a results.jsonl)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -233,7 +233,7 @@ def main(args: argparse.Namespace) -> int:
         runs=args.runs,
         budget=args.budget,
         out_dir=args.out,
-        progress=not args.json,
+        progress=not (args.json or args.quiet),
         seed=args.seed,
         accountant=args.accountant,
         insecure_seed=args.insecure_seed,
@@ -244,7 +244,7 @@ def main(args: argparse.Namespace) -> int:
             e.pop("curve", None)
         summary.pop("selections")
         print(json.dumps(summary, indent=2))
-    else:
+    elif not args.quiet:
         print((Path(args.out) / "summary.md").read_text())
     return 0
 
