@@ -71,6 +71,18 @@ def _smoothed_loss(outputs, targets):
     return nn.functional.cross_entropy(outputs, targets, reduction="none", label_smoothing=0.1)
 
 
+def test_a_run_on_its_own_dataset_names_it_and_resumes_from_the_same_script(tmp_path):
+    """The record's config names the dataset passed in (not the config's default), and re-running
+    the same call with ``resume=True`` (same config object, same dataset and loss) continues it."""
+    run, config = tmp_path / "r", cfg()
+    assert config.dataset == "digits"  # the default the record must not claim
+    train(config, out_dir=run, progress=False, max_steps=3, dataset=_own_data(), loss=_smoothed_loss)
+    assert read_record(run)["config"]["dataset"] == "my-digits"
+    assert read_record(run)["config"]["loss"] == "custom"
+    rec = train(config, out_dir=run, resume=True, progress=False, dataset=_own_data(), loss=_smoothed_loss)
+    assert rec["status"] == "finished" and rec["config"]["dataset"] == "my-digits"
+
+
 def test_resume_with_a_custom_loss_continues_the_same_run(tmp_path):
     """A run trained with its own loss is refused a resume without it, and resumed with it ends
     exactly where the uninterrupted run with that loss ends (model, ledger, ε)."""

@@ -34,6 +34,7 @@ __all__ = [
     "check_model_fits",
     "randomness_section",
     "run_sources",
+    "stated_config",
 ]
 
 # ``RunConfig.loss`` of a run whose loss function was passed through the Python API.
@@ -366,10 +367,13 @@ def _extra(cfg: RunConfig, data: Any, comm: Any) -> dict[str, Any]:
     return extra
 
 
-def _checked_config(cfg: Any, loss: Any) -> RunConfig:
+def stated_config(cfg: Any, *, loss: Any = None, dataset: Any = None) -> RunConfig:
+    """The run's config as its record states it: a dataset or loss passed in is named there."""
     if not isinstance(cfg, RunConfig):
         raise ConfigError(f"expected a privopt.config.RunConfig, got {type(cfg).__name__}")
     cfg.validate()
+    if dataset is not None:  # else the record would name the config's (default) dataset
+        cfg = replace(cfg, dataset=str(getattr(dataset, "name", None) or "custom"))
     if loss is None:
         return cfg
     if not callable(loss):
@@ -416,7 +420,7 @@ def build_run(
     ledger instead of a new one (and ``released`` the statistics it released), so the algorithm is set up with
     the ledger it will record into. ``comm`` (a :class:`privopt.distributed.Communicator`, under torchrun) makes
     this process one client of a federated run (algorithms with ``clients``; docs/algorithms/sosp.md)."""
-    cfg = _checked_config(cfg, loss)
+    cfg = stated_config(cfg, loss=loss, dataset=dataset)
     algo = get_algorithm(cfg.algorithm, **cfg.algorithm_params)
     engine = get_engine(cfg.engine)  # a bad name fails before any data is loaded
     centering = _centering(cfg, comm)

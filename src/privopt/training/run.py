@@ -22,7 +22,7 @@ from privopt.config import RunConfig
 from privopt.distributed import torchrun_comm
 from privopt.errors import ConfigError, DataError, PrivacyBudgetExceeded, PrivoptError
 from privopt.privacy import PrivacyLedger, epsilon_of
-from privopt.training.builder import Run, build_run
+from privopt.training.builder import Run, build_run, stated_config
 from privopt.training.callbacks import AlgorithmDone, DivergenceGuard, ProgressCallback, RunDiverged, SignalGuard
 from privopt.training.loop import Every, LoopState, StepLimit, run_loop
 from privopt.training.metrics import compute_run_metrics, evaluate
@@ -319,7 +319,8 @@ def _resume(cfg, out: Path, *, dataset, model, loss, progress: bool, max_steps: 
                 f"{out} holds no checkpoint: the run stopped before its first checkpoint was complete and "
                 f"nothing was published; start it again with the same output directory ({e})"
             ) from None
-        run_cfg = resume_config(ckpt, cfg)
+        # The given config as a fresh run would state it (a dataset or loss passed in named there).
+        run_cfg = resume_config(ckpt, None if cfg is None else stated_config(cfg, loss=loss, dataset=dataset))
         if ckpt["status"] == "finished":  # e.g. killed while writing the outputs: write them again
             write_outputs(
                 out,
