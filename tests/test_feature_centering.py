@@ -127,8 +127,8 @@ def test_parallel_composition_cannot_hold_the_release():
 
 
 def test_torchrun_clients_cannot_each_draw_a_mean():
-    from privopt.training.builder import _centering
+    from privopt.training.pretraining import plan_pretraining
 
     with pytest.raises(ConfigError, match="torchrun"):
-        _centering(cfg(**CENTRE), comm=object())
-    assert _centering(cfg(), comm=object()) is None
+        plan_pretraining(cfg(**CENTRE), comm=object())
+    assert plan_pretraining(cfg(), comm=object()).centering is None

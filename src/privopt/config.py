@@ -167,6 +167,9 @@ class RunConfig:
     plots: bool = True  # write curves.png
     # DP feature centring (privopt.data.centering): {norm_bound: R, noise_ratio: r}; {} = off.
     feature_centering: dict[str, Any] = field(default_factory=dict)
+    # Post-hoc logit adjustment (privopt.data.class_prior): predict with logits − τ·log π, π a public
+    # prior {prior: [...]} or the training labels' histogram released with noise {noise_ratio: r}; {} = off.
+    logit_adjustment: dict[str, Any] = field(default_factory=dict)
     # A fixed, public feature map applied to every split (privopt.data.features), e.g.
     # {name: scattering, scale: 64.0}; {} = the inputs as loaded.
     features: dict[str, Any] = field(default_factory=dict)
@@ -211,7 +214,14 @@ class RunConfig:
             raise ConfigError(f"eval_split must be 'test' or 'val', got {self.eval_split!r}")
         if not isinstance(self.metrics, list):
             raise ConfigError(f"metrics must be a list of names, got {self.metrics!r}")
-        for key in ("algorithm_params", "dataset_params", "model_params", "feature_centering", "features"):
+        for key in (
+            "algorithm_params",
+            "dataset_params",
+            "model_params",
+            "feature_centering",
+            "features",
+            "logit_adjustment",
+        ):
             if not isinstance(getattr(self, key), dict):
                 raise ConfigError(f"{key} must be a mapping, got {getattr(self, key)!r}")
         if self.features and not isinstance(self.features.get("name"), str):

@@ -59,6 +59,7 @@ DEMO_SCHEDULE = {
     "feature_model": "logreg",
     "feature_model_params": {},
     "feature_centering": {},
+    "logit_adjustment": {},
     "eval_points": 8,
     "max_train": None,
     "image_model": "mlp",

@@ -156,6 +156,8 @@ class Budget:
         feature_model_params: that model's options (e.g. ``{"bias_scale": 64.0}`` for ``logreg``).
         feature_centering: the runs' DP feature centring on those features (the run config's
             ``feature_centering``, :mod:`privopt.data.centering`; ``{}``: none).
+        logit_adjustment: the runs' post-hoc logit adjustment (the run config's ``logit_adjustment``,
+            :mod:`privopt.data.class_prior`; ``{}``: predictions as trained).
         method_settings: per-method deviations (:class:`MethodSetting`: own model, lr grid, batch
             size or config fields), keyed by method name; every other method uses the shared setting.
         lr_schedule, lr_final: the decay of every method's model step over its planned iterations
@@ -187,6 +189,7 @@ class Budget:
     feature_model: str = "logreg"
     feature_model_params: dict[str, Any] = field(default_factory=dict)
     feature_centering: dict[str, Any] = field(default_factory=dict)
+    logit_adjustment: dict[str, Any] = field(default_factory=dict)
     method_settings: dict[str, MethodSetting] = field(default_factory=dict)
     lr_schedule: str = "constant"
     lr_final: float = 1.0

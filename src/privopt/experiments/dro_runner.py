@@ -165,6 +165,7 @@ def run_one(
             "non_private_diagnostics": bool(metrics) or eval_split == "val",
             "hyperparameter_tuning": spec.tuning_note,
             "feature_centering": _centering(budget, data),
+            "logit_adjustment": dict(budget.logit_adjustment),
         }
     )
     t0 = time.perf_counter()

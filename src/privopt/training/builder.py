@@ -17,14 +17,13 @@ from torch import nn
 
 from privopt.algorithms.base import Algorithm, RunContext, get_algorithm
 from privopt.config import RunConfig
-from privopt.data.centering import FAMILY as CENTERING_FAMILY
-from privopt.data.centering import FeatureCentering
 from privopt.errors import ConfigError, DataError, ModelError
 from privopt.grads import get_engine, validate_model
 from privopt.grads.ahead import NoiseAhead
-from privopt.privacy import Inventory, PrivacyLedger, calibrate, check_delta_for_size, ledger_from_dict, make_ledger
+from privopt.privacy import PrivacyLedger, calibrate, check_delta_for_size, ledger_from_dict, make_ledger
 from privopt.rng import RandomSource, make_sources
 from privopt.training.metrics import RunMetric, build_loss, get_run_metrics
+from privopt.training.pretraining import PreTraining, apply_pretraining, plan_pretraining, with_pretraining
 
 __all__ = [
     "CUSTOM_LOSS",
@@ -59,6 +58,16 @@ class Run:
     total: int
     provenance: dict[str, str] = field(default_factory=dict)
     released: dict[str, Any] = field(default_factory=dict)  # released statistics (e.g. the feature mean)
+    logit_offsets: torch.Tensor | None = None  # the logit adjustment's τ·log π (privopt.data.class_prior)
+
+    @property
+    def predictor(self) -> nn.Module:
+        """The released predictor: the model, with the logit adjustment's offsets subtracted if any."""
+        if self.logit_offsets is None:
+            return self.model
+        from privopt.data.class_prior import AdjustedLogits
+
+        return AdjustedLogits(self.model, self.logit_offsets)
 
     @property
     def n(self) -> int:
@@ -283,21 +292,8 @@ def _check_metrics(cfg: RunConfig) -> list[RunMetric]:
     return metrics
 
 
-def _inventory(algo: Algorithm, n: int, centering: FeatureCentering | None) -> Any:
-    """The algorithm's planned releases, plus the feature-centring query (calibrated together)."""
-    inventory = algo.inventory(n=n) if algo.private else None
-    if inventory is None or centering is None:
-        return inventory
-    if inventory.composition == "parallel":
-        raise ConfigError(
-            f"feature_centering is a full-batch release; algorithm {algo.name!r} accounts passes over disjoint "
-            "parts (parallel composition), which cannot hold it"
-        )
-    return Inventory((*inventory.steps, centering.planned_step()), composition=inventory.composition)
-
-
-def _privacy(cfg: RunConfig, algo: Algorithm, n: int, ledger_state, centering=None) -> tuple[Any, Any, Any]:
-    inventory = _inventory(algo, n, centering)
+def _privacy(cfg: RunConfig, algo: Algorithm, n: int, ledger_state, plan: PreTraining) -> tuple[Any, Any, Any]:
+    inventory = with_pretraining(algo.inventory(n=n) if algo.private else None, plan, algo.name)
     if inventory is None:
         return None, None, None
     p = cfg.privacy
@@ -325,35 +321,6 @@ def _privacy(cfg: RunConfig, algo: Algorithm, n: int, ledger_state, centering=No
         target_epsilon=p.epsilon,
     )
     return inventory, calibration, ledger
-
-
-def _centering(cfg: RunConfig, comm: Any) -> FeatureCentering | None:
-    centering = FeatureCentering.from_config(cfg.feature_centering)
-    if centering is not None and comm is not None:  # each process would draw its own mean
-        raise ConfigError("feature_centering is not available in runs launched by torchrun (one process per client)")
-    return centering
-
-
-def _centred(cfg: RunConfig, data: Any, centering, calibration, ledger, *, rng, released) -> tuple[Any, dict]:
-    """``data`` centred on the released feature mean: drawn now (and recorded in the ledger), or the
-    one a resumed run released before (``released``); a non-private run uses the exact mean, which
-    is a private statistic (diagnostics only), never a released one."""
-    if centering is None:
-        return data, {}
-    if released is not None:
-        mean = torch.tensor(released["feature_mean"], dtype=torch.float32)
-    elif calibration is None:
-        mean = (centering.clipped_sum(data.x_train) / data.x_train.shape[0]).to(torch.float32).to(data.x_train.device)
-        centred = centering.apply(data, mean)
-        meta = dict(centred.meta)
-        meta["private"] = {**meta.get("private", {}), "feature_mean_exact": mean.cpu().tolist()}
-        return replace(centred, meta=meta), {}
-    else:
-        z = calibration.noise[CENTERING_FAMILY]
-        nb = cfg.privacy.neighbouring
-        mean = centering.release(data.x_train, noise_multiplier=z, neighbouring=nb, ledger=ledger, rng=rng)
-    mean = mean.to(data.x_train.device)
-    return centering.apply(data, mean), {"feature_mean": mean.cpu().tolist()}
 
 
 def _extra(cfg: RunConfig, data: Any, comm: Any) -> dict[str, Any]:
@@ -403,6 +370,11 @@ def _data_and_model(cfg: RunConfig, dataset: Any, model: Any, loss: Any, engine:
     return data, net, loss_fn
 
 
+def _provenance(**given: Any) -> dict[str, str]:
+    """Where each part came from: ``"config"`` (built from the config) or ``"api"`` (passed in)."""
+    return {k: "config" if v is None else "api" for k, v in given.items()}
+
+
 def build_run(
     cfg: RunConfig,
     *,
@@ -423,15 +395,16 @@ def build_run(
     cfg = stated_config(cfg, loss=loss, dataset=dataset)
     algo = get_algorithm(cfg.algorithm, **cfg.algorithm_params)
     engine = get_engine(cfg.engine)  # a bad name fails before any data is loaded
-    centering = _centering(cfg, comm)
+    plan = plan_pretraining(cfg, comm)
     if algo.private and cfg.privacy.epsilon is None:
         raise ConfigError(f"algorithm {cfg.algorithm!r} is private: set privacy.epsilon")
     metrics = _check_metrics(cfg)
     data, net, loss_fn = _data_and_model(cfg, dataset, model, loss, engine if algo.private else None)
-    n = int(data.y_train.shape[0])
-    inventory, calibration, ledger = _privacy(cfg, algo, n, ledger_state, centering)
+    inventory, calibration, ledger = _privacy(cfg, algo, int(data.y_train.shape[0]), ledger_state, plan)
     sources = run_sources(cfg.insecure_seed, client=comm.rank if comm is not None else 0)
-    data, released_now = _centred(cfg, data, centering, calibration, ledger, rng=sources["noise"], released=released)
+    data, offsets, now = apply_pretraining(
+        cfg, data, plan, calibration, ledger, rng=sources["noise"], released=released
+    )
     ctx = RunContext(
         model=net,
         loss_fn=loss_fn,
@@ -458,8 +431,7 @@ def build_run(
         calibration=calibration,
         metrics=metrics,
         total=int(algo.num_steps()),
-        provenance={
-            k: "config" if v is None else "api" for k, v in (("dataset", dataset), ("model", model), ("loss", loss))
-        },
-        released=released_now,
+        provenance=_provenance(dataset=dataset, model=model, loss=loss),
+        released=now,
+        logit_offsets=offsets,
     )

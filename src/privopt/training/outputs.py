@@ -129,6 +129,8 @@ def base_record(run: Run) -> dict[str, Any]:
     }
     if run.released:  # released statistics (noised and charged to the ledger in a private run)
         rec["released"] = dict(run.released)
+    if run.logit_offsets is not None:  # from a public prior or the released counts: post-processing
+        rec["prediction"] = {"logit_offsets": run.logit_offsets.cpu().tolist(), "predict": "model(x) - logit_offsets"}
     if run.inventory is not None:
         rec["privacy_inventory"] = run.inventory.to_dict()
         rec["calibration"] = {

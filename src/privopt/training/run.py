@@ -91,7 +91,7 @@ class _Session:
         # A private algorithm's logs are post-processed releases; a non-private one's read the data.
         (pub if run.algo.private else diag).update({k: float(v) for k, v in (logs or {}).items()})
         x, y = run.eval_split(subsample=not (final or self._last_row()))
-        split = evaluate(run.model, run.loss_fn, x, y, num_classes=run.data.num_classes, prefix=cfg.eval_split)
+        split = evaluate(run.predictor, run.loss_fn, x, y, num_classes=run.data.num_classes, prefix=cfg.eval_split)
         if not math.isfinite(split[f"{cfg.eval_split}_loss"]):
             raise RunDiverged(
                 f"diverged at step {self.state.step}: non-finite {cfg.eval_split} loss (try a smaller lr)"
@@ -105,7 +105,9 @@ class _Session:
             if final:
                 d = run.data
                 diag.update(
-                    evaluate(run.model, run.loss_fn, d.x_train, d.y_train, num_classes=d.num_classes, prefix="train")
+                    evaluate(
+                        run.predictor, run.loss_fn, d.x_train, d.y_train, num_classes=d.num_classes, prefix="train"
+                    )
                 )
         return pub, diag
 
