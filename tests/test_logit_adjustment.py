@@ -146,3 +146,20 @@ def test_bad_settings_fail_before_anything_runs(value, match):
 def test_a_prior_for_another_number_of_classes_is_refused():
     with pytest.raises(ConfigError, match="2 class shares for a dataset of 10 classes"):
         build_run(cfg(logit_adjustment={"prior": [0.9, 0.1]}))
+
+
+def test_fit_takes_a_logit_adjustment():
+    import privopt
+    from privopt.data import Dataset
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(700, 3, generator=g)
+    y = (x[:, 0] > 1.0).long()  # about 16 % positives
+    data = Dataset.from_tensors(x[:600], y[:600], x_test=x[600:], y_test=y[600:], num_classes=2)
+    common = dict(model=nn.Linear(3, 2), dataset=data, epsilon=1.0, delta=1e-4, insecure_seed=0, epochs=1)
+    rec = privopt.fit(**common, logit_adjustment={"noise_ratio": 10.0})
+    assert rec["privacy"]["epsilon_spent"] <= 1.0 and len(rec["released"]["class_counts"]) == 2
+    offsets = rec["prediction"]["logit_offsets"]
+    assert offsets[1] < offsets[0]  # the minority's logit is raised
+    with pytest.raises(ConfigError, match="exactly one of prior"):
+        privopt.fit(**common, logit_adjustment={"tau": 2.0})

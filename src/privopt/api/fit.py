@@ -67,6 +67,7 @@ def fit(
     seed: int = 0,
     progress: bool = False,
     data_dir: str | None = None,
+    logit_adjustment: dict[str, Any] | None = None,
     **params: Any,
 ) -> dict[str, Any]:
     """Train ``model`` on ``dataset`` with a privopt algorithm; returns the run record.
@@ -83,6 +84,9 @@ def fit(
         insecure_seed: seed the noise and sampling: reproducible, NOT private.
         seed: public seed (model initialisation when ``model`` is a name, data selection).
         progress, data_dir: progress output; folder of the files of a named dataset that needs them.
+        logit_adjustment: predict with ``logits − τ·log π`` on imbalanced data, e.g. ``{"noise_ratio": 10.0}``
+            (π released from the training labels, charged to ε) or ``{"prior": [0.9, 0.1]}`` (public);
+            the record's ``prediction.logit_offsets`` are then what to subtract (docs/data.md).
         **params: the algorithm's hyper-parameters (``lr``, ``epochs``, ``clip``, ...; unknown names are refused).
 
     Returns the run record (``record.json``: ``record["privacy"]["epsilon_spent"]``, ``record["metrics"]``,
@@ -109,6 +113,7 @@ def fit(
     if delta is not None:
         privacy["delta"] = delta
     options = {"engine": engine, "seed": seed, "insecure_seed": insecure_seed, "data_dir": data_dir}
+    options["logit_adjustment"] = dict(logit_adjustment or {})
     cfg = _config(model=model, dataset=dataset, algorithm=algorithm, privacy=privacy, params=params, options=options)
     return _train(cfg, out_dir=out_dir, progress=progress, model=model, dataset=dataset, loss=loss)
 
