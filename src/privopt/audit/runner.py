@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -72,6 +72,8 @@ def _train(cfg: RunConfig, dataset, model=None, observer=None):
     from privopt.training import LoopState, build_run, run_loop
     from privopt.training.callbacks import DivergenceGuard
 
+    # The audit loaded the data (and built the model) with the config's params already.
+    cfg = replace(cfg, dataset_params={}, model_params=cfg.model_params if model is None else {})
     run = build_run(cfg, dataset=dataset, model=model)
     if run.ledger is None:
         raise ConfigError(f"algorithm {cfg.algorithm!r} is not private: there is no privacy claim to audit")
