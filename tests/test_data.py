@@ -191,7 +191,7 @@ def test_covtype_nan_and_bad_row(tmp_path):
     with pytest.raises(DataError, match=r"covtype\.data: line 2 has 54 fields"):
         load_dataset("covertype", data_dir=tmp_path)
     (d / "covtype.data").write_text(row + "\n" + ",".join(["1"] * 54 + ["9"]) + "\n")
-    with pytest.raises(DataError, match="Cover_Type on line 2"):
+    with pytest.raises(DataError, match=r"covtype\.data: line 2, field 55 \(Cover_Type\) is not an integer 1\.\.7"):
         load_dataset("covertype", data_dir=tmp_path)
 
 
@@ -208,8 +208,8 @@ def test_celeba_truncated(shared_data, tmp_path):
 @pytest.mark.parametrize(
     "country, income, match",
     [
-        ("United-States", "maybe", r"adult\.data: line 1 has income 'maybe'"),
-        ("Atlantis", "<=50K", r"native-country value\(s\) \['Atlantis'\] are not in the adult.names vocabulary"),
+        ("United-States", "maybe", r"adult\.data: line 1, field 15 \(income\) is neither '<=50K' nor '>50K'"),
+        ("Atlantis", "<=50K", r"native-country of 1 record\(s\) \(first: data row 1\) is not in the adult.names"),
     ],
 )
 def test_adult_bad_row(tmp_path, country, income, match):
@@ -219,8 +219,48 @@ def test_adult_bad_row(tmp_path, country, income, match):
         "39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, "
         f"2174, 0, 40, {country}, {income}\n"
     )
-    with pytest.raises(DataError, match=match):
+    with pytest.raises(DataError, match=match) as err:
         load_dataset("adult", data_dir=tmp_path)
+    said = str(err.value).split("adult.data: ", 1)[1]  # (the test's folder is named after its parameters)
+    assert country not in said and "maybe" not in said  # where, never the value
+
+
+def _secret_in_message(path, text, load) -> str:
+    path.write_text(text)
+    with pytest.raises(DataError) as err:
+        load()
+    assert "SECRET" not in str(err.value)  # a field of a data file is a record's data
+    return str(err.value)
+
+
+def test_parse_errors_name_file_line_and_field_never_the_value(tmp_path):
+    row = ",".join(["1"] * 54 + ["3"])
+    (tmp_path / "covtype").mkdir()
+    cov = lambda: load_dataset("covertype", data_dir=tmp_path)
+    bad = ",".join(["1"] * 6 + ["SECRET"] + ["1"] * 47 + ["3"])
+    msg = _secret_in_message(tmp_path / "covtype" / "covtype.data", f"{row}\n{bad}\n", cov)
+    assert msg.endswith("covtype.data: line 2, field 7 is not a number")
+    (tmp_path / "adult").mkdir()
+    adult = "39, State-gov, {}, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, "
+    adult += "2174, 0, 40, Cuba, <=50K\n"
+    msg = _secret_in_message(
+        tmp_path / "adult" / "adult.data",
+        adult.format(77516) + adult.format("SECRET"),
+        lambda: load_dataset("adult", data_dir=tmp_path),
+    )
+    assert msg.endswith("adult.data: line 2, field 3 ('fnlwgt') is not a number")
+    parts = tmp_path / "list_eval_partition.txt"
+    msg = _secret_in_message(parts, "a.jpg 0\nb.jpg SECRET\n", lambda: formats.read_celeba_partition(parts))
+    assert msg.endswith("list_eval_partition.txt: line 2, field 2 (partition) is not 0, 1 or 2")
+    msg = _secret_in_message(parts, "a.jpg 0 SECRET\n", lambda: formats.read_celeba_partition(parts))
+    assert msg.endswith("line 1 has 3 fields, expected 2 ('<image> <0|1|2>')")
+    attrs = tmp_path / "list_attr_celeba.txt"
+    msg = _secret_in_message(
+        attrs, "2\nSmiling Male\na.jpg 1 -1\nb.jpg SECRET 1\n", lambda: formats.read_celeba_attributes(attrs)
+    )
+    assert msg.endswith("list_attr_celeba.txt: line 4, field 2 (attribute 'Smiling') is neither 1 nor -1")
+    msg = _secret_in_message(attrs, "SECRET\nSmiling\n", lambda: formats.read_celeba_attributes(attrs))
+    assert msg.endswith("list_attr_celeba.txt: line 1 is not the row count (an integer)")
 
 
 def test_missing_directories(tmp_path, monkeypatch):

@@ -134,3 +134,44 @@ def test_docs_bring_your_own_data_example_runs(tmp_path, monkeypatch):
     assert scope["data"].num_groups == 2 and scope["data"].x_train.dtype == torch.float32
     assert 0 < scope["record"]["privacy"]["epsilon_spent"] <= 1.0 + 1e-6
     assert (tmp_path / "runs" / "my-data" / "record.json").is_file()
+
+
+# ----------------------------------------------------------------------------- params a passed object makes moot
+def _train_with(tmp_path, name: str, *, dataset, model=None, **cfg):
+    from privopt.config import RunConfig
+    from privopt.training import train
+
+    algo = {"algorithm": "sgd", "algorithm_params": {"epochs": 1, "batch_size": 8}}
+    config = RunConfig.from_dict({**algo, "model": "logreg", **cfg})
+    return train(config, out_dir=tmp_path / name, progress=False, dataset=dataset, model=model)
+
+
+def test_dataset_params_a_passed_dataset_was_not_loaded_with_are_refused(tmp_path):
+    from privopt.data import load_dataset
+    from privopt.errors import ConfigError
+
+    x, y = _xy()
+    mine = Dataset.from_tensors(x, y, x_test=x[:5], y_test=y[:5], num_classes=2)
+    with pytest.raises(ConfigError, match=r"dataset_params \['max_train'\] would be ignored: a dataset was passed in"):
+        _train_with(tmp_path, "a", dataset=mine, dataset_params={"max_train": 10})
+    loaded = load_dataset("digits", max_train=50)
+    with pytest.raises(ConfigError, match=r"dataset_params \['max_train'\] would be ignored"):
+        _train_with(tmp_path, "b", dataset=loaded, dataset_params={"max_train": 20})
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # refused before any output
+    # The reproductions load the dataset themselves and state how in the config: consistent, accepted.
+    rec = _train_with(tmp_path, "c", dataset=loaded, dataset_params={"max_train": 50, "scaling": "public"})
+    assert rec["status"] == "finished" and rec["config"]["dataset_params"]["max_train"] == 50
+
+
+def test_model_params_are_refused_with_a_passed_model(tmp_path):
+    from torch import nn
+
+    from privopt.errors import ConfigError
+
+    x, y = _xy()
+    mine = Dataset.from_tensors(x, y, x_test=x[:5], y_test=y[:5], num_classes=2)
+    with pytest.raises(ConfigError, match=r"model_params \['bias'\] would be ignored: a model was passed in"):
+        _train_with(tmp_path, "a", dataset=mine, model=nn.Linear(3, 2), model_params={"bias": False})
+    assert not (tmp_path / "a").exists()
+    rec = _train_with(tmp_path, "b", dataset=mine, model_params={"bias": False})  # builds cfg.model with them
+    assert rec["status"] == "finished"

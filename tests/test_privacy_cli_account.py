@@ -46,3 +46,12 @@ def test_every_account_option_has_help():
     options = [a for a in sub._actions if a.option_strings and a.dest != "help"]
     assert {a.dest for a in options} >= {"dataset_size", "batch_size", "steps", "epsilon", "delta", "time_limit"}
     assert all(a.help and len(a.help) > 10 for a in options), [a.dest for a in options if not a.help]
+
+
+def test_pld_progress_is_labelled_pld(capsys):
+    # The fast RDP search only starts a PLD calibration: every progress line must say pld.
+    code, out, err = run(capsys, *BASE, "--steps", "1701", "--epsilon", "1", "--delta", "1e-5", "--accountant", "pld")
+    lines = [line for line in err.splitlines() if line.startswith("calibrating")]
+    assert code == 0 and "(PLD" in out and lines
+    assert all(line.startswith("calibrating (pld") for line in lines), lines
+    assert "calibrating (pld, rdp start)" in err and "calibrating (pld)" in err

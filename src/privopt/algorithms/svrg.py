@@ -42,7 +42,8 @@ from privopt.algorithms.base import register_algorithm
 from privopt.algorithms.config import non_negative, param, positive, positive_int
 from privopt.algorithms.erm_common import LinearERMAlgorithm, LinearERMConfig, single_thread_blas
 from privopt.algorithms.releases import BatchPlan, Fixed, Phase, Query, ReleasePlan, SingleRecordBatch
-from privopt.grads.release import draw_gaussian_noise
+from privopt.grads.release import ReleaseEvent, draw_gaussian_noise, notify_release, releases_observed
+from privopt.privacy.events import FullBatch
 from privopt.sampling import single_record_draws
 
 __all__ = ["DPSVRG", "DPSVRGConfig", "DPSVRGPlusPlus", "DPSVRGPlusPlusConfig", "svrg_inner_loop"]
@@ -95,6 +96,15 @@ def svrg_inner_loop(
         x = (x - step_size * direction) * shrink
         acc += x
     return x, acc
+
+
+def _notify_snapshot_releases(values: np.ndarray, *, std: float, clip: float, n: int) -> None:
+    """Hand each inner step's noisy snapshot mean (rows of ``values``; noise std ``std`` on the sum,
+    bound ``clip``, full batch, normaliser ``n``) to the release observers, as ``PrivateBatch``
+    would: the vectorised loop draws that noise itself. The one-record differences are not handed
+    out (their bound combines two clipped gradients)."""
+    for row in values:
+        notify_release(ReleaseEvent("snapshot", torch.from_numpy(row.copy()), std, clip, FullBatch(), float(n)))
 
 
 @dataclass(frozen=True)
@@ -196,6 +206,8 @@ class _SVRGBase(LinearERMAlgorithm):
             if stds is not None:
                 noise = draw_gaussian_noise((2, k, prob.dim), std=1.0, rng=ctx.noise_rng, dtype=torch.float64).numpy()
                 drift = drift + stds[0] * noise[0] + stds[1] * noise[1]
+                if releases_observed():
+                    _notify_snapshot_releases(mu / n + stds[1] * noise[1], std=stds[1] * n, clip=c, n=n)
             x, block_sum = svrg_inner_loop(
                 prob,
                 x_start=x,

@@ -7,7 +7,7 @@ privacy claim.
 
 * :func:`run_audit` — the audit of a config (one-run or many-run, white-box and/or black-box);
 * :mod:`privopt.audit.bounds` — the statistics (Steinke, Nasr & Jagielski 2023; Clopper–Pearson);
-* :mod:`privopt.audit.canaries` — gradient canaries (:class:`AuditModel`) and input canaries;
+* :mod:`privopt.audit.canaries` — gradient canaries (:class:`AuditModel`, :class:`LinearAuditModel`) and input canaries;
 * :mod:`privopt.audit.scores` — white-box (released gradients) and black-box (released model) scores;
 * :mod:`privopt.audit.report` — the summary, ``audit.json`` and ``audit.png``.
 
@@ -23,7 +23,7 @@ Example (the statistics alone; a full audit trains models, see ``docs/audit.md``
 
 from privopt.audit.audit import METHODS, MODES, AuditReport, AuditResult, run_audit
 from privopt.audit.bounds import ManyRunBound, OneRunBound, many_run_bound, one_run_bound
-from privopt.audit.canaries import AuditModel, CanaryHead, draw_inclusion
+from privopt.audit.canaries import AuditModel, CanaryHead, LinearAuditModel, draw_inclusion
 from privopt.audit.report import format_report, plot_report, write_report
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "ManyRunBound",
     "AuditModel",
     "CanaryHead",
+    "LinearAuditModel",
     "draw_inclusion",
     "format_report",
     "write_report",

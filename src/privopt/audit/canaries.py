@@ -12,6 +12,12 @@
   flipped between the points. Ordinary records have no gradient in the head and the model under
   audit gets none from canaries: the real model trains as it would without the audit, except
   through what the loss VALUE of a canary feeds (e.g. the dual variable of a DRO objective).
+* **Linear canaries** (white-box audits of the closed-form linear ERM algorithms, which need one
+  linear weight and compute gradients from the features, never through the model).
+  :class:`LinearAuditModel` is that weight over the features plus one coordinate per canary and a
+  clock coordinate; canary ``i`` is the record ``LINEAR_MAGNITUDE·clip·e_i`` with label 0, so its
+  gradient lies in coordinate ``i`` alone, always positive, of norm ``clip`` (clipped) while its
+  weight stays below ``≈ 0.28/clip``; ordinary records are 0 there and in the clock's coordinate.
 * **Input canaries** (black-box audits): test-split inputs (public) with a wrong label drawn by
   the audit; the released model's loss on them is the membership score.
 
@@ -43,6 +49,7 @@ __all__ = [
     "AuditModel",
     "CanaryHead",
     "CANARY_LABEL",
+    "LinearAuditModel",
     "draw_inclusion",
     "with_id_column",
     "wrong_labels",
@@ -58,6 +65,11 @@ CANARY_LABEL = 0
 # sign(sin(FREQUENCY * clock)): steps of the clock (noise of size >= 1e-4) change it at random.
 CLOCK_FREQUENCY = 1e5
 CLOCK_START = 0.123456
+# A linear canary's feature over the clip threshold: its logistic gradient u·σ(u·w)·clip stays at
+# or above the threshold for weights w >= -log(u - 1)/(u·clip), a range largest (≈ 0.28/clip) at
+# u ≈ 4.6; beyond it the canary adds less than the bound (scored as if it added the bound: the
+# score loses power, the bound stays valid).
+LINEAR_MAGNITUDE = 4.6
 
 
 def draw_inclusion(count: int, *, rng: RandomSource | None = None) -> torch.Tensor:
@@ -163,6 +175,25 @@ class AuditModel(nn.Module):
         canary = self.head(ids)
         return torch.where((ids > 0).unsqueeze(1), canary, real)
 
+    @property
+    def canaries(self) -> int:
+        """Number of canary coordinates."""
+        return self.head.canaries
+
+    def clock(self) -> float:
+        """The clock's current value (a public iterate)."""
+        return self.head.clock()
+
+    def release_sign(self, kind: str, before: float | None, now: float) -> float:
+        """The sign a canary's term has in a ``kind`` release, from the clock before and now (0: not
+        scored): a plain release carries ``h(now)``; a difference only when ``h`` flipped since ``before``."""
+        h = float(self.head.sign(now))
+        if kind == "gradient":
+            return h
+        if before is None:
+            return 0.0
+        return h if float(self.head.sign(before)) != h else 0.0  # no flip: the difference is unknown
+
     def head_offset(self) -> int:
         """Index of canary 1's coordinate in the flat trainable-parameter vector."""
         offset = 0
@@ -171,3 +202,64 @@ class AuditModel(nn.Module):
                 return offset + 1  # row 0 serves ordinary records
             offset += p.numel()
         raise ConfigError("the canary head's parameters are not trainable")
+
+
+class LinearAuditModel(nn.Module):
+    """One linear weight ``[1, p + m + 1]``: the model under audit's weight (``p`` features), then
+    ``m`` canary coordinates and the clock's coordinate (both start at 0); inputs are
+    ``[N, p + m + 1]`` (:meth:`extend`). See "Linear canaries" in the module docstring.
+
+    Args:
+        inner: the model under audit: a linear map with one trainable weight of ``p`` entries.
+        canaries: number of canaries m.
+        clip: the algorithm's per-record gradient bound (sets the canaries' feature).
+
+    Example:
+        >>> model = LinearAuditModel(nn.Linear(3, 1, bias=False), canaries=2, clip=1.0)
+        >>> model.canary_records(torch.tensor([2])).tolist()
+        [[0.0, 0.0, 0.0, 0.0, 4.599999904632568, 0.0]]
+    """
+
+    def __init__(self, inner: nn.Module, *, canaries: int, clip: float):
+        super().__init__()
+        if not (isinstance(canaries, int) and canaries >= 1):
+            raise ConfigError(f"the number of gradient canaries must be an integer >= 1, got {canaries!r}")
+        params = [p for p in inner.parameters() if p.requires_grad]
+        if len(params) != 1 or params[0].shape[0] != 1:
+            shapes = [tuple(p.shape) for p in params]
+            raise ConfigError(
+                "a linear audit needs a model with one trainable weight of shape [1, p] "
+                f"(model: logreg, model_params: {{bias: false, single_logit: true}}); got {shapes}"
+            )
+        self.canaries, self.features, self.magnitude = canaries, params[0].numel(), LINEAR_MAGNITUDE * float(clip)
+        self.linear = nn.Linear(self.features + canaries + 1, 1, bias=False)
+        with torch.no_grad():
+            self.linear.weight.zero_()
+            self.linear.weight[0, : self.features] = params[0].detach().reshape(-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+    def extend(self, x: torch.Tensor) -> torch.Tensor:
+        """Features ``[N, p]`` (any shape flattening to it) with zeros in the canaries' and clock's columns."""
+        flat = x.reshape(x.shape[0], -1).to(torch.float32)
+        return torch.cat([flat, torch.zeros(x.shape[0], self.canaries + 1)], dim=1)
+
+    def canary_records(self, numbers: torch.Tensor) -> torch.Tensor:
+        """The inputs of canaries ``numbers`` (1..m): the feature in the canary's own column only."""
+        x = torch.zeros(len(numbers), self.features + self.canaries + 1)
+        x[torch.arange(len(numbers)), self.features + numbers.long() - 1] = self.magnitude
+        return x
+
+    def head_offset(self) -> int:
+        """Index of canary 1's coordinate in the flat weight."""
+        return self.features
+
+    def clock(self) -> float:
+        """The clock coordinate's current value (a public iterate; it moves with the noise alone)."""
+        return float(self.linear.weight[0, -1].detach())
+
+    def release_sign(self, kind: str, before: float | None, now: float) -> float:
+        """A canary's gradient is always positive (label 0): plain releases carry ``+bound``; a
+        difference of two clipped gradients has no known value, so it is not scored."""
+        return 1.0 if kind == "gradient" else 0.0

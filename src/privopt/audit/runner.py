@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from privopt.audit.canaries import CANARY_LABEL, AuditModel, with_id_column, wrong_labels
+from privopt.audit.canaries import CANARY_LABEL, AuditModel, LinearAuditModel, with_id_column, wrong_labels
 from privopt.audit.scores import WhiteBoxScorer, black_box_scores, release_kinds
 from privopt.config import RunConfig
 from privopt.errors import ConfigError
@@ -72,6 +72,8 @@ def _train(cfg: RunConfig, dataset, model=None, observer=None):
     from privopt.training import LoopState, build_run, run_loop
     from privopt.training.callbacks import DivergenceGuard
 
+    # The audit loaded the data (and built the model) with the config's params already.
+    cfg = replace(cfg, dataset_params={}, model_params=cfg.model_params if model is None else {})
     run = build_run(cfg, dataset=dataset, model=model)
     if run.ledger is None:
         raise ConfigError(f"algorithm {cfg.algorithm!r} is not private: there is no privacy claim to audit")
@@ -89,7 +91,34 @@ def _accuracy(model, x, y) -> float | None:
     if len(y) == 0:
         return None
     with torch.no_grad():
-        return float((model(x).argmax(dim=1) == y).float().mean())
+        out = model(x)
+        pred = (out[:, 0] > 0).long() if out.shape[1] == 1 else out.argmax(dim=1)  # one logit: class 1's
+        return float((pred == y).float().mean())
+
+
+def _gradient_canaries(cfg: RunConfig, base, algo, included: torch.Tensor):
+    """The audit model, the training data with the included canaries, and the model whose test
+    accuracy is reported: head canaries (:class:`AuditModel`) for algorithms that train the model
+    through its gradients, linear canaries (:class:`LinearAuditModel`) for the closed-form linear
+    ERM algorithms, which read the features and one linear weight, never the model's forward."""
+    from privopt.algorithms.erm_common import LinearERMAlgorithm
+    from privopt.models import build_model
+
+    m = int(included.numel())
+    torch.manual_seed(cfg.seed)  # public: the model's initialisation, as in privopt train
+    inner = build_model(cfg.model, input_shape=base.input_shape, num_classes=base.num_classes, **cfg.model_params)
+    numbers = torch.nonzero(included).squeeze(1) + 1
+    if isinstance(algo, LinearERMAlgorithm):
+        model = LinearAuditModel(inner, canaries=m, clip=algo.config.clip)
+        x_extra, x_fn = model.canary_records(numbers), model.extend
+        accuracy = lambda: _accuracy(model, model.extend(base.x_test), base.y_test)
+    else:
+        model = AuditModel(inner, input_shape=base.input_shape, canaries=m)
+        x_extra, x_fn = with_id_column(torch.zeros(len(numbers), *base.input_shape), numbers), with_id_column
+        accuracy = lambda: _accuracy(inner, base.x_test, base.y_test)
+    extra = (x_extra, torch.full((len(numbers),), CANARY_LABEL), torch.zeros(len(numbers), dtype=torch.int64))
+    data = _with_records(base, extra, x_fn=x_fn)  # gradient canaries join group 0 (public)
+    return model, data, accuracy
 
 
 def white_box_run(
@@ -99,18 +128,11 @@ def white_box_run(
     the released noisy gradients (only those of ``families`` when given, e.g. ``{"x-diff"}`` to
     audit the difference queries alone)."""
     from privopt.algorithms import get_algorithm
-    from privopt.models import build_model
 
-    m = int(included.numel())
-    torch.manual_seed(cfg.seed)  # public: the model's initialisation, as in privopt train
-    inner = build_model(cfg.model, input_shape=base.input_shape, num_classes=base.num_classes, **cfg.model_params)
-    model = AuditModel(inner, input_shape=base.input_shape, canaries=m)
-    numbers = torch.nonzero(included).squeeze(1) + 1
-    x_extra = with_id_column(torch.zeros(len(numbers), *base.input_shape), numbers)
-    extra = (x_extra, torch.full((len(numbers),), CANARY_LABEL), torch.zeros(len(numbers), dtype=torch.int64))
-    data = _with_records(base, extra, x_fn=with_id_column)  # gradient canaries join group 0 (public)
+    algo = get_algorithm(cfg.algorithm, **cfg.algorithm_params)
+    model, data, accuracy = _gradient_canaries(cfg, base, algo, included)
     t0 = time.perf_counter()
-    kinds = release_kinds(get_algorithm(cfg.algorithm, **cfg.algorithm_params).release_plan(data.n_train))
+    kinds = release_kinds(algo.release_plan(data.n_train))
     if families is not None:
         kinds = {name: kind if name in families else "other" for name, kind in kinds.items()}
     scorer = WhiteBoxScorer(model, kinds)
@@ -120,8 +142,7 @@ def white_box_run(
             f"algorithm {cfg.algorithm!r} made no release the white-box audit can score "
             f"(seen: {sorted(scorer.skipped)}); use the black-box audit"
         )
-    acc = _accuracy(inner, base.x_test, base.y_test)
-    return _finish(run, scorer.scores.numpy(), t0, acc, releases=scorer.summary())
+    return _finish(run, scorer.scores.numpy(), t0, accuracy(), releases=scorer.summary())
 
 
 def input_canaries(base, count: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

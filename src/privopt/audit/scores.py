@@ -75,10 +75,12 @@ def _log_likelihood_ratio(y: torch.Tensor, *, mu: float, rate: float) -> torch.T
 
 
 class WhiteBoxScorer:
-    """A release observer scoring the gradient canaries of an :class:`~privopt.audit.canaries.AuditModel`.
+    """A release observer scoring the gradient canaries of an :class:`~privopt.audit.canaries.AuditModel`
+    or a :class:`~privopt.audit.canaries.LinearAuditModel`.
 
     Args:
-        model: the audit model (its head's clock is read at each release: a public iterate).
+        model: the audit model (its clock is read at each release, a public iterate, and it gives
+            the sign of a canary's term in each kind of release).
         kinds: :func:`release_kinds` of the algorithm's release plan.
 
     After the run, :attr:`scores` holds one score per canary and :attr:`noise_ratio` the noise
@@ -86,9 +88,10 @@ class WhiteBoxScorer:
     """
 
     def __init__(self, model, kinds: dict[str, str]):
-        self.head = model.head
+        self.model = model
+        self.canaries = model.canaries
         self.offset = model.head_offset()
-        self.clock_index = self.offset + self.head.canaries  # the table row after the canaries
+        self.clock_index = self.offset + self.canaries  # the coordinate after the canaries
         self.dim = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self.kinds = kinds
         self.used: dict[str, int] = {}
@@ -99,19 +102,10 @@ class WhiteBoxScorer:
         self._clock_noise: list[float] = []
 
     def _advance_clock(self) -> None:
-        now = self.head.clock()
+        now = self.model.clock()
         if self._clock is not None and now != self._clock:
             self._prev_clock = self._clock
         self._clock = now
-
-    def _sign(self, kind: str) -> float:
-        now = float(self.head.sign(self._clock))
-        if kind == "gradient":
-            return now
-        if self._prev_clock is None:
-            return 0.0
-        before = float(self.head.sign(self._prev_clock))
-        return now if before != now else 0.0  # no flip: the canary's difference is unknown, not scored
 
     def _skip(self, name: str) -> None:
         self.skipped[name] = self.skipped.get(name, 0) + 1
@@ -126,11 +120,11 @@ class WhiteBoxScorer:
         # No record has a gradient in the clock's coordinate: it holds the noise alone.
         self._clock_noise.append(float(flat[self.clock_index]) * scale)
         kind = self.kinds.get(event.name, "other")
-        sign = 0.0 if kind == "other" else self._sign(kind)
+        sign = 0.0 if kind == "other" else self.model.release_sign(kind, self._prev_clock, self._clock)
         if sign == 0.0:
             self._skip(event.name)
             return
-        y = sign * flat[self.offset : self.offset + self.head.canaries] * scale
+        y = sign * flat[self.offset : self.offset + self.canaries] * scale
         self._observations.append((y, event.bound / event.noise_std, inclusion_rate(event.sampling)))
         self.used[event.name] = self.used.get(event.name, 0) + 1
 
@@ -146,7 +140,7 @@ class WhiteBoxScorer:
     def scores(self) -> torch.Tensor:
         """Per-canary log-likelihood ratio, with the noise level the run actually drew (the
         measured :attr:`noise_ratio`, a function of the releases alone)."""
-        total = torch.zeros(self.head.canaries, dtype=torch.float64)
+        total = torch.zeros(self.canaries, dtype=torch.float64)
         kappa = max(self.noise_ratio, 1e-6) if self._clock_noise else 1.0
         for y, mu, rate in self._observations:
             total += _log_likelihood_ratio(y / kappa, mu=mu / kappa, rate=rate)

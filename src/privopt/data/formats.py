@@ -200,8 +200,9 @@ def _read_covtype_cached(key) -> tuple[np.ndarray, np.ndarray]:
             raise DataError(f"{path}: line {i + 1} has {ln.count(',') + 1} fields, expected 55 (54 features + label)")
     try:
         data = np.array([ln.split(",") for ln in lines], dtype=np.float64)
-    except ValueError as exc:
-        raise DataError(f"{path}: non-numeric value in covtype data ({exc})") from exc
+    except ValueError:
+        line, field = _first_non_number((i + 1, ln.split(",")) for i, ln in enumerate(lines))
+        raise DataError(f"{path}: line {line}, field {field} is not a number") from None
     if not np.isfinite(data).all():
         row = int(np.flatnonzero(~np.isfinite(data).all(axis=1))[0])
         raise DataError(f"{path}: non-finite value (NaN/inf) on line {row + 1}")
@@ -209,11 +210,24 @@ def _read_covtype_cached(key) -> tuple[np.ndarray, np.ndarray]:
     bad = np.flatnonzero(~((labels >= 1) & (labels <= 7) & (labels == np.round(labels))))
     if bad.size:
         row = int(bad[0])
-        raise DataError(f"{path}: Cover_Type on line {row + 1} is {labels[row]!r}, expected an integer 1..7")
+        raise DataError(f"{path}: line {row + 1}, field 55 (Cover_Type) is not an integer 1..7")
     x, y = data[:, :54], labels.astype(np.int64)
     x.setflags(write=False)
     y.setflags(write=False)
     return x, y
+
+
+def _first_non_number(rows) -> tuple[int, int]:
+    """``(line, field)`` (1-based) of the first field of ``rows`` (``(line, fields)`` pairs) that
+    does not parse as a number. Error messages name where, never the value: a field of a data file
+    is a record's data."""
+    for line, fields in rows:
+        for j, f in enumerate(fields):
+            try:
+                float(f)
+            except ValueError:
+                return line, j + 1
+    return 0, 0  # unreachable when numpy's parse failed on the same fields
 
 
 # ---------------------------------------------------------------------------------------- Adult
@@ -263,8 +277,9 @@ def _read_adult_cached(key) -> tuple[dict[str, np.ndarray], np.ndarray]:
         if name in ADULT_NUMERIC:
             try:
                 arr = np.array(values, dtype=np.float64)
-            except ValueError as exc:
-                raise DataError(f"{path}: non-numeric value in numeric column {name!r} ({exc})") from exc
+            except ValueError:
+                line, _ = _first_non_number((r[0], [r[1][j]]) for r in rows)
+                raise DataError(f"{path}: line {line}, field {j + 1} ({name!r}) is not a number") from None
             if not np.isfinite(arr).all():
                 line = rows[int(np.flatnonzero(~np.isfinite(arr))[0])][0]
                 raise DataError(f"{path}: non-finite {name!r} on line {line}")
@@ -279,7 +294,7 @@ def _read_adult_cached(key) -> tuple[dict[str, np.ndarray], np.ndarray]:
         elif inc == "<=50K":
             label[k] = 0
         else:
-            raise DataError(f"{path}: line {line} has income {fields[-1]!r}, expected '<=50K' or '>50K'")
+            raise DataError(f"{path}: line {line}, field 15 (income) is neither '<=50K' nor '>50K'")
     return cols, label
 
 
@@ -310,7 +325,7 @@ def _read_celeba_attributes_cached(key):
     try:
         count = int(lines[0].strip())
     except ValueError:
-        raise DataError(f"{path}: first line {lines[0][:40]!r} is not the row count") from None
+        raise DataError(f"{path}: line 1 is not the row count (an integer)") from None
     names = tuple(lines[1].split())
     body = [ln for ln in lines[2:] if ln.strip()]
     if len(body) != count:
@@ -327,7 +342,7 @@ def _read_celeba_attributes_cached(key):
     pos, neg = vals == "1", vals == "-1"
     if not np.all(pos | neg):
         r, c = np.argwhere(~(pos | neg))[0]
-        raise DataError(f"{path}: row {r + 3} attribute {names[c]!r} is {vals[r, c]!r}, expected 1 or -1")
+        raise DataError(f"{path}: line {r + 3}, field {c + 2} (attribute {names[c]!r}) is neither 1 nor -1")
     attrs = pos.astype(np.int8)
     ids.setflags(write=False)
     attrs.setflags(write=False)
@@ -342,8 +357,10 @@ def read_celeba_partition(path: str | os.PathLike) -> dict[str, int]:
         if not ln.strip():
             continue
         parts = ln.split()
-        if len(parts) != 2 or parts[1] not in ("0", "1", "2"):
-            raise DataError(f"{path}: line {i + 1} is {ln.strip()[:60]!r}, expected '<image> <0|1|2>'")
+        if len(parts) != 2:
+            raise DataError(f"{path}: line {i + 1} has {len(parts)} fields, expected 2 ('<image> <0|1|2>')")
+        if parts[1] not in ("0", "1", "2"):
+            raise DataError(f"{path}: line {i + 1}, field 2 (partition) is not 0, 1 or 2")
         out[parts[0]] = int(parts[1])
     if not out:
         raise DataError(f"{path}: empty partition list")

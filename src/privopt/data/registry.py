@@ -279,9 +279,9 @@ def load_dataset(
         standardize: deprecated alias (True -> ``"public"``, False -> ``"unit"``).
         **options: dataset-specific options (see :func:`dataset_options`), e.g. ``imratio``.
 
-    Returns a :class:`Dataset` (``meta["public"]``: publishable facts; ``meta["private"]``: exact
-    statistics of the records). Raises ConfigError (unknown dataset or option, an invalid value) or
-    DataError (files missing or corrupt).
+    Returns a :class:`Dataset` (``meta["public"]``: publishable facts, ``loaded_with`` the arguments;
+    ``meta["private"]``: exact statistics of the records). Raises ConfigError (unknown dataset or
+    option, an invalid value) or DataError (files missing or corrupt).
 
     Example:
         >>> ds = load_dataset("digits-st", seed=0, imratio=0.1)
@@ -294,14 +294,27 @@ def load_dataset(
     _check_options(spec, name, options)
     _check_arguments(seed, val_fraction, test_fraction, train_fraction, max_train)
     mode = _scaling_mode(scaling, standardize)
-
     ctx = BuildContext(name=name, data_dir=data_dir, seed=int(seed), test_fraction=test_fraction)
     raw = spec.builder(ctx, **{**spec.options, **options})
     if raw.test is None:
         raw = ctx.with_test(raw)
     from privopt.data.pipeline import finish
 
-    return finish(
-        raw, ctx=ctx, val_fraction=float(val_fraction), max_train=max_train, train_fraction=train_fraction,
-        mode=mode, options={**spec.options, **options},
-    )  # fmt: skip
+    data = finish(raw, ctx=ctx, val_fraction=float(val_fraction), max_train=max_train, train_fraction=train_fraction,
+                  mode=mode, options={**spec.options, **options})  # fmt: skip
+    given = dict(val_fraction=val_fraction, test_fraction=test_fraction, scaling=scaling, max_train=max_train,
+                 train_fraction=train_fraction, standardize=standardize, **options)  # fmt: skip
+    data.meta["public"]["loaded_with"] = explicit_load_params(given)  # train() checks dataset_params against it
+    return data
+
+
+def explicit_load_params(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` of :func:`load_dataset` without those at their default (``{"max_train": None}`` says
+    nothing a config without it does not).
+
+    Example:
+        >>> explicit_load_params({"max_train": 100, "scaling": "public", "val_fraction": 0.0})
+        {'max_train': 100}
+    """
+    defaults = {k: p.default for k, p in inspect.signature(load_dataset).parameters.items() if p.kind == p.KEYWORD_ONLY}
+    return {k: v for k, v in params.items() if k not in defaults or v != defaults[k]}

@@ -55,6 +55,7 @@ __all__ = [
     "draw_laplace_noise",
     "observe_releases",
     "notify_release",
+    "releases_observed",
     "insecure_scale_noise_for_testing",
 ]
 
@@ -102,6 +103,12 @@ def notify_release(event: ReleaseEvent) -> None:
     """Hand ``event`` to the registered observers (used by releases made outside PrivateBatch)."""
     for cb in _OBSERVERS.get():
         cb(event)
+
+
+def releases_observed() -> bool:
+    """Whether a release observer is registered (a caller that releases in bulk skips building
+    events nobody reads)."""
+    return bool(_OBSERVERS.get())
 
 
 @contextlib.contextmanager

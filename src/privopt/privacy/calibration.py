@@ -206,7 +206,7 @@ class _Calibrator:
         now = time.monotonic()
         self.clock = {"started": now, "deadline": now + time_limit, "evaluations": 0, "progress": progress}
 
-    def _search(self, accountant: str, *, coarsen: float = 1.0, slope: float = -1.0) -> ScaleSearch:
+    def _search(self, accountant: str, *, coarsen: float = 1.0, slope: float = -1.0, stage: str = "") -> ScaleSearch:
         kw = dict(delta=self.delta, neighbouring=self.neighbouring, accountant=accountant)
 
         def eps_at(scale: float):
@@ -217,7 +217,7 @@ class _Calibrator:
         tol = _LONG_SCHEDULE_TOL if long else EPSILON_TOL
         if coarsen != 1.0:  # a guide: as close as its own grid error
             tol = max(tol, _COARSE_TOL)
-        stage = accountant if coarsen == 1.0 else f"{accountant}, coarse grid"
+        stage = stage or (accountant if coarsen == 1.0 else f"{accountant}, coarse grid")
         return ScaleSearch(eps_at, self.epsilon, stage=stage, clock=self.clock, epsilon_tol=tol, slope=slope)
 
     def _coarse(self, accountant: str, start: float) -> tuple[float, float, float] | None:
@@ -256,7 +256,9 @@ class _Calibrator:
         supported = pld_supported(probe, neighbouring=self.neighbouring)
         if accountant == "pld" and not supported:
             epsilon_of(probe, delta=self.delta, neighbouring=self.neighbouring, accountant="pld")  # explains why
-        first, complete = self._stage(self._search("rdp"), 1.0)
+        # The fast RDP search first: auto's answer when it is the smaller; only a starting point of
+        # pld's search, so its progress is labelled as pld's.
+        first, complete = self._stage(self._search("rdp", stage="pld, rdp start" if accountant == "pld" else ""), 1.0)
         if accountant == "rdp" or (accountant == "auto" and not supported):
             return self._result(first, accountant, complete)
         best, complete = self._exact(accountant, 1.0 if first is None else first[0])

@@ -34,7 +34,8 @@ class CalibrationProgress:
     """One evaluation of a calibration search, as reported to a progress callback.
 
     Attributes:
-        stage: ``"rdp"`` (the fast first search) or the final accountant (``"auto"``, ``"pld"``).
+        stage: ``"rdp"`` (the fast first search; ``"pld, rdp start"`` when it only starts a PLD
+            calibration), ``"<accountant>, coarse grid"`` (a guide) or the final accountant (``"auto"``, ``"pld"``).
         evaluations: Accountant evaluations so far, over all stages.
         scale: The scale just evaluated.
         epsilon: Its epsilon at the target delta.

@@ -154,12 +154,29 @@ def _dataset(cfg: RunConfig, dataset: Any) -> Any:
         data = load_dataset(cfg.dataset, data_dir=cfg.data_dir, seed=cfg.seed, **cfg.dataset_params)
     else:
         data = ensure_dataset(dataset)
+        _check_dataset_params(cfg, data)
     if not cfg.features:
         return data
     from privopt.data.features import apply_features
 
     params = {k: v for k, v in cfg.features.items() if k != "name"}
     return apply_features(data, cfg.features["name"], **params)
+
+
+def _check_dataset_params(cfg: RunConfig, data: Any) -> None:
+    """A dataset passed in was loaded already: ``cfg.dataset_params`` can only describe how (the
+    record states them), so they must be the ones :func:`privopt.data.load_dataset` loaded it with."""
+    from privopt.data.registry import explicit_load_params
+
+    stated = explicit_load_params(dict(cfg.dataset_params))
+    loaded = (getattr(data, "meta", None) or {}).get("public", {}).get("loaded_with")
+    if stated and stated != loaded:
+        keys = sorted(k for k in stated if (loaded or {}).get(k, object()) != stated[k])
+        raise ConfigError(
+            f"dataset_params {keys} would be ignored: a dataset was passed in, and dataset_params apply only "
+            "when the run loads cfg.dataset itself; load the dataset with them "
+            "(privopt.data.load_dataset(name, **dataset_params)) or remove them from the config"
+        )
 
 
 def _model(cfg: RunConfig, data: Any, model: Any) -> nn.Module:
@@ -169,6 +186,11 @@ def _model(cfg: RunConfig, data: Any, model: Any) -> nn.Module:
         return build_model(cfg.model, input_shape=data.input_shape, num_classes=data.num_classes, **cfg.model_params)
     if not isinstance(model, nn.Module):
         raise ModelError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if cfg.model_params:  # they configure cfg.model, which is not built
+        raise ConfigError(
+            f"model_params {sorted(cfg.model_params)} would be ignored: a model was passed in, and model_params "
+            "apply only when the run builds cfg.model; configure your module directly or remove them from the config"
+        )
     return model
 
 

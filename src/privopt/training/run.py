@@ -267,9 +267,9 @@ def train(
             states and the ledger are restored, so no budget is re-spent or forgotten).
         progress: a progress bar on a terminal, periodic lines otherwise.
         max_steps: stop (checkpoint, status ``"paused"``) after this many steps in this call.
-        dataset: your own :class:`privopt.data.Dataset` instead of loading ``cfg.dataset``
-            (pass it again on resume: it is checked against the checkpoint's fingerprint).
-        model: your own ``nn.Module`` instead of building ``cfg.model`` (likewise on resume).
+        dataset: your own :class:`privopt.data.Dataset` instead of loading ``cfg.dataset`` (pass it again on
+            resume: its fingerprint is checked); ``cfg.dataset_params`` empty or those it was loaded with.
+        model: your own ``nn.Module`` instead of building ``cfg.model`` (likewise on resume; no ``model_params``).
         loss: your own per-sample loss ``(outputs, targets) -> [B]`` instead of ``cfg.loss`` (the
             record then says ``loss: custom``; pass it again on resume).
 
