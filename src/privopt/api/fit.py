@@ -81,12 +81,9 @@ def fit(
         epsilon, delta: the target; required for a private algorithm, δ below 1/n (or ``allow_large_delta``).
         out_dir: where the run's outputs go; default: a temporary folder, deleted when ``fit`` returns.
         engine, accountant: per-example gradient engine and accountant (``"auto"`` each).
-        insecure_seed: seed the noise and sampling: reproducible, NOT private.
-        seed: public seed (model initialisation when ``model`` is a name, data selection).
+        seed, insecure_seed: public seed (model init, data selection); noise/sampling seed (NOT private).
         progress, data_dir: progress output; folder of the files of a named dataset that needs them.
-        logit_adjustment: predict with ``logits − τ·log π`` on imbalanced data, e.g. ``{"noise_ratio": 10.0}``
-            (π released from the training labels, charged to ε) or ``{"prior": [0.9, 0.1]}`` (public);
-            the record's ``prediction.logit_offsets`` are then what to subtract (docs/data.md).
+        logit_adjustment: e.g. ``{"noise_ratio": 10.0}``: predict with ``logits − log π`` (docs/data.md).
         **params: the algorithm's hyper-parameters (``lr``, ``epochs``, ``clip``, ...; unknown names are refused).
 
     Returns the run record (``record.json``: ``record["privacy"]["epsilon_spent"]``, ``record["metrics"]``,
@@ -94,9 +91,8 @@ def fit(
     before training; PrivacyBudgetExceeded, RunDiverged after writing a record with the ε spent.
 
     Example:
-        >>> import torch
+        >>> import privopt, torch
         >>> from torch import nn
-        >>> import privopt
         >>> from privopt.data import Dataset
         >>> g = torch.Generator().manual_seed(0)
         >>> x = torch.rand(600, 4, generator=g)
@@ -110,8 +106,7 @@ def fit(
     """
     _check_algorithm(algorithm, epsilon=epsilon, delta=delta)
     privacy = {"epsilon": epsilon, "allow_large_delta": allow_large_delta, "accountant": accountant}
-    if delta is not None:
-        privacy["delta"] = delta
+    privacy.update({} if delta is None else {"delta": delta})
     options = {"engine": engine, "seed": seed, "insecure_seed": insecure_seed, "data_dir": data_dir}
     options["logit_adjustment"] = dict(logit_adjustment or {})
     cfg = _config(model=model, dataset=dataset, algorithm=algorithm, privacy=privacy, params=params, options=options)

@@ -18,8 +18,8 @@ The prior π is a statistic of the private training split, so it is either
 
 Example:
     >>> la = LogitAdjustment.from_config({"prior": [0.9, 0.1]})
-    >>> la.offsets(la.prior_from([0.9, 0.1]), num_classes=2).tolist()  # τ·log π
-    [-0.10536051541566849, -2.3025850929940455]
+    >>> [round(v, 4) for v in la.offsets(la.prior, num_classes=2).tolist()]  # τ·log π
+    [-0.1054, -2.3026]
     >>> LogitAdjustment.from_config({"noise_ratio": 10.0}).planned_step().mechanisms
     (('class_counts', 10.0),)
 """
