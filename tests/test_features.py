@@ -76,6 +76,19 @@ def test_cache_reuses_records_across_splits_and_recovers_from_torn_blocks(cache)
     assert torch.equal(again.x_train, uncached.x_train)
 
 
+def test_pooling_averages_each_channel_map_after_the_cache(cache):
+    ds = _dataset(_images())
+    full = apply_features(ds, "scattering", J=1)  # 9 channels of 4x4 maps
+    pooled = apply_features(ds, "scattering", J=1, pool=2, scale=8.0)
+    assert len(list(feature_cache_dir().iterdir())) == 1  # one cache: the pooled map reuses the coefficients
+    maps = full.x_train.reshape(12, 9, 2, 2, 2, 2)  # [n, channel, row block, row, col block, col]
+    expected = maps.mean(dim=(3, 5)).reshape(12, -1)
+    expected = 8.0 * expected / expected.norm(dim=1, keepdim=True)
+    assert pooled.input_shape == (36,) and pooled.x_val.shape == (0, 36)
+    torch.testing.assert_close(pooled.x_train, expected)
+    assert "pool=2" in pooled.meta["public"]["features"]
+
+
 @pytest.mark.parametrize(
     ("name", "shape", "params", "match"),
     [
@@ -84,6 +97,8 @@ def test_cache_reuses_records_across_splits_and_recovers_from_torn_blocks(cache)
         ("scattering", (1, 8, 8), {"J": 4}, "at least 16x16"),
         ("scattering", (1, 8, 8), {"J": 0}, "positive integer"),
         ("scattering", (1, 8, 8), {"width": 3}, "width"),
+        ("scattering", (1, 8, 8), {"J": 1, "pool": 0}, "pool must be a positive integer"),
+        ("scattering", (1, 8, 8), {"J": 1, "pool": 5}, "pool=5 exceeds the 4x4 maps"),
     ],
 )
 def test_bad_feature_requests_fail_clearly(name, shape, params, match):

@@ -50,6 +50,14 @@ class FeatureMap:
         args = ", ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
         return f"{self.name}({args})"
 
+    def cache_key(self) -> str:
+        """What identifies the cached part of the map (default: the whole map, :meth:`describe`)."""
+        return self.describe()
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        """A cheap per-record step after the cache (float32 rows in, rows out; default: none)."""
+        return x
+
 
 def register_features(name: str) -> Callable:
     """Decorator registering ``factory(*, input_shape, **params) -> FeatureMap`` as ``name``."""
@@ -81,7 +89,7 @@ def _record_keys(x: torch.Tensor) -> list[bytes]:
 
 
 def _map_dir(fmap: FeatureMap) -> Path:
-    return feature_cache_dir() / hashlib.blake2b(fmap.describe().encode(), digest_size=10).hexdigest()
+    return feature_cache_dir() / hashlib.blake2b(fmap.cache_key().encode(), digest_size=10).hexdigest()
 
 
 def _cached_rows(folder: Path, keys: list[bytes]) -> dict[bytes, torch.Tensor]:
@@ -175,7 +183,7 @@ def apply_features(dataset: Any, name: str | None, *, cache: bool = True, scale:
         return dataset
     fmap = build_feature_map(name, input_shape=tuple(dataset.input_shape), **params)
     splits = {f: _transform_split(fmap, getattr(dataset, f), cache=cache) for f in ("x_train", "x_val", "x_test")}
-    splits = {f: x * float(scale) for f, x in splits.items()}
+    splits = {f: fmap.finish(x) * float(scale) for f, x in splits.items()}
     meta = dict(dataset.meta)
     public = dict(meta.get("public", {}))
     scaled = "" if scale == 1.0 else f" x {float(scale):g}"

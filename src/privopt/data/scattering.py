@@ -59,19 +59,41 @@ class ScatteringFeatures(FeatureMap):
 
     name = "scattering"
 
-    def __init__(self, *, input_shape: tuple[int, ...], J: int = 2, L: int = 8, groups: int = 27):
+    def __init__(
+        self, *, input_shape: tuple[int, ...], J: int = 2, L: int = 8, groups: int = 27, pool: int | None = None
+    ):
         if len(input_shape) != 3:
             raise ConfigError(f"scattering features need image inputs (C, H, W), got input_shape {input_shape}")
-        for key, v in (("J", J), ("L", L), ("groups", groups)):
+        for key, v in (("J", J), ("L", L), ("groups", groups), ("pool", 1 if pool is None else pool)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"scattering option {key} must be a positive integer, got {v!r}")
         c, h, w = input_shape
         if min(h, w) < 2**J:
             raise ConfigError(f"scattering J={J} needs images of at least {2**J}x{2**J}, got {h}x{w}")
-        self.params = {"J": J, "L": L, "groups": groups}
+        self._base = {"J": J, "L": L, "groups": groups}
+        self.params = self._base if pool is None else {**self._base, "pool": pool}
         self._op = _scattering_class()(J=J, shape=(h, w), L=L)
         self._channels = c * (1 + J * L + L * L * J * (J - 1) // 2)
+        self._maps = (h // 2**J, w // 2**J)
+        if pool is not None and pool > min(self._maps):
+            raise ConfigError(f"scattering pool={pool} exceeds the {self._maps[0]}x{self._maps[1]} maps of J={J}")
+        self._pool = pool
         self._groups = math.gcd(groups, self._channels)  # a divisor of the channel count
+
+    def cache_key(self) -> str:
+        # Pooling runs after the cache: pooled and unpooled features share the cached coefficients.
+        return f"{self.name}({', '.join(f'{k}={v}' for k, v in sorted(self._base.items()))})"
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        """Average-pool each channel's map to ``pool × pool`` (fewer coordinates, each less noisy to
+        learn under DP), then unit norm again; nothing without ``pool``."""
+        if self._pool is None:
+            return x
+        if x.shape[0] == 0:
+            return x.new_zeros((0, self._channels * self._pool**2))
+        maps = x.reshape(x.shape[0], self._channels, *self._maps)
+        out = torch.nn.functional.adaptive_avg_pool2d(maps, self._pool).reshape(x.shape[0], -1)
+        return out / out.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
     def transform(self, x: torch.Tensor) -> torch.Tensor:
         s = self._op(x.to(torch.float32).contiguous())  # [N, C, K, H', W']
@@ -83,5 +105,5 @@ class ScatteringFeatures(FeatureMap):
 
 @register_features("scattering")
 def scattering(*, input_shape: tuple[int, ...], **params: Any) -> FeatureMap:
-    """The scattering transform (options ``J`` = 2, ``L`` = 8, ``groups`` = 27)."""
+    """The scattering transform (options ``J`` = 2, ``L`` = 8, ``groups`` = 27, ``pool`` = none)."""
     return ScatteringFeatures(input_shape=input_shape, **params)
