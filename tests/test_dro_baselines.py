@@ -94,6 +94,7 @@ def test_private_diff_corrections_track_the_exact_weighted_gradient():
         dual_lr=0.5,
         clip_x=BIG,
         gamma_x=BIG,
+        clip_x_diff=None,
         weight_cap=3.0,
     )
     model = fresh_model()

@@ -49,7 +49,7 @@ def test_double_spider_caps_eta_and_x_moves():
         assert -2.0 <= algo.eta <= 2.0
         assert float((algo._x() - x0).norm()) <= 5.0 * (1 + 1e-5)
     # The constant-step option is still available.
-    assert get_algorithm("dp-double-spider", lr_norm=None)._beta(1e6) == pytest.approx(0.1)
+    assert get_algorithm("dp-double-spider", lr=0.1, lr_norm=None)._beta(1e6) == pytest.approx(0.1)
 
 
 def test_recursive_spider_shift_recentres_the_mean_weight_at_refreshes():

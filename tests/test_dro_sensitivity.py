@@ -46,15 +46,18 @@ def check(stat_fn, bound, attained=1.0):
     assert moved >= 0.3 * attained * bound, (moved, bound)  # the adversarial record is clipped, not tiny
 
 
-@pytest.mark.parametrize("clip", [0.05, 1.0])
-def test_double_spider_queries(clip):
-    algo, model = setup_algo("dp-double-spider", steps=4, lam=0.1, eta_init=0.2)
+# The weight cap A = 4 (the former default) and the default 1.25; at A = 1.25 an η-term 1 − a_i lies
+# in [−0.25, 1], so only a clip below 0.25 is attained by the adversarial record (the check's teeth).
+@pytest.mark.parametrize(("clip", "cap"), [(0.05, 4.0), (1.0, 4.0), (0.05, None)])
+def test_double_spider_queries(clip, cap):
+    kw = {} if cap is None else {"weight_cap": cap}
+    algo, model = setup_algo("dp-double-spider", steps=4, lam=0.1, eta_init=0.2, **kw)
     x = flat(model)
     x_prev = -x  # flips the adversarial record's loss between the two points
     check(lambda i: algo.eta_grad_sum(i, x=x, eta=0.2, clip=clip), clip)
     check(lambda i: algo.eta_diff_sum(i, x=x, eta=0.2, x_prev=x_prev, eta_prev=0.9, clip=clip), clip)
-    # a_i·Clip(∇ℓ_i, C) with a_i ≤ A (the weight cap, 4 by default): bound A·C, reached by the
-    # adversarial record (its loss puts its weight at the cap).
+    # a_i·Clip(∇ℓ_i, C) with a_i ≤ A (the weight cap): bound A·C, reached by the adversarial record
+    # (its loss puts its weight at the cap).
     cap = algo.config.weight_cap
     check(lambda i: algo.x_grad_sum(i, x=x, eta=0.2, clip=clip), cap * clip)
     check(lambda i: algo.x_diff_sum(i, x=x, eta=0.2, x_prev=x_prev, eta_prev=0.9, clip=clip), clip)

@@ -19,6 +19,7 @@ from torch import nn
 
 from privopt.algorithms import get_algorithm
 from privopt.algorithms.base import RunContext
+from privopt.algorithms.dro_presets import PAPER_DEFAULTS
 from privopt.grads import get_engine
 from privopt.objectives.erm import logistic_loss
 from privopt.privacy import FullBatch, Gaussian, Inventory, PlannedStep, Poisson, PrivacyLedger, Step, calibrate
@@ -80,7 +81,8 @@ LINEAR = ("dp-svrg", "dp-svrg-pp", "dp-gd-erm")
 def run_case(key: str) -> tuple[list[float], float | None]:
     """Run one pinned case; returns (final flat parameters, epsilon spent at delta = 1e-5)."""
     name = key.replace("-unshared", "")
-    algo = get_algorithm(name, **CASES[key])
+    # The DRO cases were pinned under the former (paper-scale) defaults; they keep them explicitly.
+    algo = get_algorithm(name, **{**PAPER_DEFAULTS.get(name, {}), **CASES[key]})
     linear = name in LINEAR
     x, y = _logistic_data() if linear else _classification_data()
     model = _linear() if linear else _mlp()

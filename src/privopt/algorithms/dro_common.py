@@ -72,14 +72,15 @@ class DROConfig(ScheduledStepConfig):
     Attributes:
         epochs: budget in epoch-equivalents (see :func:`spider_steps`); ignored when ``steps``.
         steps: explicit number of iterations T.
-        output: ``"random"`` (the paper: a uniformly random iterate among x_1..x_T, index drawn
-            up front from the sampler generator — data-independent) or ``"last"``.
+        output: ``"last"`` (default: the final iterate) or ``"random"`` (the paper's analysis: a
+            uniformly random iterate among x_1..x_T, index drawn up front from the sampler
+            generator — data-independent; on a short run it is often an early, barely trained one).
         chunk_size: per-sample gradients are computed in chunks of this many records.
     """
 
     epochs: float = param(20, positive, role="epochs")
     steps: int | None = param(None, _optional_int)
-    output: str = param("random", one_of("random", "last"), role="output")
+    output: str = param("last", one_of("random", "last"), role="output")
     chunk_size: int = param(256, positive_int)
 
 
@@ -89,12 +90,16 @@ class SpiderDROConfig(DROConfig):
 
     Attributes:
         weight_cap: the public cap A on a record's DRO weight (its weighted gradient is at most
-            ``A·clip``; each method says how its weights are capped).
-        q: phase length (iterations between refreshes of the estimators).
+            ``A·clip``; each method says how its weights are capped). Default 1.25: the x-query's
+            noise grows with A (the paper-scale 4 quadrupled it).
+        q: phase length (iterations between refreshes of the estimators). Default 1 (a refresh
+            every step): under DP a correction's noise is set by its threshold, not by the true
+            difference, and longer phases lost accuracy (``docs/algorithms/dro.md``, "Defaults";
+            the paper's 32: :data:`~privopt.algorithms.dro_presets.PAPER_DEFAULTS`).
     """
 
-    weight_cap: float = param(4.0, weight_cap_value, role="weight_cap")
-    q: int = param(32, positive_int, role="phase")
+    weight_cap: float = param(1.25, weight_cap_value, role="weight_cap")
+    q: int = param(1, positive_int, role="phase")
 
 
 def spider_steps(*, epochs: float, n: int, q: int, refresh: int, correction: int) -> int:

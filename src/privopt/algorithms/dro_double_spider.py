@@ -4,7 +4,8 @@ Two SPIDER estimators, one per block, with alternating updates (η first, then x
 η_{t+1}): every ``q`` iterations both refresh (noisy means of per-sample clipped ``∇_η L`` and
 ``∇_x L``), in between they add noisy means of per-sample clipped differences at the current and
 the previous point, with step-proportional thresholds. ``η_{t+1} = η_t − α·g_t``,
-``x_{t+1} = x_t − β_t·v_t``; the output is a uniformly random iterate (or the last).
+``x_{t+1} = x_t − β_t·v_t``; the output is the last iterate (or, as in the paper, a uniformly
+random one).
 
 What is implemented, the deviations from the printed algorithm and why, and the privacy
 inventory: ``docs/algorithms/dro.md`` ("DP Double-SPIDER").
@@ -79,18 +80,24 @@ class DPDoubleSPIDERConfig(SpiderDROConfig):
         loss_bound: public clamp B of the losses.
         share_batches: one batch for the η- and x-queries of an iteration when sizes agree.
         private: ``False`` runs the same clipped updates without noise (reference runs).
+
+    The defaults are practical ones for a short run (``docs/algorithms/dro.md``, "Defaults"): a
+    refresh every step (q = 1) on 128 records, lr 2, weight cap 1.25 and the last iterate. Under
+    noise ``‖v‖ > 1``, so each step moves x by lr; the paper-scale 0.1 barely moved the model. The
+    paper's schedule (q = 32, refresh batches 2048, lr 0.1, A = 4, a random iterate) is
+    :data:`~privopt.algorithms.dro_presets.PAPER_DEFAULTS`.
     """
 
     lam: float = param(1.0, positive, role="penalty")
     g_eta: float = param(1.0, positive)
     divergence: str = param("kl", text)
     divergence_params: Mapping[str, Any] = param({}, mapping)
-    N1: int = param(2048, positive_int, role="refresh_batch")
+    N1: int = param(128, positive_int, role="refresh_batch")
     N2: int = param(128, positive_int, role="batch")
-    N3: int = param(2048, positive_int, role="refresh_batch")
+    N3: int = param(128, positive_int, role="refresh_batch")
     N4: int = param(128, positive_int, role="batch")
     lr_norm: str | float | None = param("auto", auto_or_positive)
-    lr: float = param(0.1, positive, role="lr")
+    lr: float = param(2.0, positive, role="lr")
     eta_lr: str | float = param("auto", auto_or_positive)
     eta_init: float | None = param(None, finite_or_none)
     eta_step_cap: str | float | None = param("auto", auto_or_positive)

@@ -90,17 +90,24 @@ class PrimalDualConfig(DROConfig):
     """Shared hyper-parameters: ψ, the penalty λ, the x step ``lr``, the dual step ``dual_lr``, the
     x-gradient threshold ``clip_x``, the weight cap A (``r ≤ A``: the x-query's per-record bound is
     ``A·clip_x``), the loss clamp B (the loss vector's per-record bound) and ``loss_noise_ratio``,
-    the loss vector's noise multiplier relative to the x-query's (one calibration)."""
+    the loss vector's noise multiplier relative to the x-query's (one calibration).
+
+    Defaults (``docs/algorithms/dro.md``, "Defaults"): A = 1.25, B = 2 and a loss-vector noise
+    multiplier 3 times the x-query's, because the loss vector's noise lands on every one of the n
+    dual coordinates, so the dual is mostly noise whatever its budget: a cap near 1 keeps the
+    x-query's noise near DP-SGD's, and most of the budget goes to the x-gradient. The former
+    values (A = 4, B = 10, ratio 1, lr 0.1) are in
+    :data:`~privopt.algorithms.dro_presets.PAPER_DEFAULTS`."""
 
     divergence: str = param("kl", text)
     divergence_params: Mapping[str, Any] = param({}, mapping)
     lam: float = param(1e-3, positive, role="penalty")
-    lr: float = param(0.1, positive, role="lr")
+    lr: float = param(0.25, positive, role="lr")
     dual_lr: float = param(0.01, positive)
     clip_x: float = param(1.0, positive, role="clip")
-    weight_cap: float = param(4.0, weight_cap_value, role="weight_cap")
-    loss_bound: float = param(10.0, positive)
-    loss_noise_ratio: float = param(1.0, positive)
+    weight_cap: float = param(1.25, weight_cap_value, role="weight_cap")
+    loss_bound: float = param(2.0, positive)
+    loss_noise_ratio: float = param(3.0, positive)
     output: str = param("last", one_of("random", "last"), role="output")
     private: bool = param(True, flag)
 
@@ -124,13 +131,18 @@ class DPSGDAConfig(PrimalDualConfig):
 @dataclass(frozen=True)
 class PrivateDiffConfig(PrimalDualConfig):
     """PrivateDiff: SPIDER on x with phase ``q``, refresh batch ``refresh_batch``, correction batch
-    ``batch_size`` and threshold ``min(clip_x_diff, gamma_x·distance)``."""
+    ``batch_size`` and threshold ``min(clip_x_diff, gamma_x·distance)`` (``clip_x_diff = None``: no cap).
 
-    q: int = param(32, positive_int, role="phase")
-    refresh_batch: int = param(2048, positive_int, role="refresh_batch")
-    batch_size: int = param(128, positive_int, role="batch")
+    Defaults: short phases (q = 2) of a refresh on 128 records and cheap corrections on 32 records
+    capped at 0.1. The dual moves under the loss vector's noise every step, so ``max_i |Δr_i|`` keeps
+    a step-proportional threshold at its cap; the former uncapped threshold (with q = 32) grew with
+    the dual's noise and the run diverged (``docs/algorithms/dro.md``, "Defaults")."""
+
+    q: int = param(2, positive_int, role="phase")
+    refresh_batch: int = param(128, positive_int, role="refresh_batch")
+    batch_size: int = param(32, positive_int, role="batch")
     gamma_x: float | None = param(10.0, optional_positive)
-    clip_x_diff: float | None = param(None, optional_positive, role="clip_cap")
+    clip_x_diff: float | None = param(0.1, optional_positive, role="clip_cap")
 
     def check(self) -> None:
         super().check()
@@ -264,7 +276,7 @@ class PrivateDiff(_PrimalDualBase):
         >>> from privopt.algorithms import get_algorithm
         >>> inv = get_algorithm("private-diff", steps=64, q=16, refresh_batch=500, batch_size=50).inventory(n=1000)
         >>> [(s.mechanisms, s.count) for s in inv.steps]
-        [((('x-refresh', 1.0), ('p-grad', 1.0)), 4), ((('x-diff', 1.0), ('p-grad', 1.0)), 60)]
+        [((('x-refresh', 1.0), ('p-grad', 3.0)), 4), ((('x-diff', 1.0), ('p-grad', 3.0)), 60)]
     """
 
     name = "private-diff"

@@ -68,17 +68,22 @@ class RecursiveSpiderConfig(SpiderDROConfig):
         loss_bound: public clamp B. lam_max: upper bound of λ (``"auto"`` = B/√(8ρ); ``None``: none).
         s_min: floor of s (post-processing; ``"auto"``: ``1e−3/A``, far below the target mean 1/A).
         share_batches: v- and u-queries share one batch when their sizes agree.
+
+    The defaults are practical ones for a short run (``docs/algorithms/dro.md``, "Defaults"): a
+    refresh every step (q = 1) on 128 records, lr 2, weight cap 1.25 and the last iterate; the
+    paper's schedule (q = 32, refresh batches 2048, lr 0.1, A = 4, a random iterate) is
+    :data:`~privopt.algorithms.dro_presets.PAPER_DEFAULTS`. SCDRO keeps its own (:class:`SCDROConfig`).
     """
 
     rho: float = param(0.5, positive, role="rho")
     lam0: float = param(1e-3, positive, role="lam0")
     lam_init: float = param(1.0, positive)
-    b1: int = param(2048, positive_int, role="refresh_batch")
+    b1: int = param(128, positive_int, role="refresh_batch")
     b2: int = param(128, positive_int, role="batch")
-    b3: int = param(2048, positive_int, role="refresh_batch")
+    b3: int = param(128, positive_int, role="refresh_batch")
     b4: int = param(128, positive_int, role="batch")
     s_batch: int | None = param(None, _optional_int, role="batch")
-    lr: float = param(0.1, positive, role="lr")
+    lr: float = param(2.0, positive, role="lr")
     lr_norm: str | float | None = param("auto", auto_or_positive)
     lam_lr: float = param(0.05, positive)
     lam_step_frac: float | None = param(0.1, optional_positive)

@@ -382,7 +382,11 @@ def method_params(method: str, *, budget: Budget, lr: float, clip: float, epochs
     ``output`` → ``"last"``; ``rho`` / ``lam0`` → the KL-DRO constants; ``penalty`` → the λ of the
     penalised dual, ``budget.ds_lam``; ``weight_cap`` / ``gamma`` → ``budget.weight_cap`` /
     ``budget.gamma`` (the DRO weight cap and the step-proportional threshold factor);
-    ``lr_schedule`` / ``lr_final`` → the budget's decay of the model step.
+    ``lr_schedule`` / ``lr_final`` → the budget's decay of the model step. Fields without a role
+    whose default has changed since the recipe was set (the primal–dual baselines' loss clamp and
+    loss-noise ratio) keep their former values, from
+    :data:`~privopt.algorithms.dro_presets.PAPER_DEFAULTS`: a reproduction states every setting it
+    relies on, so changing an algorithm's default does not change a reproduction.
 
     Example:
         >>> p = method_params("sgd", budget=BUDGETS["quick"], lr=0.1, clip=1.0, epochs=2)
@@ -390,6 +394,7 @@ def method_params(method: str, *, budget: Budget, lr: float, clip: float, epochs
         (0.1, 1024, 2)
     """
     from privopt.algorithms import available_algorithms
+    from privopt.algorithms.dro_presets import PAPER_DEFAULTS
 
     algos = available_algorithms()
     if method not in algos:
@@ -412,7 +417,8 @@ def method_params(method: str, *, budget: Budget, lr: float, clip: float, epochs
         "lr_schedule": budget.lr_schedule,
         "lr_final": budget.lr_final,
     }
-    out = {name: value for role, value in values.items() for name in config.fields_with_role(role)}
+    out = dict(PAPER_DEFAULTS.get(method, {}))
+    out.update({name: value for role, value in values.items() for name in config.fields_with_role(role)})
     fields = config.field_names()
     out.update({k: v for k, v in _METHOD_OVERRIDES.get(method, {}).items() if k in fields})
     own = budget.setting(method).algorithm_params
