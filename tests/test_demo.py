@@ -53,7 +53,7 @@ def test_demo_schedule_does_not_follow_the_quick_budget(monkeypatch):
         "weight_caps": ((3.0, 1.5),), "weight_cap_grid": (1.5, 3.0), "tune_repeats": 4,
         "features": None, "feature_params": {"scale": 3.0}, "feature_model": "mlp", "eval_points": 2,
         "feature_model_params": {"bias_scale": 2.0}, "feature_centering": {"norm_bound": 1.0, "noise_ratio": 3.0},
-        "logit_adjustment": {"prior": [0.5, 0.5]},
+        "logit_adjustment": {"prior": [0.5, 0.5]}, "dataset_settings": {"digits-st": {"q": 3}},
         "max_train": 100, "image_model": "cnn", "tabular_model": "logreg", "model_params": {"hidden": 3},
         "lrs": (0.5,), "clips": (0.5,), "tune_epochs": 1, "tune_at": 3.0, "val_fraction": 0.5,
         "method_settings": {"dp-sgd": MethodSetting(model="cnn")}, "lr_schedule": "inverse-sqrt", "lr_final": 0.3,

@@ -21,21 +21,23 @@ def _recipe(budget, n, *, lr, clip, epsilon):
     b = budget.for_method("dp-double-spider").fitted(n).at_epsilon(epsilon)
     params = method_params("dp-double-spider", budget=b, lr=lr, clip=clip, epochs=budget.epochs)
     features = {"name": b.features, **b.feature_params}
-    return params, features, b.feature_model
+    return params, features, b.feature_model, b
 
 
 @pytest.mark.parametrize(
     ("name", "budget", "n", "hp"),
     [
         ("dro_digits_st.yaml", _demo_budget(False), 810, DEMO_HYPERPARAMETERS["dp-double-spider"]),
-        ("dro_mnist_st.yaml", BUDGETS["quick"], 33996, {"lr": 40.0, "clip": 0.1}),
+        ("dro_mnist_st.yaml", BUDGETS["quick"].for_dataset("mnist-st"), 33996, {"lr": 16.0, "clip": 0.1}),
     ],
 )
 def test_shipped_dro_configs_are_the_reproductions_recipe(name, budget, n, hp):
     cfg = load_config(REPO / "configs" / name)
-    params, features, model = _recipe(budget, n, lr=hp["lr"], clip=hp["clip"], epsilon=cfg.privacy.epsilon)
+    params, features, model, b = _recipe(budget, n, lr=hp["lr"], clip=hp["clip"], epsilon=cfg.privacy.epsilon)
     assert cfg.algorithm_params == params
     assert (cfg.features, cfg.model) == (features, model)
+    assert cfg.model_params == b.feature_model_params
+    assert (cfg.feature_centering, cfg.logit_adjustment) == (b.feature_centering, b.logit_adjustment)
     assert cfg.privacy.delta == pytest.approx(paper_delta(n), rel=0.05)
     get_algorithm(cfg.algorithm, **cfg.algorithm_params)  # valid settings
 

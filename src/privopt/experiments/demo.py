@@ -60,6 +60,7 @@ DEMO_SCHEDULE = {
     "feature_model_params": {},
     "feature_centering": {},
     "logit_adjustment": {},
+    "dataset_settings": {},  # the demo's own setting is this one, on digits-st
     "eval_points": 8,
     "max_train": None,
     "image_model": "mlp",

@@ -108,6 +108,11 @@ def _centering(budget: Budget, data) -> dict:
     return dict(budget.feature_centering) if "features" in data.meta.get("public", {}) else {}
 
 
+def _logit_adjustment(budget: Budget, method: str) -> dict:
+    own = budget.setting(method).logit_adjustment
+    return budget.logit_adjustment if own is None else own
+
+
 def _planned_steps(method: str, params: dict, n: int) -> int | None:
     """Iterations the method will run on n records (so every method gets ``eval_points`` curve points)."""
     from privopt.algorithms import get_algorithm
@@ -165,7 +170,7 @@ def run_one(
             "non_private_diagnostics": bool(metrics) or eval_split == "val",
             "hyperparameter_tuning": spec.tuning_note,
             "feature_centering": _centering(budget, data),
-            "logit_adjustment": dict(budget.logit_adjustment),
+            "logit_adjustment": dict(_logit_adjustment(budget, method)),
         }
     )
     t0 = time.perf_counter()
@@ -448,6 +453,7 @@ def run_grid(req: GridRequest) -> tuple[list[dict], dict[str, Any], Path]:
     import privopt.experiments.dro_metrics  # noqa: F401  (registers grad_norm / mia)
 
     b, eps_list, methods, out = _checked(req.budget, req.seeds, req.epsilons, req.methods, req.nonprivate, req.out_dir)
+    b = b.for_dataset(req.dataset) if isinstance(req.dataset, str) else b
     workers = Workers(req.jobs, shared=None if isinstance(req.dataset, str) else req.dataset)  # checked now
     jobs = workers.jobs
     if jobs > 1 and callable(req.model):
