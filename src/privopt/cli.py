@@ -11,7 +11,7 @@ import sys
 import threading
 
 from privopt.cli_bench import add_bench_parser
-from privopt.cliargs import DEVICES, positive_int
+from privopt.cliargs import DEVICES, non_negative_int, positive_int
 from privopt.errors import PrivacyBudgetExceeded, PrivoptError
 
 __all__ = ["main", "build_parser"]
@@ -154,7 +154,7 @@ def _cmd_list(args) -> int:
 def _cmd_demo(args) -> int:
     from privopt.experiments.demo import run_demo
 
-    run_demo(out_dir=args.out, progress=not args.quiet, quick=args.quick, runs=args.runs)
+    run_demo(out_dir=args.out, progress=not args.quiet, quick=args.quick, runs=args.runs, jobs=args.jobs)
     return 0
 
 
@@ -338,6 +338,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="runs per method and ε, each on its own split; the tables show their mean ± std "
         "(default 5; 1 with --quick)",
+    )
+    d.add_argument(
+        "--jobs",
+        type=non_negative_int,
+        default=2,
+        help="runs at a time in worker processes (default 2; 1: in this process; 0: one per CPU core)",
     )
     d.set_defaults(func=_cmd_demo)
 

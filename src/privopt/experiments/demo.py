@@ -229,6 +229,7 @@ def run_demo(
     quick: bool = False,
     runs: int | None = None,
     insecure_seed: int | None = None,
+    jobs: int = 2,
 ) -> list[dict]:
     """Run the demo and print its tables; returns one result row per run.
 
@@ -239,6 +240,8 @@ def run_demo(
         runs: runs per (method, ε), each on its own split (default :data:`DEMO_RUNS`; 1 if ``quick``).
         insecure_seed: ``None`` (default: secret noise and sampling) or a seed that makes the demo
             repeatable — NOT private (recorded in its outputs).
+        jobs: runs at a time, in worker processes (default 2, the reference machine's cores; 1: in
+            this process, with progress bars; 0: one per core). The results do not depend on it.
     """
     from privopt.experiments.dro import TABLE3_METHODS, run_dro_table3
 
@@ -263,6 +266,7 @@ def run_demo(
         hyperparameters=DEMO_HYPERPARAMETERS,
         selection_note=DEMO_SELECTION,
         insecure_seed=insecure_seed,
+        jobs=jobs,
     )
     rows = [{k: v for k, v in r.items() if k != "history"} for r in res["rows"]]
     _print_report(res, rows, eps_list=eps_list, runs=runs, root=root)
