@@ -124,3 +124,25 @@ def test_runs_draw_noise_ahead_with_the_seeded_stream():
     assert all(torch.equal(wrapped.normal((9,)), plain.normal((9,))) for _ in range(3))
     assert run_sources(None)["noise"].secure
     wrapped.close()
+
+
+def _torch_openmp_threads() -> list[int]:
+    from threadpoolctl import threadpool_info
+
+    return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "openmp" and "torch" in i["filepath"]]
+
+
+def test_the_noise_thread_uses_the_callers_torch_thread_count():
+    # torch.set_num_threads holds per thread: a fresh thread ran its draws on one OpenMP thread per
+    # core, and two one-thread runs on two cores spun on each other.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        if not _torch_openmp_threads():
+            pytest.skip("this torch build has no OpenMP runtime to inspect")
+        ahead = NoiseAhead(TorchSource(seed=0))
+        ahead.normal((4,))  # starts the background thread and a draw ahead
+        assert ahead._pool.submit(_torch_openmp_threads).result() == [1]
+        ahead.close()
+    finally:
+        torch.set_num_threads(before)

@@ -74,7 +74,15 @@ class NoiseAhead(RandomSource):
 
     def _start(self, spec: tuple) -> None:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="privopt-noise")
+            # torch.set_num_threads holds only in the thread that called it: without this the draws
+            # ran on one OpenMP thread per core beside the caller's, and two runs on two cores (a
+            # reproduction's --jobs 2) spun on each other (docs/engines.md, "Noise drawn ahead").
+            self._pool = ThreadPoolExecutor(
+                max_workers=1,
+                thread_name_prefix="privopt-noise",
+                initializer=torch.set_num_threads,
+                initargs=(torch.get_num_threads(),),
+            )
             self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False)
         with self._lock:
             before = self.source.state_dict()
