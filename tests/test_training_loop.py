@@ -238,6 +238,32 @@ def test_public_metrics_cannot_read_the_training_split(tmp_path):
     assert rec["metrics"]["n_test_seen"] == rec["dataset"]["n_test"]
 
 
+def test_metrics_read_the_exact_epsilon_only_when_they_ask_for_it(tmp_path, monkeypatch):
+    import privopt.training.run as run_module
+
+    sections = []
+    real = run_module.privacy_section
+    monkeypatch.setattr(run_module, "privacy_section", lambda *a: sections.append(1) or real(*a))
+    register_run_metric(
+        "test_only_config_reader", lambda *, record, **kw: {"n_keys": len(record["config"])}, reads_private_data=False
+    )
+    rec = train(
+        cfg(metrics=["test_only_config_reader"], checkpoint_every=10**6), out_dir=tmp_path / "a", progress=False
+    )
+    assert rec["metrics"]["n_keys"] > 0
+    assert len(rec["history"]) > 2 and len(sections) == 2  # the records written at the start and the end
+
+    register_run_metric(
+        "test_only_eps_reader",
+        lambda *, record, **kw: {"eps_seen": record["privacy"]["epsilon_spent"]},
+        reads_private_data=False,
+    )
+    sections.clear()
+    rec = train(cfg(metrics=["test_only_eps_reader"]), out_dir=tmp_path / "b", progress=False)
+    assert rec["metrics"]["eps_seen"] == rec["privacy"]["epsilon_spent"]
+    assert len(sections) >= len(rec["history"])
+
+
 def test_run_config_accepts_a_privacy_mapping():
     c = RunConfig(privacy={"epsilon": 3.0, "delta": 1e-6}).validate()
     assert c.privacy.epsilon == 3.0 and c.privacy.delta == 1e-6

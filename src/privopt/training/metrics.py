@@ -104,7 +104,9 @@ def register_run_metric(
 
     Args:
         name: the name configs use.
-        fn: ``fn(model=, loss_fn=, data=, record=)`` returning ``{key: float}``.
+        fn: ``fn(model=, loss_fn=, data=, record=)`` returning ``{key: float}``. ``record`` is a
+            read-only mapping of the run's record so far; its ``"privacy"`` section (the exact
+            epsilon spent, an accountant call) is computed only when read.
         when: ``"eval"`` runs it at every evaluation (e.g. a gradient-norm curve), ``"final"``
             once at the end (e.g. a membership-inference attack).
         reads_private_data: whether ``fn`` reads the private training data (required: there is

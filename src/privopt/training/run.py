@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +81,8 @@ class _Session:
     def _last_row(self) -> bool:
         return self.state.step >= self.run.total or self.state.stop == "done"
 
-    def _record_view(self) -> dict[str, Any]:
-        return dict(self.base, privacy=privacy_section(self.run.cfg, self.run.ledger))
+    def _record_view(self) -> Mapping[str, Any]:
+        return _RecordView(self.base, lambda: privacy_section(self.run.cfg, self.run.ledger))
 
     def _measure(self, *, final: bool, logs: dict[str, float] | None = None) -> tuple[dict, dict]:
         """(public row, non-private row) of the model now; the second is filled only with diagnostics on."""
@@ -97,7 +98,8 @@ class _Session:
                 f"diverged at step {self.state.step}: non-finite {cfg.eval_split} loss (try a smaller lr)"
             )
         (pub if cfg.eval_split == "test" else diag).update(split, **{f"{cfg.eval_split}_records": len(y)})
-        # The record view holds the exact epsilon (an accountant call): only built for a metric that reads it.
+        # The record view's privacy section holds the exact epsilon (an accountant call, up to seconds
+        # per new step count): it is computed only if a metric reads it.
         kw = dict(model=run.model, loss_fn=run.loss_fn, record=self._record_view() if run.metrics else None)
         pub.update(compute_run_metrics(run.metrics, final=final, private=False, data=run.data, **kw))
         if cfg.non_private_diagnostics:
@@ -237,6 +239,28 @@ class _Session:
             except Exception as e:
                 self._fail(e)
                 raise
+
+
+class _RecordView(Mapping):
+    """The run's record as a metric sees it: ``base`` plus a ``privacy`` section computed on first read."""
+
+    def __init__(self, base: dict[str, Any], privacy):
+        self._base, self._privacy, self._section = base, privacy, None
+
+    def __getitem__(self, key: str) -> Any:
+        if key != "privacy":
+            return self._base[key]
+        if self._section is None:
+            self._section = self._privacy()
+        return self._section
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._base
+        if "privacy" not in self._base:
+            yield "privacy"
+
+    def __len__(self) -> int:
+        return len(self._base) + ("privacy" not in self._base)
 
 
 def train(
