@@ -60,7 +60,7 @@ def table3(tmp_path_factory):
         epsilons=[2.0],
         seeds=1,
         budget=TINY,
-        methods=["dp-sgda", "dp-recursive-spider"],
+        methods=["dp-sgd", "dp-sgda", "dp-recursive-spider"],
         out_dir=out,
         log=lambda s: None,
     )
@@ -70,8 +70,9 @@ def table3(tmp_path_factory):
 def test_outputs_written(table3):
     out, _ = table3
     lines = [json.loads(s) for s in (out / "results.jsonl").read_text().splitlines()]
-    # 2 private methods x 1 epsilon x 1 seed + the non-private reference
-    assert len(lines) == 3 and {r["method"] for r in lines} == {"dp-sgda", "dp-recursive-spider", "scdro"}
+    # 3 private methods x 1 epsilon x 1 seed + the non-private reference
+    assert len(lines) == 4
+    assert {r["method"] for r in lines} == {"dp-sgd", "dp-sgda", "dp-recursive-spider", "scdro"}
     for r in lines:
         assert set(r) >= FIELDS
         assert 0.0 <= r["test_accuracy"] <= 1.0 and r["grad_norm"] > 0
@@ -87,8 +88,17 @@ def test_outputs_written(table3):
     )
     # the hyper-parameters of every final run are in the report, the tuned cap of each DRO method with them
     for r in lines:
-        cap = f", A {r['weight_cap']:g}" if r["private"] else ""
+        cap = f", A {r['weight_cap']:g}" if r["private"] and r.get("weight_cap") is not None else ""
         assert f"lr {r['lr']:g}, clip {r['clip']:g}{cap}" in md
+    # the SPIDER method against DP-SGD, one seed each: a difference, no interval
+    rs, sgd = ({r["method"]: r for r in lines}[m] for m in ("dp-recursive-spider", "dp-sgd"))
+    diff = 100 * (rs["test_balanced_accuracy"] - sgd["test_balanced_accuracy"])
+    assert "## Against DP-SGD" in md and f"| 2 | balanced | DP Recursive-SPIDER | {diff:+.2f} | – | 1 / 1 |" in md
+    compared = json.loads((out / "summary.json").read_text())["baseline_comparison"]
+    assert [(c["epsilon"], c["metric"], c["method"]) for c in compared] == [
+        (2.0, "balanced", "dp-recursive-spider"),
+        (2.0, "worst class", "dp-recursive-spider"),
+    ]
     for fig in ("fig1_gradnorm_eps2.png", "fig2_auc_eps2.png", "fig3_f1_eps2.png"):
         assert (out / fig).stat().st_size > 1000
 
@@ -102,6 +112,7 @@ def test_tuning_same_grid_for_every_method(table3):
     # private DRO methods: the full lr x clip x weight-cap grid; non-private: the lr axis only (no clip, no cap)
     grid = [(lr, 1.0, a) for lr in (0.1, 0.3) for a in (1.25, 2.0)]
     assert per_method["dp-sgda"] == per_method["dp-recursive-spider"] == grid
+    assert per_method["dp-sgd"] == [(lr, 1.0, None) for lr in (0.1, 0.3)]  # no weight cap to tune
     assert per_method["scdro"] == [(lr, 1.0, None) for lr in BUDGETS["quick"].lrs_for("scdro")]
     assert tuning["n_trials"] == sum(len(v) for v in per_method.values()) and tuning["wall_s"] > 0
     assert tuning["grid"] == {"lr": [0.1, 0.3], "clip": [1.0], "weight_cap": [1.25, 2.0]}
@@ -110,7 +121,8 @@ def test_tuning_same_grid_for_every_method(table3):
     rows = [json.loads(s) for s in (out / "results.jsonl").read_text().splitlines()]
     for r in rows:
         if r["private"]:
-            assert (r["lr"], r["weight_cap"]) == (best[r["method"]]["lr"], best[r["method"]]["weight_cap"])
+            won = best[r["method"]]
+            assert (r["lr"], r.get("weight_cap")) == (won["lr"], won.get("weight_cap"))
 
 
 def test_every_output_says_the_tuning_and_the_training_measurements_are_not_covered(table3):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from privopt.checkpoint import atomic_write_json, atomic_write_text
+from privopt.experiments.dro_compare import compare_to_baseline, comparison_markdown
 from privopt.experiments.dro_protocol import (
     LAM0,
     METHOD_LABELS,
@@ -259,6 +260,9 @@ def _table3_markdown(rows, meta, table: str, private_methods, violations) -> str
         "",
         format_table(rows, metric="test_balanced_accuracy", methods=private_methods, epsilons=eps_list),
     ]
+    against = comparison_markdown(compare_to_baseline(rows, epsilons=eps_list))
+    if against:
+        md += ["", "## Against DP-SGD", "", against]
     paper = _paper_table3(label, private_methods, eps_list)
     if paper:
         ordering = _ordering_notes(label, rows, private_methods, eps_list)
@@ -379,7 +383,9 @@ def _table3_outputs(rows, meta, out: Path) -> dict[str, Any]:
     violations = _mia_check(rows)
     text = _table3_markdown(rows, meta, table, private_methods, violations)
     atomic_write_text(out / "table3.md", text)
+    comparison = [c.as_dict() for c in compare_to_baseline(rows, epsilons=meta["epsilons"])]
     summary = {**meta, "figures": figs, "mia_violations": len(violations), "table_markdown": table}
+    summary["baseline_comparison"] = comparison
     atomic_write_json(out / "summary.json", summary)
     balanced = format_table(rows, metric="test_balanced_accuracy", methods=private_methods, epsilons=meta["epsilons"])
     return _result(rows, table, text, summary, out, violations, balanced_table=balanced)
