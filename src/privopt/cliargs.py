@@ -86,16 +86,25 @@ def name_list(text: str) -> list[str]:
 DEVICES = ("cpu", "cuda")  # the --device choices (config key `device`)
 
 
-def add_run_outputs(parser: argparse.ArgumentParser, *, out_help: str = "output directory (new)", quiet: bool = True):
-    """The options every reproduction shares: ``--insecure-seed``, ``--out``, ``--json`` and ``--quiet``.
+def add_run_outputs(
+    parser: argparse.ArgumentParser, *, out_help: str = "output directory (new)", quiet: bool = True, jobs: bool = False
+):
+    """The options every reproduction shares: ``--insecure-seed``, ``--out``, ``--json`` and ``--quiet``
+    (and ``--jobs`` for the reproductions that run in worker processes).
 
     Example:
         >>> p = argparse.ArgumentParser(prog="x")
-        >>> add_run_outputs(p)
+        >>> add_run_outputs(p, jobs=True)
         >>> a = p.parse_args(["--out", "runs/x", "--insecure-seed", "3"])
-        >>> (a.out, a.insecure_seed, a.json, a.quiet)
-        ('runs/x', 3, False, False)
+        >>> (a.out, a.insecure_seed, a.json, a.quiet, a.jobs)
+        ('runs/x', 3, False, False, 1)
     """
+    if jobs:
+        parser.add_argument(
+            "--jobs", type=non_negative_int, default=1, metavar="N",
+            help="runs at a time, each in its own process with one torch thread (0: one per CPU core; default 1). "
+            "Results and their order do not depend on N",
+        )  # fmt: skip
     parser.add_argument(
         "--insecure-seed", type=non_negative_int, metavar="N", default=None,
         help="seed the noise and sampling of every run (run s uses N + s): reproducible, NOT private "

@@ -20,7 +20,7 @@ import argparse
 import json
 from dataclasses import replace
 
-from privopt.cliargs import DEVICES, add_run_outputs, float_list, non_negative_int, positive_float, positive_int
+from privopt.cliargs import DEVICES, add_run_outputs, float_list, positive_float, positive_int
 from privopt.errors import ConfigError
 from privopt.experiments.dro_protocol import (
     BUDGETS,
@@ -95,12 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device", choices=DEVICES, default="cpu", help="run every training on cpu or cuda (default cpu)"
     )
-    parser.add_argument(
-        "--jobs", type=non_negative_int, default=1, metavar="N",
-        help="runs at a time, each in its own process with one torch thread (0: one per CPU core; default 1). "
-        "Results and their order do not depend on N",
-    )  # fmt: skip
-    add_run_outputs(parser)
+    add_run_outputs(parser, jobs=True)
 
 
 def tune_at_value(text: str) -> str | float:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from privopt.checkpoint import atomic_write_json
-from privopt.cliargs import add_run_outputs, float_list, non_negative_int, positive_int
+from privopt.cliargs import add_run_outputs, float_list, positive_int
 from privopt.errors import ConfigError
 from privopt.experiments.jobs import Workers, single_threaded
 from privopt.experiments.privacy_notes import hyperparameter_note, notes_markdown
@@ -197,12 +197,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--minimax-reference", action="store_true",
         help="also fit non-private ERM and the exact worst-group minimax point (the ceiling of reweighting)",
     )  # fmt: skip
-    parser.add_argument(
-        "--jobs", type=non_negative_int, default=1, metavar="N",
-        help="runs at a time, each in its own process with one torch thread (0: one per CPU core; default 1). "
-        "Results and their order do not depend on N",
-    )  # fmt: skip
-    add_run_outputs(parser)
+    add_run_outputs(parser, jobs=True)
 
 
 def main(args: argparse.Namespace) -> int:
