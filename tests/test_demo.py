@@ -24,6 +24,7 @@ def test_quick_demo_runs_every_method(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "ε spent" in text and "DP Recursive-SPIDER" in text and "| ε = 1 |" in text
     assert "Test ROC-AUC" in text and "over 2 run(s)" in text
+    assert "| 1 | balanced |" in text and "| 1 | worst class |" in text  # the SPIDER methods against DP-SGD
     privacy = [line for line in text.splitlines() if line.endswith("/2 |")]  # one per method: runs within the cap
     assert len(privacy) == len(TABLE3_METHODS) and all(line.endswith("| 2/2 |") for line in privacy)
     first_table_row = next(line for line in text.splitlines() if line.startswith("| ε = 1 |"))
