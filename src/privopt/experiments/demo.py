@@ -195,7 +195,6 @@ def format_privacy_table(rows: list[dict[str, Any]]) -> str:
 def _print_report(res: dict[str, Any], rows: list[dict[str, Any]], *, eps_list, runs: int, root: Path) -> None:
     """The demo's tables (mean ± std over runs), its privacy summary and where every run is written."""
     from privopt.experiments.dro import METHOD_LABELS, TABLE3_METHODS, format_table
-    from privopt.experiments.dro_compare import compare_to_baseline, comparison_markdown
 
     table = format_runs_table(rows)
     atomic_write_text(root / "runs.md", table + "\n")
@@ -204,7 +203,7 @@ def _print_report(res: dict[str, Any], rows: list[dict[str, Any]], *, eps_list, 
     print("\nWorst-class test accuracy (%) (the lower of the two classes' accuracies):\n")
     print(format_table(res["rows"], metric="test_worst_class_accuracy", methods=TABLE3_METHODS, epsilons=eps_list))
     print("\nThe better SPIDER method against DP-SGD (points; a Welch 95 % interval over the runs):\n")
-    print(comparison_markdown(compare_to_baseline(res["rows"], epsilons=eps_list)))
+    print(res["comparison_table"])
     print("\nTest ROC-AUC (0.5 = chance; a model's ranking, whatever its threshold):\n")
     print(format_table(res["rows"], metric="test_auc", scale=1.0, digits=3, methods=TABLE3_METHODS, epsilons=eps_list))
     print("\n" + EXPLANATION.format(runs=runs))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from privopt.experiments.dro_protocol import METHOD_LABELS
 
@@ -46,9 +46,6 @@ class Comparison:
     runs: int
     baseline_runs: int
     verdict: str
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def _finite(values) -> list[float]:

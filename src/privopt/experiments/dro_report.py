@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -238,7 +239,7 @@ def _summary_table(rows: Sequence[dict], methods: Sequence[str], epsilons: Seque
     return "\n\n".join(parts)
 
 
-def _table3_markdown(rows, meta, table: str, private_methods, violations) -> str:
+def _table3_markdown(rows, meta, table: str, private_methods, violations, against: str) -> str:
     label, eps_list, budget = meta["dataset"], meta["epsilons"], meta["budget"]
     md = [
         f"# Paper A Table 3 reproduction — {label} (budget {budget['name']})",
@@ -260,7 +261,6 @@ def _table3_markdown(rows, meta, table: str, private_methods, violations) -> str
         "",
         format_table(rows, metric="test_balanced_accuracy", methods=private_methods, epsilons=eps_list),
     ]
-    against = comparison_markdown(compare_to_baseline(rows, epsilons=eps_list))
     if against:
         md += ["", "## Against DP-SGD", "", against]
     paper = _paper_table3(label, private_methods, eps_list)
@@ -381,14 +381,15 @@ def _table3_outputs(rows, meta, out: Path) -> dict[str, Any]:
     table = format_table(rows, metric="test_accuracy", methods=private_methods, epsilons=meta["epsilons"])
     figs = _write_figures(out, rows, private_methods, meta["epsilons"], meta["dataset"])
     violations = _mia_check(rows)
-    text = _table3_markdown(rows, meta, table, private_methods, violations)
+    comparison = compare_to_baseline(rows, epsilons=meta["epsilons"])
+    against = comparison_markdown(comparison)
+    text = _table3_markdown(rows, meta, table, private_methods, violations, against)
     atomic_write_text(out / "table3.md", text)
-    comparison = [c.as_dict() for c in compare_to_baseline(rows, epsilons=meta["epsilons"])]
     summary = {**meta, "figures": figs, "mia_violations": len(violations), "table_markdown": table}
-    summary["baseline_comparison"] = comparison
+    summary["baseline_comparison"] = [asdict(c) for c in comparison]
     atomic_write_json(out / "summary.json", summary)
     balanced = format_table(rows, metric="test_balanced_accuracy", methods=private_methods, epsilons=meta["epsilons"])
-    return _result(rows, table, text, summary, out, violations, balanced_table=balanced)
+    return _result(rows, table, text, summary, out, violations, balanced_table=balanced, comparison_table=against)
 
 
 def _table2(rows, meta) -> str:
