@@ -105,7 +105,8 @@ class DPSGDJoint(_BatchAlgorithm):
             )
             f = resolve_scale(joint_factors, res.losses, res.norms)
             total[:-1] += res.total.to(torch.float64)
-            total[-1] += (obj.eta_grads(res.losses, eta).to(torch.float64) * f).sum()
+            # f = 0 drops the record (non-finite norm or η-part): 0·NaN would be NaN, not 0.
+            total[-1] += torch.where(f > 0, obj.eta_grads(res.losses, eta).to(torch.float64) * f, 0.0).sum()
         return BoundedSum(total, bound=clip)
 
     def step(self, t: int) -> dict[str, float]:

@@ -24,7 +24,7 @@ from privopt.algorithms.dro_common import DROAlgorithm, DROConfig, check_differe
 from privopt.algorithms.estimators import SpiderEstimator
 from privopt.algorithms.releases import BatchPlan, Fixed, Phase, Query, ReleasePlan, StepProportional
 from privopt.errors import ConfigError
-from privopt.grads.sums import BoundedSum
+from privopt.grads.sums import BoundedSum, clamped_losses
 from privopt.objectives.divergences import get_divergence
 
 __all__ = ["DPSGDA", "DPSGDAConfig", "PrivateDiff", "PrivateDiffConfig", "project_capped_mean_one", "project_mean_one"]
@@ -178,7 +178,7 @@ class _PrimalDualBase(DROAlgorithm):
         clip = self.config.loss_bound if clip is None else clip
         out = torch.zeros(self._ctx.n, dtype=torch.float64, device=self._ctx.x_train.device)
         if idx.numel():
-            out[idx] = self._losses(idx, x).to(torch.float64).clamp(0.0, clip)
+            out[idx] = clamped_losses(self._losses(idx, x), clip)
         return BoundedSum(out, bound=clip)
 
     def x_grad_sum(self, idx: torch.Tensor, *, r: torch.Tensor, clip: float, x: torch.Tensor | None = None):

@@ -32,6 +32,7 @@ import torch
 from torch.func import functional_call, grad, hessian, jvp, vmap
 
 from privopt.errors import ConfigError
+from privopt.grads.coefficients import clip_factors
 from privopt.grads.flat import params_from_flat
 from privopt.grads.release import PrivateBatch
 from privopt.grads.sums import BoundedSum
@@ -71,9 +72,12 @@ def per_record_hvp(model, loss_fn, x, y, point: torch.Tensor, v: torch.Tensor) -
 
 
 def _clipped_rows(rows: torch.Tensor, clip: float) -> BoundedSum:
-    norms = rows.reshape(rows.shape[0], -1).norm(dim=1, keepdim=True)
-    factors = torch.clamp(clip / norms.clamp_min(1e-12), max=1.0)
-    return BoundedSum((rows.reshape(rows.shape[0], -1) * factors).sum(0), bound=clip)
+    """``Σ_i min(1, C/||row_i||)·row_i``; a row with a non-finite norm contributes nothing (0·inf
+    and NaN would make the sum NaN, which no noise hides)."""
+    flat = rows.reshape(rows.shape[0], -1)
+    norms = flat.norm(dim=1, keepdim=True)
+    factors = clip_factors(norms, clip)
+    return BoundedSum(torch.where(factors > 0, flat * factors, 0.0).sum(0), bound=clip)
 
 
 class PrivateModelSelection:

@@ -31,7 +31,7 @@ from privopt.algorithms.releases import DrawnBatch, Fixed, Phase, Query, Release
 from privopt.algorithms.worst_group_plan import GroupReleaseRun
 from privopt.errors import ConfigError, DataError
 from privopt.grads.flat import trainable_parameters
-from privopt.grads.sums import BoundedSum, batch_losses, chunked_clipped_sum
+from privopt.grads.sums import BoundedSum, batch_losses, chunked_clipped_sum, clamped_losses
 
 __all__ = [
     "WorstGroupAlgorithm",
@@ -94,8 +94,8 @@ def group_loss_sums(model, loss_fn, x, y, groups, *, num_groups: int, bound: flo
     One record moves one coordinate by at most B: its L1 (and L2) contribution is B, the bound a
     Laplace release of the vector or a report-noisy-max over it reads.
     """
-    losses = batch_losses(model, loss_fn, x, y, params=params, chunk=chunk).to(torch.float64)
-    sums = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, groups, losses.clamp(0.0, bound))
+    losses = clamped_losses(batch_losses(model, loss_fn, x, y, params=params, chunk=chunk), bound)  # NaN: 0
+    sums = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, groups, losses)
     return BoundedSum(sums, bound=bound)
 
 

@@ -40,7 +40,7 @@ from privopt.algorithms.config import one_of, optional_positive, param, positive
 from privopt.algorithms.releases import DrawnBatch, Fixed, Phase, Query
 from privopt.algorithms.worst_group_common import WorstGroupAlgorithm, WorstGroupConfig, exp3_step
 from privopt.grads.flat import num_trainable
-from privopt.grads.sums import BoundedSum, batch_losses
+from privopt.grads.sums import BoundedSum, batch_losses, clamped_losses
 from privopt.group_sampling import GroupOracles
 
 __all__ = ["DPOCOEXP3", "DPOCOEXP3Config"]
@@ -163,7 +163,7 @@ class DPOCOEXP3(WorstGroupAlgorithm):
     def _loss_sum(self, idx: torch.Tensor) -> BoundedSum:
         ctx, B = self._ctx, self.config.loss_bound
         losses = batch_losses(ctx.model, ctx.loss_fn, ctx.x_train[idx], ctx.y_train[idx], chunk=self.config.chunk_size)
-        return BoundedSum(losses.to(torch.float64).clamp(0.0, B).sum().reshape(1), bound=B)
+        return BoundedSum(clamped_losses(losses, B).sum().reshape(1), bound=B)
 
     def finalize(self) -> None:
         if self.config.output == "average":

@@ -13,6 +13,11 @@ two clipped terms (``(1 + |w|)·C``; STORM's ``(2 − β)·C``).
 
 Per-sample clipping makes a chunked sum identical to the unchunked one, so chunks only bound
 memory. Scalar queries (DRO dual variables) are clipped as ``sign(a)·min(|a|, C)`` in float64.
+
+A per-record value that is NaN (e.g. the loss of a record whose logits overflow to ``inf − inf``)
+contributes nothing, as a gradient with a non-finite norm does in the engines: ``clamp`` keeps
+NaN, and one NaN term would make the whole sum NaN, which no noise hides (the record's presence
+would be released exactly).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from privopt.grads.flat import num_trainable
 __all__ = [
     "BoundedSum",
     "as_bounded",
+    "clamped_losses",
     "clipped_scalar_sum",
     "clipped_scalar_difference_sum",
     "chunked_clipped_sum",
@@ -89,6 +95,23 @@ def as_bounded(stat: Any) -> BoundedSum:
     )
 
 
+def _drop_nan(values: torch.Tensor) -> torch.Tensor:
+    """float64 copy of ``values`` with NaN entries set to 0 (the record contributes nothing)."""
+    a = values.detach().to(torch.float64)
+    return torch.where(torch.isnan(a), 0.0, a)
+
+
+def clamped_losses(losses: torch.Tensor, bound: float) -> torch.Tensor:
+    """Per-record losses clamped to ``[0, B]`` in float64, a NaN loss counting as 0 (so each entry
+    is in ``[0, B]``: the per-record bound of any sum of them).
+
+    Example:
+        >>> clamped_losses(torch.tensor([-1.0, 3.0, float("inf"), float("nan")]), 2.0).tolist()
+        [0.0, 2.0, 2.0, 0.0]
+    """
+    return _drop_nan(losses).clamp(0.0, _check_bound(bound))
+
+
 def clipped_scalar_sum(values: torch.Tensor, clip: float) -> BoundedSum:
     """``sum_i sign(a_i)·min(|a_i|, C)`` as a 1-element float64 tensor (per-record bound C).
 
@@ -98,8 +121,7 @@ def clipped_scalar_sum(values: torch.Tensor, clip: float) -> BoundedSum:
         (tensor([0.5000], dtype=torch.float64), 1.0)
     """
     clip = _check_bound(clip)
-    a = values.detach().to(torch.float64)
-    return BoundedSum(a.clamp(-clip, clip).sum().reshape(1), bound=clip)
+    return BoundedSum(_drop_nan(values).clamp(-clip, clip).sum().reshape(1), bound=clip)
 
 
 def clipped_scalar_difference_sum(
@@ -117,8 +139,8 @@ def clipped_scalar_difference_sum(
     """
     clip = _check_bound(clip)
     w = float(weight_prev)
-    now = values.detach().to(torch.float64).clamp(-clip, clip)
-    before = values_prev.detach().to(torch.float64).clamp(-clip, clip)
+    now = _drop_nan(values).clamp(-clip, clip)
+    before = _drop_nan(values_prev).clamp(-clip, clip)
     return BoundedSum((now - w * before).sum().reshape(1), bound=(1.0 + abs(w)) * clip)
 
 
