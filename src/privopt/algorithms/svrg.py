@@ -91,6 +91,8 @@ def svrg_inner_loop(
             gnorm = s * norms[i]
             if gnorm > clip:
                 coef *= clip / gnorm
+            elif not gnorm <= clip:  # NaN (0·inf, or a margin inf − inf): the record contributes nothing
+                coef = 0.0
             direction = direction + (coef - snap_coef[i]) * xi
         pos += c
         x = (x - step_size * direction) * shrink

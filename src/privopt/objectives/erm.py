@@ -86,6 +86,18 @@ def normalize_rows(features: np.ndarray) -> np.ndarray:
     return x / np.where(norms > 0, norms, 1.0)
 
 
+def _row_norms(x: np.ndarray) -> np.ndarray:
+    """L2 norm of every row; rows whose plain norm overflows (finite entries above ~1e154) are
+    rescaled by their largest entry first, so the norm is inf only if the true norm is."""
+    with np.errstate(over="ignore"):
+        norms = np.linalg.norm(x, axis=1)
+        bad = ~np.isfinite(norms)
+        if bad.any():
+            top = np.abs(x[bad]).max(axis=1)
+            norms[bad] = top * np.linalg.norm(x[bad] / top[:, None], axis=1)
+    return norms
+
+
 class LogisticERM:
     """L2-regularised (or plain) logistic regression on a fixed dataset, in float64 numpy.
 
@@ -114,7 +126,7 @@ class LogisticERM:
         self.x = x
         self.y = np.where(y == 0.0, -1.0, y)
         self.l2 = float(l2)
-        self.row_norms = np.linalg.norm(x, axis=1)
+        self.row_norms = _row_norms(x)
 
     # ------------------------------------------------------------------ sizes and constants
     @property
@@ -148,7 +160,9 @@ class LogisticERM:
         """Scalar ``c_i`` with per-sample gradient ``g_i(w) = c_i * x_i``, optionally clipped at ``clip``.
 
         ``c_i = -y_i sigmoid(-y_i w^T x_i)``; with ``clip`` the coefficient is scaled by
-        ``min(1, clip / ||g_i||)`` (the usual per-sample L2 clipping, in closed form).
+        ``min(1, clip / ||g_i||)`` (the usual per-sample L2 clipping, in closed form), and a record
+        whose clipped coefficient is not finite (``0·inf`` for a row norm that overflows, a margin
+        ``inf − inf``) contributes nothing: a NaN would make the released sum NaN.
         """
         x = self.x if idx is None else self.x[idx]
         y = self.y if idx is None else self.y[idx]
@@ -156,7 +170,9 @@ class LogisticERM:
         coef = -y * s
         if clip is not None:
             norms = s * (self.row_norms if idx is None else self.row_norms[idx])  # ||g_i||, as |y_i| = 1
-            coef *= np.minimum(1.0, clip / np.maximum(norms, 1e-300))
+            with np.errstate(invalid="ignore"):
+                coef *= np.minimum(1.0, clip / np.maximum(norms, 1e-300))
+            coef = np.where(np.isfinite(coef), coef, 0.0)
         return coef
 
     def per_sample_grads(self, w: np.ndarray, idx=None, *, clip: float | None = None) -> np.ndarray:
