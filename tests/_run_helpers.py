@@ -59,3 +59,14 @@ class PythonGate(nn.Module):
 
     def forward(self, x):
         return x * self.s if float(x.sum()) > -1e9 else x
+
+
+def gaussian_epsilon(noise_to_sensitivity: float, delta: float) -> float:
+    """epsilon of one Gaussian mechanism whose noise std is ``noise_to_sensitivity`` times its
+    sensitivity, straight from dp_accounting's RDP accountant (a reference independent of privopt's
+    translation of its events)."""
+    import dp_accounting as dpa
+
+    acc = dpa.rdp.RdpAccountant()
+    acc.compose(dpa.GaussianDpEvent(noise_to_sensitivity))
+    return acc.get_epsilon(delta)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _run_helpers import cfg, cfg_dict, ledger_epsilon, read_record
+from _run_helpers import cfg, cfg_dict, gaussian_epsilon, ledger_epsilon, read_record
 from privopt.config import RunConfig
 from privopt.data.centering import FAMILY, FeatureCentering
 from privopt.errors import ConfigError
@@ -33,15 +33,19 @@ def test_sum_sensitivity_on_neighbouring_datasets_is_the_declared_bound(bound):
     assert worst_add >= 0.99 * bound  # the bound is attained by the large rows: it is not loose
 
 
-def test_release_is_the_gaussian_mechanism_and_recorded_first():
+@pytest.mark.parametrize("neighbouring, true_sensitivity", [("add_remove", 2.0), ("replace_one", 4.0)])
+def test_release_is_the_gaussian_mechanism_charged_exactly(neighbouring, true_sensitivity):
     x = torch.randn(40, 5, generator=torch.Generator().manual_seed(1))
     fc = FeatureCentering(norm_bound=2.0, noise_ratio=1.0)
-    ledger = PrivacyLedger(delta=1e-5)
-    mean = fc.release(x, noise_multiplier=3.0, neighbouring="replace_one", ledger=ledger, rng=TorchSource(7))
+    ledger = PrivacyLedger(delta=1e-5, neighbouring=neighbouring, accountant="rdp")
+    mean = fc.release(x, noise_multiplier=3.0, ledger=ledger, rng=TorchSource(7))
     noise = TorchSource(7).normal((5,), dtype=torch.float64)
-    expected = (fc.clipped_sum(x) + 3.0 * 2.0 * 2.0 * noise) / 40  # z · (2 for replace-one) · R
-    torch.testing.assert_close(mean, expected.float())
+    std = 3.0 * 2.0  # z · R under either relation
+    torch.testing.assert_close(mean, ((fc.clipped_sum(x) + std * noise) / 40).float())
     assert ledger.counts == {Step(FullBatch(), (Gaussian(3.0, name=FAMILY),)): 1}
+    # What the ledger charges is the Gaussian mechanism's epsilon at the noise's ratio to the true
+    # sensitivity (R, or 2R under replace-one): neither under- nor over-charged.
+    assert ledger.epsilon() == pytest.approx(gaussian_epsilon(std / true_sensitivity, 1e-5), rel=1e-9)
 
 
 def test_a_run_spends_exactly_its_epsilon_and_publishes_the_released_mean(tmp_path):

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from torch import nn
 
-from _run_helpers import cfg, ledger_epsilon, read_record
+from _run_helpers import cfg, gaussian_epsilon, ledger_epsilon, read_record
 from privopt.config import RunConfig
 from privopt.data.class_prior import FAMILY, AdjustedLogits, LogitAdjustment, histogram_sensitivity
 from privopt.errors import ConfigError
@@ -38,16 +36,23 @@ def test_histogram_sensitivity_on_neighbouring_datasets_is_the_declared_bound(ne
     assert worst == pytest.approx(bound)  # attained, and never exceeded
 
 
-def test_release_is_the_gaussian_mechanism_and_recorded_first():
+@pytest.mark.parametrize("neighbouring", ["add_remove", "replace_one"])
+def test_release_is_the_gaussian_mechanism_and_never_under_charged(neighbouring):
     y = torch.tensor([0, 0, 1, 2, 2, 2])
     la = LogitAdjustment(noise_ratio=1.0)
-    ledger = PrivacyLedger(delta=1e-5)
-    counts = la.release(
-        y, num_classes=3, noise_multiplier=3.0, neighbouring="replace_one", ledger=ledger, rng=TorchSource(7)
-    )
+    ledger = PrivacyLedger(delta=1e-5, neighbouring=neighbouring, accountant="rdp")
+    counts = la.release(y, num_classes=3, noise_multiplier=3.0, ledger=ledger, rng=TorchSource(7))
     noise = TorchSource(7).normal((3,), dtype=torch.float64)
-    torch.testing.assert_close(counts, torch.tensor([2.0, 1.0, 3.0], dtype=torch.float64) + 3.0 * math.sqrt(2) * noise)
+    torch.testing.assert_close(counts, torch.tensor([2.0, 1.0, 3.0], dtype=torch.float64) + 3.0 * noise)
     assert ledger.counts == {Step(FullBatch(), (Gaussian(3.0, name=FAMILY),)): 1}
+    # The noise's ratio to the histogram's true sensitivity (1, or sqrt(2) under replace-one) gives
+    # at most the epsilon charged: exact under add/remove; under replace-one the accountant's
+    # generic factor 2 is a safe bound for sqrt(2).
+    true = gaussian_epsilon(3.0 / histogram_sensitivity(neighbouring), 1e-5)
+    if neighbouring == "add_remove":
+        assert ledger.epsilon() == pytest.approx(true, rel=1e-9)
+    else:
+        assert true < ledger.epsilon() <= gaussian_epsilon(3.0 / 2.0, 1e-5) * (1 + 1e-9)
 
 
 def test_prior_and_offsets():

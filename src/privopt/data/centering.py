@@ -13,9 +13,10 @@ total ε stays the target):
 * every training row is clipped to the declared L2 bound ``R`` (``norm_bound``; the scattering rows
   have norm exactly ``scale``, so clipping changes nothing there), hence the sum of the rows has
   add/remove sensitivity ``R`` (``2R`` for replace-one);
-* ``mean = (Σ_i clip_R(x_i) + N(0, (z·Δ)² I)) / n`` with ``Δ`` that sensitivity and ``z`` the
-  family ``feature_mean``'s multiplier, ``z = scale · noise_ratio`` of the run's calibration; ``n``
-  is public (``docs/privacy.md``);
+* ``mean = (Σ_i clip_R(x_i) + N(0, (z·R)² I)) / n`` with ``z`` the family ``feature_mean``'s
+  multiplier, ``z = scale · noise_ratio`` of the run's calibration, as for every release: the
+  accountant reads ``z`` against the add/remove bound ``R`` and itself doubles the sensitivity under
+  replace-one (``docs/accounting.md``); ``n`` is public (``docs/privacy.md``);
 * then every record of every split is centred, ``x − mean``, and (``renormalise``) rescaled to its
   own norm before centring: a per-record map with the released mean as a public constant, i.e.
   post-processing.
@@ -92,13 +93,13 @@ class FeatureCentering:
         factors = (self.norm_bound / rows.norm(dim=1).clamp_min(1e-300)).clamp(max=1.0)
         return (rows * factors[:, None]).sum(0)
 
-    def release(self, x: torch.Tensor, *, noise_multiplier: float, neighbouring: str, ledger, rng) -> torch.Tensor:
+    def release(self, x: torch.Tensor, *, noise_multiplier: float, ledger, rng) -> torch.Tensor:
         """The noisy mean of the training rows ``x``; the step is recorded in ``ledger`` first."""
         from privopt.privacy import FullBatch, Gaussian, Step
-        from privopt.privacy.events import sensitivity_factor
 
         ledger.record(Step(FullBatch(), (Gaussian(noise_multiplier, name=FAMILY),)))
-        std = noise_multiplier * sensitivity_factor(neighbouring) * self.norm_bound
+        # z·R under either relation: under replace-one the accountant itself reads it against 2R.
+        std = noise_multiplier * self.norm_bound
         total = self.clipped_sum(x)
         noise = rng.normal(tuple(total.shape), dtype=torch.float64)
         return ((total + std * noise.to(total.device)) / x.shape[0]).to(torch.float32)

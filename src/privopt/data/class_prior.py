@@ -13,7 +13,9 @@ The prior π is a statistic of the private training split, so it is either
 * **released** (``noise_ratio``): the label histogram with the Gaussian mechanism, planned with the
   algorithm's queries so the run's total ε stays the target. One record changes one count by 1
   (add/remove: L2 sensitivity 1) or two counts by 1 (replace-one: √2); the counts get
-  ``N(0, (z·Δ)²)`` each, with ``z = scale · noise_ratio`` of the run's calibration. Counts below 1
+  ``N(0, z²)`` each, with ``z = scale · noise_ratio`` of the run's calibration. As for every release,
+  the accountant reads ``z`` against the add/remove bound (1) and doubles that bound under
+  replace-one, a safe bound for the true √2. Counts below 1
   are raised to 1 before normalising (post-processing), so no class gets ``log 0``.
 
 Example:
@@ -110,12 +112,12 @@ class LogitAdjustment:
         """The exact label histogram (float64), the statistic the release noises."""
         return torch.bincount(y.reshape(-1).long().cpu(), minlength=num_classes).to(torch.float64)
 
-    def release(self, y: torch.Tensor, *, num_classes: int, noise_multiplier: float, neighbouring: str, ledger, rng):
+    def release(self, y: torch.Tensor, *, num_classes: int, noise_multiplier: float, ledger, rng):
         """The noisy label histogram of ``y``; the step is recorded in ``ledger`` first."""
         from privopt.privacy import FullBatch, Gaussian, Step
 
         ledger.record(Step(FullBatch(), (Gaussian(noise_multiplier, name=FAMILY),)))
-        std = noise_multiplier * histogram_sensitivity(neighbouring)
+        std = noise_multiplier * histogram_sensitivity("add_remove")  # the accountant scales for replace-one
         noise = rng.normal((num_classes,), dtype=torch.float64).cpu()
         return self.counts(y, num_classes) + std * noise
 

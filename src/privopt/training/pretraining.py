@@ -66,7 +66,7 @@ def with_pretraining(inventory: Any, plan: PreTraining, algorithm: str) -> Any:
     return Inventory((*inventory.steps, *steps), composition=inventory.composition)
 
 
-def _centred(data: Any, centering, calibration, ledger, *, neighbouring, rng, released) -> tuple[Any, dict]:
+def _centred(data: Any, centering, calibration, ledger, *, rng, released) -> tuple[Any, dict]:
     if centering is None:
         return data, {}
     if released is not None and "feature_mean" in released:
@@ -76,12 +76,12 @@ def _centred(data: Any, centering, calibration, ledger, *, neighbouring, rng, re
         return _with_private(centering.apply(data, mean), feature_mean_exact=mean.cpu().tolist()), {}
     else:
         z = calibration.noise[CENTERING_FAMILY]
-        mean = centering.release(data.x_train, noise_multiplier=z, neighbouring=neighbouring, ledger=ledger, rng=rng)
+        mean = centering.release(data.x_train, noise_multiplier=z, ledger=ledger, rng=rng)
     mean = mean.to(data.x_train.device)
     return centering.apply(data, mean), {"feature_mean": mean.cpu().tolist()}
 
 
-def _offsets(data: Any, adjustment, calibration, ledger, *, neighbouring, rng, released) -> tuple[Any, Any, dict]:
+def _offsets(data: Any, adjustment, calibration, ledger, *, rng, released) -> tuple[Any, Any, dict]:
     """(data, offsets, released) of the logit adjustment; ``offsets`` is None without one."""
     if adjustment is None:
         return data, None, {}
@@ -96,9 +96,7 @@ def _offsets(data: Any, adjustment, calibration, ledger, *, neighbouring, rng, r
         data, prior = _with_private(data, class_counts_exact=counts.tolist()), adjustment.prior_from(counts)
     else:
         z = calibration.noise[PRIOR_FAMILY]
-        counts = adjustment.release(
-            data.y_train, num_classes=k, noise_multiplier=z, neighbouring=neighbouring, ledger=ledger, rng=rng
-        )
+        counts = adjustment.release(data.y_train, num_classes=k, noise_multiplier=z, ledger=ledger, rng=rng)
         prior, out = adjustment.prior_from(counts), {"class_counts": counts.tolist()}
     return data, adjustment.offsets(prior, num_classes=k).to(data.x_train.device), out
 
@@ -115,9 +113,6 @@ def apply_pretraining(
     """``(data, logit offsets, released)``: ``data`` centred on the released feature mean and the
     offsets of the logit adjustment (``None`` without one), drawn now and recorded in ``ledger``,
     or restored from the statistics a resumed run released before (``released``)."""
-    nb = cfg.privacy.neighbouring
-    data, out = _centred(data, plan.centering, calibration, ledger, neighbouring=nb, rng=rng, released=released)
-    data, offsets, prior_out = _offsets(
-        data, plan.adjustment, calibration, ledger, neighbouring=nb, rng=rng, released=released
-    )
+    data, out = _centred(data, plan.centering, calibration, ledger, rng=rng, released=released)
+    data, offsets, prior_out = _offsets(data, plan.adjustment, calibration, ledger, rng=rng, released=released)
     return data, offsets, {**out, **prior_out}
