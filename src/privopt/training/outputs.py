@@ -51,6 +51,7 @@ __all__ = [
     "base_record",
     "diagnostics_header",
     "load_diagnostics",
+    "preprocessing_note",
     "privacy_section",
     "write_outputs",
 ]
@@ -65,8 +66,26 @@ NOT_PRIVATE_NOTE = (
 )
 
 
-def privacy_section(cfg: Any, ledger: PrivacyLedger | None) -> dict[str, Any]:
-    """The record's privacy block: target, the ledger and the ε it gives (``null`` when non-private)."""
+def preprocessing_note(data: Any) -> str | None:
+    """What the dataset's preparation read from the private records without noise (``None``: nothing).
+
+    ``scaling: data`` standardises with the training split's exact statistics, and a dataset built
+    without ``num_classes`` takes the model's shape from the private labels: the released model and
+    its test metrics then depend on those values, which the ledger does not cover."""
+    public = getattr(data, "public_meta", None) or {}
+    notes = []
+    if (public.get("scaling") or {}).get("private_preprocessing"):
+        notes.append("features standardised with the exact mean/std of the training split (scaling: data)")
+    if public.get("inferred_from_private_data"):
+        notes.append(f"{' and '.join(public['inferred_from_private_data'])} inferred from the private labels/groups")
+    if not notes:
+        return None
+    return "; ".join(notes) + ": read the private records without noise and NOT accounted in epsilon_spent"
+
+
+def privacy_section(cfg: Any, ledger: PrivacyLedger | None, *, data: Any = None) -> dict[str, Any]:
+    """The record's privacy block: target, the ledger and the ε it gives (``null`` when non-private),
+    and what that ε does not cover (``not_accounted``)."""
     if ledger is None:
         return {"private": False, "epsilon_spent": None, "delta": None}
     spent = ledger.spent()
@@ -79,8 +98,14 @@ def privacy_section(cfg: Any, ledger: PrivacyLedger | None) -> dict[str, Any]:
         "neighbouring": cfg.privacy.neighbouring,
         "ledger": ledger.to_dict(),
     }
+    not_accounted = {}
     if getattr(cfg, "hyperparameter_tuning", None):  # the ε above covers this run, not how it was chosen
-        out["not_accounted"] = {"hyperparameter_tuning": cfg.hyperparameter_tuning}
+        not_accounted["hyperparameter_tuning"] = cfg.hyperparameter_tuning
+    note = preprocessing_note(data)
+    if note is not None:  # like an insecure seed: an opt-in that voids part of the guarantee
+        not_accounted["preprocessing"] = note
+    if not_accounted:
+        out["not_accounted"] = not_accounted
     return out
 
 

@@ -82,7 +82,7 @@ class _Session:
         return self.state.step >= self.run.total or self.state.stop == "done"
 
     def _record_view(self) -> Mapping[str, Any]:
-        return _RecordView(self.base, lambda: privacy_section(self.run.cfg, self.run.ledger))
+        return _RecordView(self.base, lambda: privacy_section(self.run.cfg, self.run.ledger, data=self.run.data))
 
     def _measure(self, *, final: bool, logs: dict[str, float] | None = None) -> tuple[dict, dict]:
         """(public row, non-private row) of the model now; the second is filled only with diagnostics on."""
@@ -138,7 +138,7 @@ class _Session:
             reason=reason,
             steps_done=self.state.step,
             wall_time_s=self.elapsed_before + time.perf_counter() - self.t0,
-            privacy=privacy_section(self.run.cfg, self.run.ledger),
+            privacy=privacy_section(self.run.cfg, self.run.ledger, data=self.run.data),
             metrics=final if final is not None else (self.history[-1] if self.history else {}),
             history=self.history,
         )
