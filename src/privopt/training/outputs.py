@@ -83,9 +83,8 @@ def preprocessing_note(data: Any) -> str | None:
     return "; ".join(notes) + ": read the private records without noise and NOT accounted in epsilon_spent"
 
 
-def privacy_section(cfg: Any, ledger: PrivacyLedger | None, *, data: Any = None) -> dict[str, Any]:
-    """The record's privacy block: target, the ledger and the ε it gives (``null`` when non-private),
-    and what that ε does not cover (``not_accounted``)."""
+def privacy_section(cfg: Any, ledger: PrivacyLedger | None) -> dict[str, Any]:
+    """The record's privacy block: target, the ledger and the ε it gives (``null`` when non-private)."""
     if ledger is None:
         return {"private": False, "epsilon_spent": None, "delta": None}
     spent = ledger.spent()
@@ -98,14 +97,8 @@ def privacy_section(cfg: Any, ledger: PrivacyLedger | None, *, data: Any = None)
         "neighbouring": cfg.privacy.neighbouring,
         "ledger": ledger.to_dict(),
     }
-    not_accounted = {}
     if getattr(cfg, "hyperparameter_tuning", None):  # the ε above covers this run, not how it was chosen
-        not_accounted["hyperparameter_tuning"] = cfg.hyperparameter_tuning
-    note = preprocessing_note(data)
-    if note is not None:  # like an insecure seed: an opt-in that voids part of the guarantee
-        not_accounted["preprocessing"] = note
-    if not_accounted:
-        out["not_accounted"] = not_accounted
+        out["not_accounted"] = {"hyperparameter_tuning": cfg.hyperparameter_tuning}
     return out
 
 
