@@ -150,6 +150,8 @@ def dataset_from_tensors(
             xs[split], ys[split] = empty(xs["train"]), torch.zeros(0, dtype=torch.int64)
             gs[split] = None if groups is None else torch.zeros(0, dtype=torch.int64)
     meta = _user_meta(name, ys, gs, num_classes, group_names, class_names, x.dtype)
+    if inferred:  # the model's shape then depends on the private labels: the run's record says so
+        meta["public"]["inferred_from_private_data"] = inferred
     ds = Dataset(
         name=name, x_train=xs["train"], y_train=ys["train"], x_val=xs["val"], y_val=ys["val"],
         x_test=xs["test"], y_test=ys["test"], num_classes=int(num_classes), input_shape=shape,

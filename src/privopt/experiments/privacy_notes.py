@@ -20,6 +20,7 @@ from typing import Any
 
 __all__ = [
     "DEMO_SELECTION",
+    "SOSP_TRAINING_MEASUREMENTS",
     "TRAINING_MEASUREMENTS",
     "TUNED_ON_TRAINING",
     "hyperparameter_note",
@@ -38,6 +39,12 @@ DEMO_SELECTION = (
 TRAINING_MEASUREMENTS = (
     "grad_norm (‖∇ₓΨ_KL‖), dro_lam_star and the MIA AUCs are computed on the training records "
     "without noise: NOT private, research measurements of the methods (docs/privacy.md, 'Diagnostics')"
+)
+
+
+SOSP_TRAINING_MEASUREMENTS = (
+    "grad_norm, hessian_min_eig and lanczos_converged (results.jsonl) are measured on training records "
+    "without noise: NOT private, research measurements of the released models (docs/privacy.md, 'Diagnostics')"
 )
 
 

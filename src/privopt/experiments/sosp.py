@@ -27,6 +27,7 @@ from typing import Any
 
 from privopt.cliargs import add_run_outputs, float_list, int_list, positive_int
 from privopt.errors import ConfigError
+from privopt.experiments.privacy_notes import SOSP_TRAINING_MEASUREMENTS, notes_markdown
 from privopt.experiments.sosp_protocol import (
     BUDGETS,
     CLIENTS,
@@ -242,15 +243,17 @@ def _report(rows, *, out: Path, dataset: str, plan, timing: dict, launcher: str)
     table = format_table(rows)
     loss_table = format_table(rows, key="test_loss", scale=1.0)
     n = plan.n_train if dataset == "mnist" else f"up to {plan.n_train}"
+    not_private = {"not_private": SOSP_TRAINING_MEASUREMENTS}
     markdown = (
         f"Test accuracy (%) on {dataset}, n = {n}, MLP-128, δ = 1e-5, budget {plan.name!r} "
         f"({plan.epochs:g} epochs, {plan.sampling} sampling), launcher {launcher}; mean ± std over seeds.\n\n"
         f"{table}\n\n{format_claims(claims)}\n\n"
         f"Wall {timing['wall_s']:.0f} s, CPU {timing['cpu_s']:.0f} s, load average {timing['load_avg_mean']:.1f} "
-        f"(max {timing['load_avg_max']:.1f}) on a shared machine.\n"
+        f"(max {timing['load_avg_max']:.1f}) on a shared machine.\n\n{notes_markdown(not_private)}\n"
     )
     figures = [str(p) for p in plot_curves(rows, out, dataset=dataset)]
-    summary = {"claims": claims, "timing": timing, "budget": plan.name, "figures": figures, "runs": len(rows)}
+    summary = {"claims": claims, "timing": timing, "budget": plan.name, "figures": figures, "runs": len(rows),
+               **not_private}  # fmt: skip
     (out / "table.md").write_text(markdown + "\nTest loss:\n\n" + loss_table + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return {"rows": rows, "summary": summary, "markdown": markdown, "out_dir": str(out)}

@@ -51,6 +51,7 @@ __all__ = [
     "base_record",
     "diagnostics_header",
     "load_diagnostics",
+    "preprocessing_note",
     "privacy_section",
     "write_outputs",
 ]
@@ -63,6 +64,23 @@ NOT_PRIVATE_NOTE = (
     "NOT PRIVATE: computed from the private training data without noise and not charged to the privacy "
     "ledger. Never publish this file; see docs/privacy.md."
 )
+
+
+def preprocessing_note(data: Any) -> str | None:
+    """What the dataset's preparation read from the private records without noise (``None``: nothing).
+
+    ``scaling: data`` standardises with the training split's exact statistics, and a dataset built
+    without ``num_classes`` takes the model's shape from the private labels: the released model and
+    its test metrics then depend on those values, which the ledger does not cover."""
+    public = getattr(data, "public_meta", None) or {}
+    notes = []
+    if (public.get("scaling") or {}).get("private_preprocessing"):
+        notes.append("features standardised with the exact mean/std of the training split (scaling: data)")
+    if public.get("inferred_from_private_data"):
+        notes.append(f"{' and '.join(public['inferred_from_private_data'])} inferred from the private labels/groups")
+    if not notes:
+        return None
+    return "; ".join(notes) + ": read the private records without noise and NOT accounted in epsilon_spent"
 
 
 def privacy_section(cfg: Any, ledger: PrivacyLedger | None) -> dict[str, Any]:
