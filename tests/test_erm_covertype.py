@@ -133,6 +133,10 @@ def test_erm_covertype_end_to_end(shared_data, tmp_path, monkeypatch):
     for s, m in (("regularized", "dp-svrg"), ("unregularized", "dp-svrg-pp"), ("l1-constrained", "dp-amd")):
         assert f"| {s} | {m} |" in md
     assert len(summary["comparisons"]) == 3 * 2
+    # The gaps are measured on the training rows without noise: every summary says so.
+    assert "NOT private" in summary["not_private"] and "training rows" in summary["not_private"]
+    assert f"**Not private:** {summary['not_private']}" in md
+    assert json.loads((tmp_path / "summary.json").read_text())["not_private"] == summary["not_private"]
     for name in ("fig1_regularized.png", "fig2_unregularized.png", "fig3_l1-constrained.png"):
         assert (tmp_path / name).stat().st_size > 1000
 

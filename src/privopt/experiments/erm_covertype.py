@@ -42,6 +42,7 @@ from privopt.experiments.erm_covertype_plots import plot_results
 from privopt.experiments.erm_covertype_protocol import BUDGETS, L1_RADIUS, Budget, settings
 from privopt.experiments.erm_covertype_report import summarize, summary_markdown
 from privopt.experiments.erm_covertype_runner import NEIGHBOURING, Problem, Runner
+from privopt.experiments.privacy_notes import ERM_TRAINING_MEASUREMENTS
 from privopt.training import randomness_section
 
 __all__ = ["BUDGETS", "add_arguments", "load_covertype_binary", "main", "run_erm_covertype"]
@@ -188,7 +189,7 @@ def run_erm_covertype(
     meta.update(total_wall_s=time.perf_counter() - t0, total_cpu_s=time.process_time() - cpu0)
     meta.update(load_average_start=load0, load_average_end=list(os.getloadavg()))
     summary = summarize(rows, selections, {name: s.proposed for name, s in specs.items()})
-    summary.update(meta=meta, selections=selections)
+    summary.update(meta=meta, selections=selections, not_private=ERM_TRAINING_MEASUREMENTS)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "summary.md").write_text(summary_markdown(summary))
     plot_results(summary, out, {name: s.figure for name, s in specs.items()})

@@ -20,6 +20,7 @@ from typing import Any
 
 __all__ = [
     "DEMO_SELECTION",
+    "ERM_TRAINING_MEASUREMENTS",
     "SOSP_TRAINING_MEASUREMENTS",
     "TRAINING_MEASUREMENTS",
     "TUNED_ON_TRAINING",
@@ -45,6 +46,13 @@ TRAINING_MEASUREMENTS = (
 SOSP_TRAINING_MEASUREMENTS = (
     "grad_norm, hessian_min_eig and lanczos_converged (results.jsonl) are measured on training records "
     "without noise: NOT private, research measurements of the released models (docs/privacy.md, 'Diagnostics')"
+)
+
+
+ERM_TRAINING_MEASUREMENTS = (
+    "F* (training), the optimality gaps and their curves (results.jsonl, figures) are computed on the "
+    "training rows without noise: NOT private, research measurements of the excess empirical risk the "
+    "paper's bounds are about (docs/privacy.md, 'Diagnostics')"
 )
 
 
