@@ -51,6 +51,7 @@ __all__ = [
     "base_record",
     "diagnostics_header",
     "load_diagnostics",
+    "client_split_note",
     "preprocessing_note",
     "privacy_section",
     "write_outputs",
@@ -81,6 +82,20 @@ def preprocessing_note(data: Any) -> str | None:
     if not notes:
         return None
     return "; ".join(notes) + ": read the private records without noise and NOT accounted in epsilon_spent"
+
+
+def client_split_note(cfg: Any) -> str | None:
+    """The scope of a federated run's ε (``None`` for one client): the shards are cut from the whole
+    training split, so adding or removing one record can move others between clients."""
+    clients = (getattr(cfg, "algorithm_params", None) or {}).get("clients", 1)
+    if not isinstance(clients, int) or clients <= 1:
+        return None
+    return (
+        f"the {clients} client shards are cut from the whole training split by the run's public seed "
+        f"(split {cfg.algorithm_params.get('split', 'label')!r}; 'label' reads the labels): the guarantee is "
+        "about a record of a client's shard with the federation as given (docs/algorithms/sosp.md, "
+        "'Distributed runs'), not about the split itself"
+    )
 
 
 def privacy_section(cfg: Any, ledger: PrivacyLedger | None) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from privopt.training.loop import Every, LoopState, StepLimit, run_loop
 from privopt.training.metrics import compute_run_metrics, evaluate
 from privopt.training.outputs import (
     base_record,
+    client_split_note,
     diagnostics_header,
     preprocessing_note,
     privacy_section,
@@ -93,6 +94,9 @@ class _Session:
         note = preprocessing_note(self.run.data)
         if note is not None and section["private"]:  # like an insecure seed: an opt-in that voids part of it
             section.setdefault("not_accounted", {})["preprocessing"] = note
+        split = client_split_note(self.run.cfg)
+        if split is not None and section["private"]:
+            section.setdefault("not_accounted", {})["client_split"] = split
         return section
 
     def _record_view(self) -> Mapping[str, Any]:
