@@ -3,10 +3,11 @@
 Both are binary logistic-regression data ("Lodgepole Pine (Cover_Type 2) vs the other six types",
 intended to match LIBSVM ``covtype.binary``; label +1 = type 2), scaled with public constants only
 and with unit-norm rows (so G = 1). Rows are ranked by a keyed hash of their content: the training
-set is the first ``n_train`` rows in that order, the tuning set the next ``n_tune``. Whether a row
-lands in one or the other depends on that row alone, so the tuning set is disjoint from the
-training set and plays the role of public data from the same population (``docs/algorithms/erm.md``,
-"The Covertype comparison").
+set is the first ``n_train`` rows in that order, the tuning set the next ``n_tune``, so the tuning
+set is disjoint from the training set and plays the role of public data from the same population
+(``docs/algorithms/erm.md``, "The Covertype comparison"). A row's rank depends on that row alone, but
+the set it lands in depends on how many rows rank before it: the split is a function of the whole
+file, and the guarantee is about a record of the training set as selected.
 """
 
 from __future__ import annotations
