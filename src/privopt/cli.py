@@ -369,8 +369,11 @@ class _ExperimentParser(argparse.ArgumentParser):
         module.add_arguments(self)
 
         def run(args) -> int:
+            from privopt.experiments.outdir import reproduction_output
+
             exp.check_requirements()  # before any work: e.g. Opacus for dpsgd-vs-opacus
-            return module.main(args)
+            with reproduction_output(getattr(args, "out", None)):  # a user error leaves no empty --out behind
+                return module.main(args)
 
         self.set_defaults(func=run)
 
