@@ -320,3 +320,20 @@ def test_help_documents_exit_codes(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "exit codes" in capsys.readouterr().out
+
+
+def test_top_level_help_describes_every_command(capsys):
+    """The description named six of the seven commands (not audit), in reStructuredText quotes."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    description = out.split("\n\n")[1]
+    assert all(c in description for c in ("train", "account", "audit", "list", "demo", "bench", "reproduce"))
+    assert "``" not in out
+
+
+def test_demo_help_says_where_its_outputs_go(capsys):
+    """--out is a parent folder (it said "output directory"): the demo writes a new time-stamped folder in it."""
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    assert "new time-stamped folder in it" in " ".join(capsys.readouterr().out.split())
