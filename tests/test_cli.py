@@ -64,6 +64,15 @@ def test_account_text_and_rdp(capsys):
     assert code == 0 and "noise multiplier" in out and "RDP" in out
 
 
+def test_account_text_shows_a_small_epsilon(capsys):
+    """A target of 1e-9 printed "achieves epsilon = 0.0000 <= 1e-09" (four decimals)."""
+    argv = ["--dataset-size", "1000", "--batch-size", "10", "--steps", "10", "--epsilon", "1e-9", "--delta", "1e-5"]
+    code, out, _ = run(capsys, "account", *argv, "--accountant", "pld")
+    assert code == 0
+    shown = float(out.split("achieves epsilon = ")[1].split()[0])
+    assert 5e-10 < shown <= 1e-9, out
+
+
 @pytest.mark.parametrize(
     "eps, delta, msg", [("0", "1e-5", "epsilon"), ("-1", "1e-5", "epsilon"), ("1", "0", "delta"), ("1", "1.5", "delta")]
 )

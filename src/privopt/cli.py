@@ -115,7 +115,8 @@ def _cmd_account(args) -> int:
         return 0
     print(f"noise multiplier z = {z:.4f}  (std of noise on the clipped sum = z * C)")
     print(
-        f"achieves epsilon = {cal.epsilon:.4f} <= {args.epsilon} at delta = {args.delta} "
+        f"achieves epsilon = {cal.epsilon:{'.4f' if cal.epsilon >= 1e-3 else '.4g'}} <= {args.epsilon} "
+        f"at delta = {args.delta} "
         f"({cal.accountant.upper()}, {args.sampling} sampling, q = {result['sampling_rate']:.4g}, "
         f"{args.steps} steps, {cal.neighbouring} neighbours)"
     )
