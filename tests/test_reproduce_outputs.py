@@ -69,3 +69,22 @@ def test_an_output_path_that_is_a_file_is_named(argv, below, capsys, tmp_path):
         else f"privopt: error: output path {out} is a file, not a directory; choose a new directory"
     )
     assert (tmp_path / "out").read_text() == "mine\n"
+
+
+def test_a_result_written_before_the_error_is_kept(capsys, tmp_path, monkeypatch):
+    """Only what holds no data is removed: rows already written stay (a reproduction keeps a valid prefix)."""
+    import privopt.experiments.sosp as sosp
+    from privopt.errors import DataError
+
+    def fails_after_one_row(*, out_dir, **kw):
+        out = tmp_path / "out"
+        (out / "runs" / "gauss-psgd" / "m1").mkdir(parents=True)
+        (out / "results.jsonl").write_text('{"method": "gauss-psgd"}\n')
+        (out / "empty.md").write_text("")
+        (out / "plots").mkdir()
+        raise DataError("the second dataset is missing")
+
+    monkeypatch.setattr(sosp, "run_sosp", fails_after_one_row)
+    code, err = run(capsys, ["reproduce", "sosp", "--out", tmp_path / "out", "--quiet"])
+    assert code == 2 and err.strip() == "privopt: error: the second dataset is missing"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["results.jsonl"]

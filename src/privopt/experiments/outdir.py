@@ -10,6 +10,7 @@ of the user's, or anything that was already there is never touched.
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,27 +41,35 @@ def check_output_path(out: str | Path) -> None:
         raise ConfigError(f"cannot create output directory {out}: {above} is a file")
 
 
+def _holds_nothing(folder: Path) -> bool:
+    """Only folders and empty files below ``folder`` (no link, no data)."""
+    return all(not p.is_symlink() and (p.is_dir() or p.stat().st_size == 0) for p in folder.rglob("*"))
+
+
 def _remove_new_and_empty(path: Path, before: set[Path]) -> None:
-    new = sorted((p for p in path.rglob("*") if p not in before), key=lambda p: len(p.parts), reverse=True)
-    for p in new:
+    # Only the new entries are walked: an existing --out may hold a large tree of earlier outputs.
+    for p in set(path.iterdir()) - before:
         with contextlib.suppress(OSError):  # best effort: the user error is what gets reported
-            if p.is_file() and not p.is_symlink() and p.stat().st_size == 0:
+            if p.is_symlink():
+                continue
+            if p.is_file() and p.stat().st_size == 0:
                 p.unlink()
-            elif p.is_dir() and not p.is_symlink() and not any(p.iterdir()):
-                p.rmdir()
+            elif p.is_dir() and _holds_nothing(p):
+                shutil.rmtree(p)
 
 
 @contextlib.contextmanager
 def reproduction_output(out: str | Path | None) -> Iterator[None]:
-    """Check ``out``, then run the body; on a user error (or an OS error) remove the empty files and
-    folders the body created in ``out``, and ``out`` itself when the body created it and it is empty."""
+    """Check ``out``, then run the body; on a user error (or an OS error) remove what the body created
+    in ``out`` that holds no data (empty files, folders of nothing else), and ``out`` itself when the
+    body created it and it is empty."""
     if out is None:
         yield
         return
     path = Path(out)
     check_output_path(path)
     created = not path.exists()
-    before = set(path.rglob("*")) if path.is_dir() else set()
+    before = set(path.iterdir()) if path.is_dir() else set()
     try:
         yield
     except (PrivoptError, OSError):
