@@ -282,6 +282,23 @@ BAD = {
     "lengths": (DataError, dict(dataset=(torch.rand(10, 5), torch.zeros(9, dtype=torch.long)))),
     "nan inputs": (DataError, dict(dataset=(torch.full((10, 5), float("nan")), torch.zeros(10, dtype=torch.long)))),
     "empty": (DataError, dict(dataset=(torch.rand(0, 5), torch.zeros(0, dtype=torch.long)))),
+    # A DataLoader over a TensorDataset skipped the NaN/inf check that dataset= applies.
+    "nan inputs in a loader": (
+        DataError,
+        dict(
+            dataset=None,
+            data_loader=DataLoader(TensorDataset(toy()[0].index_fill(0, torch.tensor([3]), float("nan")), toy()[1])),
+        ),
+    ),
+    "inf targets in a loader": (
+        DataError,
+        dict(
+            dataset=None,
+            data_loader=DataLoader(
+                TensorDataset(toy()[0], toy()[1].float().index_fill(0, torch.tensor([3]), float("inf")))
+            ),
+        ),
+    ),
     "not data": (DataError, dict(dataset="digits")),
     "both data": (DataError, dict(data_loader=DataLoader(TensorDataset(*toy())))),
     "no rate": (ConfigError, dict(batch_size=None)),

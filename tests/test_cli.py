@@ -64,6 +64,15 @@ def test_account_text_and_rdp(capsys):
     assert code == 0 and "noise multiplier" in out and "RDP" in out
 
 
+def test_account_text_shows_a_small_epsilon(capsys):
+    """A target of 1e-9 printed "achieves epsilon = 0.0000 <= 1e-09" (four decimals)."""
+    argv = ["--dataset-size", "1000", "--batch-size", "10", "--steps", "10", "--epsilon", "1e-9", "--delta", "1e-5"]
+    code, out, _ = run(capsys, "account", *argv, "--accountant", "pld")
+    assert code == 0
+    shown = float(out.split("achieves epsilon = ")[1].split()[0])
+    assert 5e-10 < shown <= 1e-9, out
+
+
 @pytest.mark.parametrize(
     "eps, delta, msg", [("0", "1e-5", "epsilon"), ("-1", "1e-5", "epsilon"), ("1", "0", "delta"), ("1", "1.5", "delta")]
 )
@@ -320,3 +329,20 @@ def test_help_documents_exit_codes(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "exit codes" in capsys.readouterr().out
+
+
+def test_top_level_help_describes_every_command(capsys):
+    """The description named six of the seven commands (not audit), in reStructuredText quotes."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    description = out.split("\n\n")[1]
+    assert all(c in description for c in ("train", "account", "audit", "list", "demo", "bench", "reproduce"))
+    assert "``" not in out
+
+
+def test_demo_help_says_where_its_outputs_go(capsys):
+    """--out is a parent folder (it said "output directory"): the demo writes a new time-stamped folder in it."""
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    assert "new time-stamped folder in it" in " ".join(capsys.readouterr().out.split())

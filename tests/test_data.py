@@ -276,6 +276,19 @@ def test_missing_directories(tmp_path, monkeypatch):
         load_dataset("mnist")
 
 
+def test_a_missing_relative_data_dir_is_shown_where_it_was_looked_for(tmp_path, monkeypatch):
+    """The shipped configs say `data_dir: ../shared/data`, which is read from the current directory (and
+    then $PRIVOPT_DATA is not used): the message says where that was."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PRIVOPT_DATA", str(tmp_path))
+    with pytest.raises(DataError) as e:
+        load_dataset("mnist", data_dir="../shared/data")
+    assert str(e.value) == (
+        f"data directory ../shared/data ({tmp_path.parent / 'shared' / 'data'}, from the current directory) "
+        "does not exist (or is not a directory)"
+    )
+
+
 def test_env_var_data_dir(shared_data, monkeypatch):
     monkeypatch.setenv("PRIVOPT_DATA", str(shared_data))
     assert hist(load_dataset("cifar10"), "test") == CIFAR_TEST_HIST

@@ -106,6 +106,16 @@ def test_bad_feature_requests_fail_clearly(name, shape, params, match):
         build_feature_map(name, input_shape=shape, **params)
 
 
+def test_an_unknown_option_is_named_beside_the_valid_ones():
+    """A typo in a config's `features:` used to surface as Python's "ScatteringFeatures.__init__() got an
+    unexpected keyword argument 'scal'", without the options the map takes."""
+    with pytest.raises(ConfigError) as e:
+        build_feature_map("scattering", input_shape=(1, 8, 8), scal=64.0, J=1)
+    assert str(e.value) == (
+        "feature map 'scattering': unknown option(s) ['scal']; its options: J, L, groups, pool (and scale, for any map)"
+    )
+
+
 def test_registry_lists_scattering():
     assert available_features() == ["none", "scattering"]
     with pytest.raises(ConfigError, match="without a feature map"):

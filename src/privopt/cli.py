@@ -1,4 +1,4 @@
-"""The ``privopt`` command line: train, account, list, demo, bench, reproduce."""
+"""The ``privopt`` command line: train, account, audit, list, demo, bench, reproduce."""
 
 from __future__ import annotations
 
@@ -115,7 +115,8 @@ def _cmd_account(args) -> int:
         return 0
     print(f"noise multiplier z = {z:.4f}  (std of noise on the clipped sum = z * C)")
     print(
-        f"achieves epsilon = {cal.epsilon:.4f} <= {args.epsilon} at delta = {args.delta} "
+        f"achieves epsilon = {cal.epsilon:{'.4f' if cal.epsilon >= 1e-3 else '.4g'}} <= {args.epsilon} "
+        f"at delta = {args.delta} "
         f"({cal.accountant.upper()}, {args.sampling} sampling, q = {result['sampling_rate']:.4g}, "
         f"{args.steps} steps, {cal.neighbouring} neighbours)"
     )
@@ -314,7 +315,7 @@ def _add_audit_parser(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="privopt", description=__doc__, epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="privopt", description=DESCRIPTION, epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -329,7 +330,11 @@ def build_parser() -> argparse.ArgumentParser:
     li.set_defaults(func=_cmd_list)
 
     d = sub.add_parser("demo", help="the main job on embedded data (no files needed)")
-    d.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    d.add_argument(
+        "--out",
+        default="runs/demo",
+        help="parent folder: each demo writes a new time-stamped folder in it (default runs/demo)",
+    )
     d.add_argument("--quick", action="store_true", help="a much shorter schedule (smoke test)")
     d.add_argument("--quiet", action="store_true", help="no per-run progress output")
     d.add_argument(
@@ -369,8 +374,11 @@ class _ExperimentParser(argparse.ArgumentParser):
         module.add_arguments(self)
 
         def run(args) -> int:
+            from privopt.experiments.outdir import reproduction_output
+
             exp.check_requirements()  # before any work: e.g. Opacus for dpsgd-vs-opacus
-            return module.main(args)
+            with reproduction_output(getattr(args, "out", None)):  # a user error leaves no empty --out behind
+                return module.main(args)
 
         self.set_defaults(func=run)
 
@@ -392,6 +400,7 @@ def _add_reproduce_parser(sub) -> None:
         rsub.add_parser(name, help=exp.help_text, description=exp.help_text, experiment=exp)
 
 
+DESCRIPTION = "Differentially private optimisation on PyTorch: train, account, audit, list, demo, bench, reproduce."
 EXIT_CODES = """exit codes: 0 done; 2 a user error (one-line message, nothing half-written); 3 privacy budget
 exhausted; 4 the run failed (e.g. diverged; its record holds the epsilon spent); 130 interrupted (resumable);
 141 the reader of the output closed it (e.g. `| head`)."""

@@ -40,6 +40,12 @@ class TrainingData:
         return self._take(idx)
 
 
+def _check_finite(x: torch.Tensor, y: torch.Tensor, what: str) -> None:
+    for name, t in (("inputs", x), ("targets", y)):
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise DataError(f"{what}: the {name} hold NaN or infinite values")
+
+
 def _tensor_pair(x: Any, y: Any, what: str) -> TrainingData:
     if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
         raise DataError(f"{what} must hold two tensors (inputs, targets), got {type(x).__name__}, {type(y).__name__}")
@@ -52,9 +58,7 @@ def _tensor_pair(x: Any, y: Any, what: str) -> TrainingData:
         raise DataError(f"{what}: {x.shape[0]} inputs but {y.shape[0]} targets (one target per record)")
     if x.shape[0] == 0:
         raise DataError(f"{what} is empty: there is nothing to train on")
-    for name, t in (("inputs", x), ("targets", y)):
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise DataError(f"{what}: the {name} hold NaN or infinite values")
+    _check_finite(x, y, what)
     return TrainingData(n=int(x.shape[0]), take=lambda idx: (x[idx], y[idx]))
 
 
@@ -120,8 +124,10 @@ def training_data(*, dataset: Any = None, data_loader: Any = None) -> TrainingDa
         if len(dataset) != 2:
             raise DataError(f"{what} as a sequence must be a pair (inputs, targets), got {len(dataset)} items")
         return _tensor_pair(*dataset, what)
-    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2 and data_loader is None:
-        return _tensor_pair(*dataset.tensors, what)
+    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
+        if data_loader is None:
+            return _tensor_pair(*dataset.tensors, what)
+        _check_finite(*dataset.tensors, what)  # in memory: checked now, batched by the loader's collate_fn
     if isinstance(dataset, IterableDataset) or not isinstance(dataset, TorchDataset):
         raise DataError(
             f"{what} must be a privopt Dataset, an (inputs, targets) pair of tensors or a map-style torch "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import math
 import os
 from collections.abc import Callable
@@ -147,13 +148,29 @@ def _transform_split(fmap: FeatureMap, x: torch.Tensor, *, cache: bool) -> torch
     return torch.stack([found[k] for k in keys]).to(torch.float32)
 
 
+def _options(factory: Callable) -> list[str] | None:
+    """The keyword options a factory declares (``None`` when it takes ``**params``: unknown)."""
+    parameters = inspect.signature(factory).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return [p.name for p in parameters if p.kind is p.KEYWORD_ONLY and p.name != "input_shape"]
+
+
 def build_feature_map(name: str, *, input_shape: tuple[int, ...], **params: Any) -> FeatureMap:
     """The registered feature map ``name`` for inputs of ``input_shape`` (one record)."""
     available = available_features()
     if name not in _FEATURES:
         raise ConfigError(f"unknown feature map {name!r}; available: {', '.join(available)}")
+    factory = _FEATURES.lookup(name)
+    options = _options(factory)
+    unknown = sorted(set(params) - set(options)) if options is not None else []
+    if unknown:
+        raise ConfigError(
+            f"feature map {name!r}: unknown option(s) {unknown}; its options: {', '.join(options)} "
+            "(and scale, for any map)"
+        )
     try:
-        return _FEATURES.lookup(name)(input_shape=tuple(input_shape), **params)
+        return factory(input_shape=tuple(input_shape), **params)
     except TypeError as e:
         raise ConfigError(f"feature map {name!r}: {e}") from None
 

@@ -123,7 +123,8 @@ def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path:
         data_dir = env
     path = Path(data_dir).expanduser()
     if not path.is_dir():
-        raise DataError(f"data directory {path} does not exist (or is not a directory)")
+        where = "" if path.is_absolute() else f" ({Path.cwd().joinpath(path).resolve()}, from the current directory)"
+        raise DataError(f"data directory {path}{where} does not exist (or is not a directory)")
     return path
 
 

@@ -104,6 +104,8 @@ class ScatteringFeatures(FeatureMap):
 
 
 @register_features("scattering")
-def scattering(*, input_shape: tuple[int, ...], **params: Any) -> FeatureMap:
+def scattering(
+    *, input_shape: tuple[int, ...], J: int = 2, L: int = 8, groups: int = 27, pool: int | None = None
+) -> FeatureMap:
     """The scattering transform (options ``J`` = 2, ``L`` = 8, ``groups`` = 27, ``pool`` = none)."""
-    return ScatteringFeatures(input_shape=input_shape, **params)
+    return ScatteringFeatures(input_shape=input_shape, J=J, L=L, groups=groups, pool=pool)
