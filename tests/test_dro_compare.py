@@ -44,19 +44,19 @@ def test_the_better_method_is_chosen_per_metric_and_the_interval_is_welchs():
 @pytest.mark.parametrize(
     ("spider", "verdict"),
     [
-        ([0.79, 0.83, 0.80], "within noise"),  # behind on average, the interval reaches 0
+        ([0.79, 0.83, 0.80], "behind within noise"),  # behind on average, the interval reaches 0
         ([0.70, 0.71, 0.70], "behind"),  # the whole interval below 0
-        ([0.81, 0.815, 0.805], "ahead"),  # level counts as ahead
+        ([0.81, 0.815, 0.805], "ahead within noise"),  # level on average: meets a ">=" bar, proves nothing
+        ([0.90, 0.91, 0.90], "ahead"),  # the whole interval above 0
     ],
 )
-def test_a_gap_is_behind_only_when_the_whole_interval_is_below_zero(spider, verdict):
+def test_a_side_is_claimed_only_when_the_whole_interval_is_on_it(spider, verdict):
     rows = _rows("dp-sgd", 5.0, [0.80, 0.82, 0.81]) + _rows("dp-recursive-spider", 5.0, spider)
     c = compare_to_baseline(rows, epsilons=[5.0])[0]
     assert c.verdict == verdict
-    if verdict == "behind":
-        assert c.high < 0
-    if verdict == "within noise":
-        assert c.low < 0 < c.high
+    assert (c.verdict == "behind") == (c.high < 0) and (c.verdict == "ahead") == (c.low > 0)
+    if verdict.endswith("within noise"):
+        assert c.low <= 0 <= c.high and (c.difference >= 0) == verdict.startswith("ahead")
 
 
 def test_diverged_runs_are_left_out_and_missing_methods_skip_the_cell():
@@ -75,12 +75,18 @@ def test_one_run_has_no_interval_and_a_flat_sample_gives_a_point():
         _rows("dp-sgd", 1.0, [0.8, 0.8]) + _rows("dp-double-spider", 1.0, [0.7, 0.7]), epsilons=[1]
     )
     assert (flat[0].low, flat[0].high, flat[0].verdict) == (pytest.approx(-0.1), pytest.approx(-0.1), "behind")
+    level = compare_to_baseline(
+        _rows("dp-sgd", 1.0, [0.0, 0.0]) + _rows("dp-double-spider", 1.0, [0.0, 0.0]), epsilons=[1]
+    )
+    assert level[0].verdict == "level"  # e.g. a worst class at 0 % on every seed of both
 
 
 def test_the_markdown_states_each_cell_and_the_counts():
     rows = _rows("dp-sgd", 0.5, [0.80, 0.82, 0.81]) + _rows("dp-recursive-spider", 0.5, [0.70, 0.71, 0.70])
     text = comparison_markdown(compare_to_baseline(rows, epsilons=[0.5]))
     assert "| 0.5 | balanced | DP Recursive-SPIDER | -10.67 |" in text and text.count("| behind |") == 2
-    assert text.endswith("0 behind within the seeds' noise, 2 behind with the whole interval below zero.")
-    assert "0 of 2 cells ahead or level" in text
+    assert text.endswith(
+        "0 of 2 cells at or above DP-SGD (0 with the whole interval above zero), 0 behind within the seeds' "
+        "noise, 2 behind with the whole interval below zero."
+    )
     assert comparison_markdown([]) == ""

@@ -4,8 +4,10 @@ A table of means says which method is ahead; it does not say whether a gap of a 
 point is a result or the spread of the seeds. For each ε and metric this module takes the
 better of the proposed methods (by its mean on that metric), its difference to the baseline's
 mean and a Welch two-sample 95 % confidence interval of that difference (the runs of different
-methods share no noise, so they are compared as independent samples). A gap is reported as
-*behind* only when the whole interval lies below zero. See ``docs/algorithms/dro.md``.
+methods share no noise, so they are compared as independent samples). The verdict reads the sign
+and the interval together: *ahead* or *behind* only when the whole interval lies on that side of
+zero, *ahead within noise* / *behind within noise* when it reaches zero. See
+``docs/algorithms/dro.md``.
 
 Choosing the better of two methods after the fact favours them slightly; the interval does not
 correct for that choice, which is one more reason to read "within noise" as a tie.
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 from privopt.experiments.dro_protocol import METHOD_LABELS
 
-__all__ = ["BASELINE", "CANDIDATES", "Comparison", "compare_to_baseline", "comparison_markdown"]
+__all__ = ["BASELINE", "CANDIDATES", "VERDICTS", "Comparison", "compare_to_baseline", "comparison_markdown"]
 
 BASELINE = "dp-sgd"
 CANDIDATES = ("dp-double-spider", "dp-recursive-spider")
@@ -32,9 +34,10 @@ class Comparison:
     """One (ε, metric) cell: the better candidate's mean minus the baseline's.
 
     ``low`` / ``high`` bound the 95 % interval of the difference (NaN with fewer than two
-    finite runs on either side); ``verdict`` is ``"ahead"`` (difference ≥ 0), ``"within noise"``
-    (behind, but the interval reaches 0), ``"behind"`` (the whole interval below 0) or
-    ``"no interval"``.
+    finite runs on either side); ``verdict`` is one of :data:`VERDICTS`: ``"ahead"`` (the whole
+    interval above 0), ``"level"`` (no difference and no spread), ``"ahead within noise"``
+    (difference ≥ 0, the interval reaches 0), ``"behind within noise"``, ``"behind"`` (the whole
+    interval below 0) or ``"no interval"`` (fewer than two runs on a side).
     """
 
     epsilon: float
@@ -70,12 +73,19 @@ def _welch_interval(a: Sequence[float], b: Sequence[float]) -> tuple[float, floa
     return d - half, d + half
 
 
-def _verdict(difference: float, high: float) -> str:
-    if difference >= 0:
-        return "ahead"
-    if math.isnan(high):
+VERDICTS = ("ahead", "level", "ahead within noise", "behind within noise", "behind", "no interval")
+
+
+def _verdict(difference: float, low: float, high: float) -> str:
+    if math.isnan(low):
         return "no interval"
-    return "behind" if high < 0 else "within noise"
+    if low > 0:
+        return "ahead"
+    if high < 0:
+        return "behind"
+    if difference == 0 and low == high:
+        return "level"
+    return "ahead within noise" if difference >= 0 else "behind within noise"
 
 
 def compare_to_baseline(
@@ -97,7 +107,7 @@ def compare_to_baseline(
         ...         for m, accs in {"dp-sgd": [0.80, 0.82, 0.81],
         ...                         "dp-double-spider": [0.81, 0.83, 0.82]}.items() for a in accs]
         >>> [(c.metric, round(c.difference, 4), c.verdict) for c in compare_to_baseline(rows, epsilons=[1.0])]
-        [('balanced', 0.01, 'ahead'), ('worst class', 0.01, 'ahead')]
+        [('balanced', 0.01, 'ahead within noise'), ('worst class', 0.01, 'ahead within noise')]
     """
 
     def values(method: str, eps: float, key: str) -> list[float]:
@@ -113,7 +123,7 @@ def compare_to_baseline(
             best = max(runs, key=lambda m: statistics.fmean(runs[m]))
             diff = statistics.fmean(runs[best]) - statistics.fmean(base)
             low, high = _welch_interval(runs[best], base)
-            out.append(Comparison(eps, name, best, diff, low, high, len(runs[best]), len(base), _verdict(diff, high)))
+            out.append(Comparison(eps, name, best, diff, low, high, len(runs[best]), len(base), _verdict(diff, low, high)))
     return out
 
 
@@ -131,10 +141,12 @@ def comparison_markdown(comparisons: Sequence[Comparison], *, scale: float = 100
             f"| {c.epsilon:g} | {c.metric} | {METHOD_LABELS.get(c.method, c.method)} | "
             f"{c.difference * scale:+.2f} | {interval} | {c.runs} / {c.baseline_runs} | {c.verdict} |"
         )
-    counts = {v: sum(1 for c in comparisons if c.verdict == v) for v in ("ahead", "within noise", "behind")}
+    at_least = sum(1 for c in comparisons if c.difference >= 0)
+    counts = {v: sum(1 for c in comparisons if c.verdict == v) for v in VERDICTS}
     lines += [
         "",
-        f"{counts['ahead']} of {len(comparisons)} cells ahead or level, {counts['within noise']} behind within "
-        f"the seeds' noise, {counts['behind']} behind with the whole interval below zero.",
+        f"{at_least} of {len(comparisons)} cells at or above DP-SGD ({counts['ahead']} with the whole interval "
+        f"above zero), {counts['behind within noise']} behind within the seeds' noise, {counts['behind']} behind "
+        "with the whole interval below zero.",
     ]
     return "\n".join(lines)
