@@ -31,6 +31,10 @@ def test_quick_demo_runs_every_method(tmp_path, capsys):
     assert "±" in first_table_row.split("|")[2]  # DP-SGD's cell: mean ± std over the two runs
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert (run_dir / "fig1_gradnorm_eps1.png").stat().st_size > 1000
+    # the report names every output it wrote, and each of them exists
+    outputs = text[text.index(f"Outputs in {run_dir}:") :].split("total wall time")[0]
+    for name in ("table3.md", "summary.json", "tuning.json", "results.jsonl", "runs.md", "fig2_auc_eps1.png"):
+        assert name in outputs and (run_dir / name).exists()
     assert (run_dir / "results.jsonl").read_text().count("\n") == len(rows)
     # the demo's hyper-parameters were chosen on digits-st validation splits: not accounted, and said so
     assert f"Not accounted: hyper-parameters {DEMO_SELECTION}." in text and "Not private: grad_norm" in text

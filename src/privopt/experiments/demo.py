@@ -127,7 +127,9 @@ EXPLANATION = (
     "digits, 0-4 vs 5-9, with the 5-9 class thinned to 10 % of the training split and a balanced test "
     "split — by a method that privately minimises a distributionally robust loss (it up-weights the "
     "records the model gets wrong, by a psi-divergence, here KL, penalty or constraint) or, for DP-SGD, "
-    "the plain mean loss, at privacy budget (epsilon, delta = n^-1.1).\n"
+    "the plain mean loss, at privacy budget (epsilon, delta = n^-1.1). The row 'non-private (SCDRO)' "
+    "is the reference without noise; as in the paper's table it sits under DP Recursive-SPIDER, which is "
+    "SCDRO made private.\n"
     "MIA AUC is how well a loss-threshold membership attack tells training records from test records "
     "(0.5 = no better than a coin), and the DP cap e^eps/(1+e^eps)+delta is the most any "
     "(epsilon, delta)-DP model can allow, so every DP run must stay below it."
@@ -218,8 +220,12 @@ def _print_report(res: dict[str, Any], rows: list[dict[str, Any]], *, eps_list, 
         print("\nPrivacy of the runs (ε spent is read from each run's privacy ledger):\n")
         print(format_privacy_table(rows))
         print(f"\nEvery run, with its own test metrics: {root / 'runs.md'}")
-    figs = [f for f in res["summary"]["figures"] if f.startswith("fig1_gradnorm")]
-    print(f"\ngradient-norm plots: {', '.join(str(root / f) for f in figs)}")
+    files = "table3.md (these tables), summary.json, tuning.json, results.jsonl, runs.md, runs/ (every run's record)"
+    print(f"\nOutputs in {root}: {files}, plots:")
+    for kind, prefix in (("gradient norm", "fig1_gradnorm"), ("test ROC-AUC", "fig2_auc"), ("test F1", "fig3_f1")):
+        figs = [f for f in res["summary"]["figures"] if f.startswith(prefix)]
+        if figs:
+            print(f"  {kind}: {', '.join(figs)}")
     if res["mia_violations"]:
         print(f"WARNING: {len(res['mia_violations'])} DP run(s) exceed the membership-inference cap (privacy bug)")
 

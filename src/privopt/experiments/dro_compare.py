@@ -123,7 +123,9 @@ def compare_to_baseline(
             best = max(runs, key=lambda m: statistics.fmean(runs[m]))
             diff = statistics.fmean(runs[best]) - statistics.fmean(base)
             low, high = _welch_interval(runs[best], base)
-            out.append(Comparison(eps, name, best, diff, low, high, len(runs[best]), len(base), _verdict(diff, low, high)))
+            out.append(
+                Comparison(eps, name, best, diff, low, high, len(runs[best]), len(base), _verdict(diff, low, high))
+            )
     return out
 
 
