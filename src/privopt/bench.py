@@ -426,7 +426,7 @@ def _bench_block(name: str, bs: int, methods: list[str], *, repeats: int, memory
             "note": "",
         }
         if m not in times:
-            row["note"] = "opacus not importable"
+            row["note"] = "opacus not importable (pip install 'privopt[bench]', or make bench)"
         else:
             row["median_s"] = statistics.median(times[m])
             row["min_s"] = min(times[m])
