@@ -81,8 +81,8 @@ class Run:
     def checkpoint_every(self) -> int:
         if self.cfg.checkpoint_every > 0:
             return self.cfg.checkpoint_every
-        # A multiple of the evaluation interval: a checkpoint's record then reuses the ε that the
-        # evaluation at the same step computed (the ledger caches it), instead of another PLD call.
+        # A multiple of the evaluation interval, so checkpoints fall on evaluation steps. The
+        # checkpoint's record computes the exact ε (evaluation rows use a cheaper bound).
         every = self.eval_every
         return every * max(1, round(_interval(0, self.total, 10) / every))
 
