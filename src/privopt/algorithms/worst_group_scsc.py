@@ -143,7 +143,9 @@ class SaddleObjective:
         g = self._grad_weighted(w, resid, lam)
         u = w - g / self.mu_w
         lower = f_lam + 0.5 * self.mu_w * float((self.project(u) - u).pow(2).sum()) - float(g @ g) / (2 * self.mu_w)
-        return max(0.0, upper - lower)
+        gap = upper - lower
+        # An overflow (inf − inf = NaN) certifies nothing: max(0.0, nan) would return 0.0.
+        return max(0.0, gap) if math.isfinite(gap) else math.inf
 
 
 def solve_accelerated(
