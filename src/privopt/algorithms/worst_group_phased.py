@@ -38,7 +38,14 @@ from privopt.errors import ConfigError, ModelError
 from privopt.grads.sums import BoundedSum
 from privopt.group_sampling import GroupOracles
 
-__all__ = ["MinimaxPhasedERM", "MinimaxPhasedERMConfig", "PhaseConstants", "phase_constants", "linear_layer"]
+__all__ = [
+    "MinimaxPhasedERM",
+    "MinimaxPhasedERMConfig",
+    "PhaseConstants",
+    "phase_constants",
+    "linear_layer",
+    "loss_bound",
+]
 
 OUTPUT = "phase-output"
 
@@ -101,6 +108,20 @@ def phase_constants(*, t: int, eta: float, n: float, phases: int, lipschitz: flo
     return PhaseConstants(eta_t, n_t, mu_w, mu_lam, alpha, sens)
 
 
+def loss_bound(*, num_classes: int, margin: float) -> float:
+    """``B = log(1 + (K−1)·e^a)``, the cross-entropy's maximum when every logit gap is at most ``a``,
+    without overflow: ``a + log((K−1) + e^{−a})``. (Capping ``e^a`` instead understates B for large
+    W or features, and with it the phase sensitivity Δ_t.)
+
+    Example:
+        >>> round(loss_bound(num_classes=2, margin=1.0), 4), loss_bound(num_classes=3, margin=1e4) > 1e4
+        (1.3133, True)
+    """
+    if num_classes <= 1:
+        return 0.0  # one class: the cross-entropy is 0
+    return margin + math.log((num_classes - 1) + math.exp(-margin))
+
+
 def linear_layer(model: nn.Module) -> nn.Linear:
     """The single ``nn.Linear`` (with bias) a logistic-regression model consists of."""
     mods = [m for m in model.modules() if not isinstance(m, (nn.Sequential, nn.Flatten))]
@@ -150,7 +171,7 @@ class MinimaxPhasedERM(WorstGroupAlgorithm):
         feat = math.sqrt(c.feature_norm**2 + 1.0)  # the bias is a constant feature 1
         self.lipschitz = math.sqrt(2.0) * feat
         reach = c.radius + float(self._w0.norm())
-        self.bound = math.log1p((self.k - 1) * math.exp(min(700.0, math.sqrt(2.0) * reach * feat)))
+        self.bound = loss_bound(num_classes=self.k, margin=math.sqrt(2.0) * reach * feat)
         self.oracles = GroupOracles(self.groups, num_groups=self.num_groups, rng=ctx.sampler_rng)
         self.diagnostics: list[dict[str, float]] = []  # solver gaps etc.: NOT private, never released
 
