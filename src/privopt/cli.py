@@ -36,7 +36,11 @@ def _print_train_result(args, record: dict, out: str) -> None:
         print(json.dumps({k: record[k] for k in ("algorithm", "status", "metrics", "privacy")}, default=str))
     elif not args.quiet:
         priv = record["privacy"]
-        eps = "non-private" if not priv["private"] else f"eps={priv['epsilon_spent']:.4g}, delta={priv['delta']:.3g}"
+        eps = (
+            "non-private" if not priv["private"] else f"eps={priv['epsilon_guarantee']:.4g}, delta={priv['delta']:.3g}"
+        )
+        if priv.get("epsilon_spent_is_ex_post"):  # stopped early: the guarantee is the plan's
+            eps += f"; ex-post eps of the releases made {priv['epsilon_spent']:.4g}"
         acc = record["metrics"].get("test_accuracy")
         acc_text = "n/a" if acc is None else f"{acc:.4f}"
         print(f"{record['algorithm']}: test accuracy {acc_text} ({eps}); outputs in {out}")

@@ -96,6 +96,17 @@ class LedgerBase:
         """Epsilon spent so far at the ledger's delta."""
         return self.spent().epsilon
 
+    def guarantee(self) -> _acc.EpsilonResult:
+        """The run's (ε, δ)-DP guarantee: the ε of its whole plan (or of what it spent, if more).
+
+        A run that stops before the end of its plan on a decision read from its own releases (a
+        certified stop, a divergence guard) is a truncation of the planned run, i.e. post-processing
+        of it: it is DP with the plan's ε, not with the smaller :meth:`spent`, which is then only the
+        ex-post ε of the releases made (``docs/accounting.md``, "Early stops"). Without a plan, and in
+        filter mode (whose certificate already covers any adaptive stop), this is :meth:`spent`.
+        """
+        raise NotImplementedError
+
     def _summary_head(self) -> dict:
         spent = self.spent()
         return {
@@ -238,6 +249,14 @@ class PrivacyLedger(LedgerBase):
         if self._spent_cache is None or self._spent_cache[0] != self._version:
             self._spent_cache = (self._version, self._eps(self._counts))
         return self._spent_cache[1]
+
+    def guarantee(self) -> _acc.EpsilonResult:
+        if self._filter is not None or not self._planned:
+            return self.spent()
+        covered = dict(self._planned)
+        for step, k in self._counts.items():
+            covered[step] = max(k, covered.get(step, 0))
+        return self._eps(covered)
 
     def record(self, step: Step) -> None:
         """Account one execution of ``step``; call it BEFORE releasing the step's noisy output.

@@ -206,6 +206,10 @@ class ParallelLedger(LedgerBase):
         """The guarantee of everything recorded so far: ``passes``-fold composition of the pass step."""
         return self._eps(self._passes)
 
+    def guarantee(self) -> _acc.EpsilonResult:
+        """The ε of the planned passes (or of the passes begun, if more): see :meth:`LedgerBase.guarantee`."""
+        return self._eps(max(self._passes, self._planned_passes))
+
     # ---------------------------------------------------------------- records
     def summary(self) -> dict:
         """JSON-safe summary: epsilon, passes, and part releases per mechanism name."""

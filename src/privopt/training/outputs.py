@@ -84,6 +84,13 @@ def preprocessing_note(data: Any) -> str | None:
     return "; ".join(notes) + ": read the private records without noise and NOT accounted in epsilon_spent"
 
 
+EX_POST_NOTE = (
+    "the run stopped before the end of its plan, on a decision read from its own releases: it is "
+    "(epsilon_guarantee, delta)-DP, the plan's epsilon; epsilon_spent is the ex-post epsilon of the releases "
+    "made, not a DP guarantee (docs/accounting.md, 'Early stops')"
+)
+
+
 def client_split_note(cfg: Any) -> str | None:
     """The scope of a federated run's ε (``None`` for one client): the shards are cut from the whole
     training split, so adding or removing one record can move others between clients."""
@@ -99,19 +106,24 @@ def client_split_note(cfg: Any) -> str | None:
 
 
 def privacy_section(cfg: Any, ledger: PrivacyLedger | None) -> dict[str, Any]:
-    """The record's privacy block: target, the ledger and the ε it gives (``null`` when non-private)."""
+    """The record's privacy block: target, the ledger and the ε it gives (``null`` when non-private):
+    ``epsilon_guarantee`` is the run's DP guarantee, the ε of its whole plan; ``epsilon_spent`` the ε of
+    the releases made, which is smaller only when the run stopped early (then flagged as ex-post)."""
     if ledger is None:
         return {"private": False, "epsilon_spent": None, "delta": None}
-    spent = ledger.spent()
+    spent, guarantee = ledger.spent(), ledger.guarantee()
     out = {
         "private": True,
         "epsilon_target": cfg.privacy.epsilon,
         "epsilon_spent": spent.epsilon,
+        "epsilon_guarantee": guarantee.epsilon,
         "delta": cfg.privacy.delta,
         "accountant": spent.accountant,
         "neighbouring": cfg.privacy.neighbouring,
         "ledger": ledger.to_dict(),
     }
+    if guarantee.epsilon > spent.epsilon:
+        out["epsilon_spent_is_ex_post"] = EX_POST_NOTE
     if getattr(cfg, "hyperparameter_tuning", None):  # the ε above covers this run, not how it was chosen
         out["not_accounted"] = {"hyperparameter_tuning": cfg.hyperparameter_tuning}
     return out
