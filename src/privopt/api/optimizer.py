@@ -32,6 +32,13 @@ from privopt.grads.sums import BoundedSum
 __all__ = ["DPOptimizer"]
 
 
+_FOREIGN = (
+    "the optimizer updates a parameter that is not a trainable parameter of the module: every "
+    "updated parameter must get its gradient through per-example clipping (build the optimizer "
+    "from module.parameters(), and set requires_grad=False on frozen ones)"
+)
+
+
 def check_optimizer(optimizer: Any, module: nn.Module) -> torch.optim.Optimizer:
     """The optimizer must update only the module's trainable parameters, with a finite learning rate."""
     if not isinstance(optimizer, torch.optim.Optimizer) or isinstance(optimizer, DPOptimizer):
@@ -42,11 +49,7 @@ def check_optimizer(optimizer: Any, module: nn.Module) -> torch.optim.Optimizer:
         if lr is not None and not (isinstance(lr, (int, float, torch.Tensor)) and math.isfinite(float(lr))):
             raise ConfigError(f"the optimizer's learning rate must be a finite number, got {lr!r}")
         if any(id(p) not in trainable for p in group["params"]):
-            raise ConfigError(
-                "the optimizer updates a parameter that is not a trainable parameter of the module: every "
-                "updated parameter must get its gradient through per-example clipping (build the optimizer "
-                "from module.parameters(), and set requires_grad=False on frozen ones)"
-            )
+            raise ConfigError(_FOREIGN)
     return optimizer
 
 
@@ -84,6 +87,30 @@ class DPOptimizer(torch.optim.Optimizer):
         """Called by the private loader with each batch it yields."""
         self._pending = batch
 
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """As torch's, for trainable parameters of the module only (they get the released gradient)."""
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        trainable = {id(p) for p in trainable_parameters(self._module)}
+        if any(id(p) not in trainable for p in params):
+            raise ConfigError(_FOREIGN)
+        self.original_optimizer.add_param_group({**param_group, "params": params})
+
+    def _guard_updates(self) -> None:
+        """Before the step is charged: the optimizer must update nothing that does not get the
+        released gradient. A parameter frozen since ``make_private`` gets none: its ``.grad``
+        (e.g. from the user's ``backward()``, not private) is cleared so it is not updated."""
+        trainable = {id(p) for p in trainable_parameters(self._module)}
+        if not trainable:
+            raise ConfigError("the module has no trainable parameter left: there is nothing to release a gradient for")
+        module_params = {id(p) for p in self._module.parameters()}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if id(p) not in module_params:
+                    raise ConfigError(_FOREIGN)
+                if id(p) not in trainable:
+                    p.grad = None
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
 
@@ -112,7 +139,8 @@ class DPOptimizer(torch.optim.Optimizer):
 
         Raises:
             ConfigError: no new batch since the last step (iterate the loader ``make_private``
-                returned: each batch pays for exactly one step).
+                returned: each batch pays for exactly one step), or the optimizer updates a
+                parameter that is not the module's (e.g. added by ``add_param_group``).
             PrivacyBudgetExceeded: this step would push ε above the target; nothing was released.
         """
         loss = None
@@ -124,6 +152,7 @@ class DPOptimizer(torch.optim.Optimizer):
                 "optimizer.step() needs a new batch from the data loader returned by make_private (one step per "
                 "private batch)"
             )
+        self._guard_updates()
         (x, y), self._pending = self._pending, None
         flat = self._noisy_gradient(x, y)
         set_flat_grad(self._module, flat)

@@ -1,0 +1,52 @@
+"""Audit of privopt.PrivacyEngine: what the optimizer may update, empty batches, early target checks,
+and per-example clipping on the API path (frozen, unused parameters, several param groups)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import privopt
+from privopt.errors import ConfigError
+
+
+def toy(n=400, d=5):
+    x = torch.rand(n, d, generator=torch.Generator().manual_seed(0))
+    return x, (x[:, 0] > 0.5).long()
+
+
+def private(model, *, optimizer=None, data=None, **over):
+    engine = privopt.PrivacyEngine(accountant="rdp", insecure_seed=1)
+    args = dict(batch_size=40, epochs=1, epsilon=2.0, delta=1e-4, max_grad_norm=1.0)
+    args.update(over)
+    optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.5)
+    return engine, *engine.make_private(module=model, optimizer=optimizer, dataset=data or toy(), **args)
+
+
+def test_a_parameter_added_to_the_optimizer_later_never_gets_a_non_private_update():
+    engine, model, optimizer, loader = private(nn.Linear(5, 2))
+    head = nn.Linear(2, 2)
+    with pytest.raises(ConfigError, match="not a trainable parameter of the module"):
+        optimizer.add_param_group({"params": head.parameters()})
+    optimizer.original_optimizer.param_groups.append({**optimizer.defaults, "params": list(head.parameters())})
+    xb, yb = next(iter(loader))
+    nn.functional.cross_entropy(head(model(xb)), yb).backward()  # a non-private gradient on the head
+    before = head.weight.detach().clone()
+    with pytest.raises(ConfigError, match="not a trainable parameter of the module"):
+        optimizer.step()
+    assert torch.equal(head.weight, before) and engine.accountant.num_steps == 0, "refused before anything"
+    optimizer.original_optimizer.param_groups.pop()
+    optimizer.step()  # the batch was not consumed by the refused step
+    assert engine.steps_taken == engine.accountant.num_steps == 1
+
+
+def test_a_parameter_frozen_after_make_private_is_not_updated_by_its_backward_gradient():
+    engine, model, optimizer, loader = private(nn.Linear(5, 2))
+    xb, yb = next(iter(loader))
+    nn.functional.cross_entropy(model(xb), yb).backward()
+    model.bias.requires_grad_(False)  # its .grad still holds the non-private gradient
+    bias, weight = model.bias.detach().clone(), model.weight.detach().clone()
+    optimizer.step()
+    assert torch.equal(model.bias, bias) and model.bias.grad is None
+    assert not torch.equal(model.weight, weight) and engine.accountant.num_steps == 1
