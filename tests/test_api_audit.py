@@ -9,6 +9,7 @@ from torch import nn
 
 import privopt
 from privopt.errors import ConfigError
+from privopt.grads.release import observe_releases
 
 
 def toy(n=400, d=5):
@@ -50,3 +51,16 @@ def test_a_parameter_frozen_after_make_private_is_not_updated_by_its_backward_gr
     optimizer.step()
     assert torch.equal(model.bias, bias) and model.bias.grad is None
     assert not torch.equal(model.weight, weight) and engine.accountant.num_steps == 1
+
+
+def test_an_empty_batch_is_released_in_the_dtype_of_a_non_empty_one():
+    """A float64 model: float32 noise in an empty batch's release would reveal its size 0."""
+    x, y = toy()
+    _, _, optimizer, loader = private(nn.Linear(5, 2).double(), data=(x.double(), y), batch_size=1, epochs=0.05)
+    seen, sizes = [], []
+    with observe_releases(seen.append):
+        for _, yb in loader:
+            sizes.append(len(yb))
+            optimizer.step()
+    assert 0 in sizes and any(sizes)
+    assert {event.value.dtype for event in seen} == {torch.float64}

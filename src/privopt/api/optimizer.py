@@ -125,7 +125,11 @@ class DPOptimizer(torch.optim.Optimizer):
         batch = PrivateBatch(self._ledger, self._sampling, {"grad": self._z}, rng=self._noise_rng)
         m = self._module
         if len(y) == 0:  # an empty Poisson batch still releases (pure) noise
-            clipped: Any = BoundedSum(torch.zeros(num_trainable(m)), bound=self._clip)
+            # In the parameters' dtype, as a non-empty batch's sum: float32 noise in a float64
+            # release would show that the (private) batch size was 0.
+            p = trainable_parameters(m)[0]
+            zeros = torch.zeros(num_trainable(m), dtype=p.dtype, device=p.device)
+            clipped: Any = BoundedSum(zeros, bound=self._clip)
         else:
             clipped = self._engine.clipped_sum(m, self._loss_fn, x, y, clip=self._clip)
         return batch.gaussian("grad", clipped, normalizer=self._normalizer)
