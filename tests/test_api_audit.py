@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import privopt
-from privopt.errors import ConfigError
+from privopt.errors import ConfigError, ModelError
 from privopt.grads.release import observe_releases
 
 
@@ -64,3 +64,11 @@ def test_an_empty_batch_is_released_in_the_dtype_of_a_non_empty_one():
             optimizer.step()
     assert 0 in sizes and any(sizes)
     assert {event.value.dtype for event in seen} == {torch.float64}
+
+
+@pytest.mark.parametrize("bad_class", [7, -1])
+def test_a_class_id_beyond_the_outputs_anywhere_in_the_data_is_refused_before_training(bad_class):
+    x, y = toy()
+    y[123] = bad_class  # not among the two first records
+    with pytest.raises(ModelError, match="the loss cannot take the model's outputs"):
+        private(nn.Linear(5, 2), data=(x, y))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import torch
 from torch import nn
 
 from privopt.api.loader import PoissonLoader, training_data
@@ -175,7 +174,7 @@ class PrivacyEngine:
         delta = check_delta_for_size(delta, dataset_size=data.n, allow_large=allow_large_delta)
         rate, expected, steps = _schedule(batch_size=batch_size, sample_rate=sample_rate, epochs=epochs, n=data.n)
         loss_fn = per_sample_loss(criterion)
-        two = data.batch(torch.arange(min(2, data.n)))  # per-example gradients too: fail here, not at a step
+        two = data.batch(data.probe_indices())  # per-example gradients too: fail here, not at a step
         check_model_fits(module, loss_fn, *two, what="the training inputs", engine=self._engine)
         dp_optimizer = self._attach(module, optimizer, loss_fn, epsilon, delta, clip, (rate, expected, steps))
         loader = PoissonLoader(

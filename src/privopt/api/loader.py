@@ -32,8 +32,18 @@ class TrainingData:
     (with the given loader's ``collate_fn``, else torch's default).
     """
 
-    def __init__(self, *, n: int, take: Callable[[torch.Tensor], tuple[Any, Any]]):
+    def __init__(self, *, n: int, take: Callable[[torch.Tensor], tuple[Any, Any]], targets: Any = None):
         self.n, self._take = n, take
+        self.targets = targets  # all targets when they are one in-memory tensor, else None
+
+    def probe_indices(self) -> torch.Tensor:
+        """Two records for the checks before training: those holding the smallest and the largest
+        target when the targets are one in-memory vector (so a class id beyond the model's outputs
+        fails now, not in the middle of the run when a batch first holds it), else the first two."""
+        y = self.targets
+        if isinstance(y, torch.Tensor) and y.dim() == 1 and y.dtype != torch.bool and not y.is_complex():
+            return torch.stack([torch.argmin(y), torch.argmax(y)])
+        return torch.arange(min(2, self.n))
 
     def batch(self, idx: torch.Tensor) -> tuple[Any, Any]:
         """The records at ``idx`` (an int64 index tensor, possibly empty)."""
@@ -59,7 +69,7 @@ def _tensor_pair(x: Any, y: Any, what: str) -> TrainingData:
     if x.shape[0] == 0:
         raise DataError(f"{what} is empty: there is nothing to train on")
     _check_finite(x, y, what)
-    return TrainingData(n=int(x.shape[0]), take=lambda idx: (x[idx], y[idx]))
+    return TrainingData(n=int(x.shape[0]), take=lambda idx: (x[idx], y[idx]), targets=y)
 
 
 def _collated(dataset: Any, collate: Callable | None, what: str) -> TrainingData:
@@ -128,6 +138,9 @@ def training_data(*, dataset: Any = None, data_loader: Any = None) -> TrainingDa
         if data_loader is None:
             return _tensor_pair(*dataset.tensors, what)
         _check_finite(*dataset.tensors, what)  # in memory: checked now, batched by the loader's collate_fn
+        data = _collated(dataset, collate, what)
+        data.targets = dataset.tensors[1]  # only picks the records probed before training
+        return data
     if isinstance(dataset, IterableDataset) or not isinstance(dataset, TorchDataset):
         raise DataError(
             f"{what} must be a privopt Dataset, an (inputs, targets) pair of tensors or a map-style torch "
