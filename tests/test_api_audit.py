@@ -9,7 +9,7 @@ from torch import nn
 
 import privopt
 from privopt.errors import ConfigError, ModelError
-from privopt.grads.release import observe_releases
+from privopt.grads.release import insecure_scale_noise_for_testing, observe_releases
 
 
 def toy(n=400, d=5):
@@ -72,3 +72,40 @@ def test_a_class_id_beyond_the_outputs_anywhere_in_the_data_is_refused_before_tr
     y[123] = bad_class  # not among the two first records
     with pytest.raises(ModelError, match="the loss cannot take the model's outputs"):
         private(nn.Linear(5, 2), data=(x, y))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.frozen, self.b, self.unused = nn.Linear(5, 4), nn.Linear(4, 4), nn.Linear(4, 2), nn.Linear(3, 3)
+        self.frozen.requires_grad_(False)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.frozen(torch.tanh(self.a(x)))))
+
+
+@pytest.mark.parametrize("engine_name", ["auto", "vmap"])
+def test_api_clipped_sum_equals_a_per_example_loop_with_frozen_unused_params_and_two_groups(engine_name):
+    torch.manual_seed(0)
+    model = Net()
+    reference = Net()
+    reference.load_state_dict(model.state_dict())
+    groups = [{"params": [*model.a.parameters(), *model.unused.parameters()], "lr": 0.1}]
+    groups.append({"params": list(model.b.parameters()), "lr": 0.3})
+    engine = privopt.PrivacyEngine(accountant="rdp", insecure_seed=0, engine=engine_name)
+    model, optimizer, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(groups), dataset=toy(), batch_size=40, epochs=1, epsilon=2.0,
+        delta=1e-4, max_grad_norm=0.05,
+    )  # fmt: skip
+    xb, yb = next(iter(loader))
+    seen = []
+    with observe_releases(seen.append), pytest.warns(RuntimeWarning), insecure_scale_noise_for_testing(0.0):
+        optimizer.step()
+    params = [p for p in reference.parameters() if p.requires_grad]
+    expected = torch.zeros(sum(p.numel() for p in params))
+    for i in range(len(yb)):
+        loss = nn.functional.cross_entropy(reference(xb[i : i + 1]), yb[i : i + 1])
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        g = torch.cat([(torch.zeros_like(p) if d is None else d).reshape(-1) for d, p in zip(grads, params)])
+        expected += g * min(1.0, 0.05 / float(g.norm()))
+    assert len(yb) > 0 and torch.allclose(seen[0].value, expected / 40, atol=1e-7)
