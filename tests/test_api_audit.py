@@ -109,3 +109,16 @@ def test_api_clipped_sum_equals_a_per_example_loop_with_frozen_unused_params_and
         g = torch.cat([(torch.zeros_like(p) if d is None else d).reshape(-1) for d, p in zip(grads, params)])
         expected += g * min(1.0, 0.05 / float(g.norm()))
     assert len(yb) > 0 and torch.allclose(seen[0].value, expected / 40, atol=1e-7)
+
+
+def test_an_empty_batch_sum_has_the_dtype_and_device_of_a_full_one():
+    from privopt.grads import get_engine
+    from privopt.grads.flat import zero_flat
+
+    model = torch.nn.Linear(4, 3).double()
+    x, y = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1])
+    loss = lambda out, t: torch.nn.functional.cross_entropy(out, t, reduction="none")  # noqa: E731
+    full = get_engine("vmap").clipped_sum(model, loss, x, y, clip=1.0).total
+    empty = zero_flat(model)
+    assert (empty.dtype, empty.device, empty.shape) == (full.dtype, full.device, full.shape)
+    assert not empty.any()

@@ -47,7 +47,7 @@ import torch
 
 from privopt.algorithms.releases import Fixed, Phase, PoissonBatch, Query, ReleasePlan, StepProportional
 from privopt.errors import ConfigError
-from privopt.grads.flat import num_trainable, params_from_flat
+from privopt.grads.flat import params_from_flat, zero_flat
 from privopt.grads.release import PrivateBatch
 from privopt.grads.sums import BoundedSum, chunked_clipped_sum
 from privopt.privacy import FullBatch, Inventory
@@ -310,7 +310,7 @@ class AdaDPSpiderOracle:
 
     def _statistic(self, client, kind: str, idx, x, threshold: float) -> BoundedSum:
         if idx.numel() == 0:
-            return BoundedSum(torch.zeros(num_trainable(self._model)), bound=threshold)
+            return BoundedSum(zero_flat(self._model), bound=threshold)
         prev = params_from_flat(self._model, self.prev) if kind == "o2" else None
         return chunked_clipped_sum(
             self._engine, self._model, self._loss, client.x[idx], client.y[idx], clip=threshold,

@@ -19,7 +19,7 @@ from privopt.algorithms.base import Algorithm, RunContext, register_algorithm
 from privopt.algorithms.config import momentum_value, non_negative, param, positive, positive_int
 from privopt.algorithms.releases import BatchPlan, Fixed, Phase, PoissonBatch, Query, ReleasePlan
 from privopt.algorithms.step_schedules import ScheduledStepConfig
-from privopt.grads.flat import num_trainable, set_flat_grad
+from privopt.grads.flat import set_flat_grad, zero_flat
 from privopt.grads.sums import BoundedSum, chunked_clipped_sum
 
 __all__ = ["SGD", "DPSGD", "DPGD", "SGDConfig", "DPSGDConfig", "DPGDConfig"]
@@ -175,7 +175,7 @@ class DPSGD(_BatchAlgorithm):
 
         def grad_sum(idx: torch.Tensor, clip: float):
             if idx.numel() == 0:  # an empty Poisson batch still releases noise
-                return BoundedSum(torch.zeros(num_trainable(ctx.model)), bound=clip)
+                return BoundedSum(zero_flat(ctx.model), bound=clip)
             return ctx.engine.clipped_sum(ctx.model, ctx.loss_fn, ctx.x_train[idx], ctx.y_train[idx], clip=clip)
 
         self._apply(self.releases.phase("step").release("grad", grad_sum), t)

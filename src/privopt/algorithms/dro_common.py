@@ -33,7 +33,7 @@ from privopt.algorithms.releases import Phase, PlanRun, Query, ReleasePlan
 from privopt.algorithms.step_schedules import ScheduledStepConfig
 from privopt.errors import ConfigError
 from privopt.grads.engine import clip_factors
-from privopt.grads.flat import flat_params, num_trainable, params_from_flat, trainable_parameters
+from privopt.grads.flat import flat_params, params_from_flat, trainable_parameters, zero_flat
 from privopt.grads.sums import BoundedSum, batch_losses, chunked_clipped_sum
 from privopt.objectives.divergences import get_divergence
 from privopt.objectives.dual import DualObjective, argument_for_weight
@@ -272,7 +272,7 @@ class DROAlgorithm(Algorithm):
 
     def _zeros(self) -> torch.Tensor:
         """A zero flat gradient on the data's device."""
-        return torch.zeros(num_trainable(self._ctx.model), device=self._ctx.x_train.device)
+        return zero_flat(self._ctx.model).to(self._ctx.x_train.device)
 
     def _capped_weights(self, weights: Callable, losses: torch.Tensor, cap: float) -> torch.Tensor:
         # The clamp guarantees the declared bound whatever the weight function returns.

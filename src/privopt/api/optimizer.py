@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from privopt.errors import ConfigError
-from privopt.grads.flat import num_trainable, set_flat_grad, trainable_parameters
+from privopt.grads.flat import set_flat_grad, trainable_parameters, zero_flat
 from privopt.grads.release import PrivateBatch
 from privopt.grads.sums import BoundedSum
 
@@ -127,9 +127,7 @@ class DPOptimizer(torch.optim.Optimizer):
         if len(y) == 0:  # an empty Poisson batch still releases (pure) noise
             # In the parameters' dtype, as a non-empty batch's sum: float32 noise in a float64
             # release would show that the (private) batch size was 0.
-            p = trainable_parameters(m)[0]
-            zeros = torch.zeros(num_trainable(m), dtype=p.dtype, device=p.device)
-            clipped: Any = BoundedSum(zeros, bound=self._clip)
+            clipped: Any = BoundedSum(zero_flat(m), bound=self._clip)
         else:
             clipped = self._engine.clipped_sum(m, self._loss_fn, x, y, clip=self._clip)
         return batch.gaussian("grad", clipped, normalizer=self._normalizer)

@@ -8,6 +8,7 @@ from torch import nn
 __all__ = [
     "trainable_parameters",
     "num_trainable",
+    "zero_flat",
     "set_flat_grad",
     "flat_params",
     "params_from_flat",
@@ -22,6 +23,18 @@ def trainable_parameters(model: nn.Module) -> list[torch.nn.Parameter]:
 
 def num_trainable(model: nn.Module) -> int:
     return sum(p.numel() for p in trainable_parameters(model))
+
+
+def zero_flat(model: nn.Module) -> torch.Tensor:
+    """A flat zero vector in the trainable parameters' dtype and device: the sum of an empty batch.
+
+    Its dtype and device must be those of a non-empty batch's sum, or the release of an empty
+    (private) Poisson batch would be told apart by them."""
+    params = trainable_parameters(model)
+    p = params[0] if params else None
+    return torch.zeros(
+        sum(q.numel() for q in params), dtype=getattr(p, "dtype", None), device=getattr(p, "device", None)
+    )
 
 
 def set_flat_grad(model: nn.Module, flat: torch.Tensor) -> None:

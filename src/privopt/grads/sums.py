@@ -32,7 +32,7 @@ from torch import nn
 from torch.func import functional_call
 
 from privopt.errors import ConfigError
-from privopt.grads.flat import num_trainable
+from privopt.grads.flat import zero_flat
 
 __all__ = [
     "BoundedSum",
@@ -181,7 +181,7 @@ def chunked_clipped_sum(
     """``engine.clipped_sum`` over chunks of at most ``chunk`` records (per-sample clipping makes
     the chunked sum identical); tensor weights are aligned with the rows of ``x``. An empty batch
     gives the zero vector. The result carries the threshold as its per-record bound."""
-    total = torch.zeros(num_trainable(model), device=x.device)
+    total = zero_flat(model).to(x.device)
     for s in range(0, x.shape[0], chunk):
         sl = slice(s, s + chunk)
         res = engine.clipped_sum(
