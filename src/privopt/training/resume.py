@@ -55,8 +55,10 @@ def data_fingerprint(data: Any) -> str:
 
 
 def model_fingerprint(model: nn.Module) -> str:
-    """Hash of a model's architecture: class, parameter and buffer names, shapes and dtypes."""
-    items = [type(model).__module__ + "." + type(model).__qualname__]
+    """Hash of a model's architecture: class, its modules' printed structure and settings (layer
+    kinds, activations, strides: ReLU and Tanh between the same layers have the same parameters),
+    parameter and buffer names, shapes and dtypes."""
+    items = [type(model).__module__ + "." + type(model).__qualname__, repr(model)]
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         items.append(f"{name}:{tuple(t.shape)}:{t.dtype}")
     return hashlib.blake2b("\n".join(items).encode(), digest_size=20).hexdigest()
