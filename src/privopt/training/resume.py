@@ -37,9 +37,13 @@ _SPLITS = ("x_train", "y_train", "g_train", "x_val", "y_val", "g_val", "x_test",
 
 
 def data_fingerprint(data: Any) -> str:
-    """Hash of every split's values, shapes and dtypes (SECRET: identifies the training data)."""
+    """Hash of every split's values, shapes and dtypes (SECRET: identifies the training data), and
+    of the number of groups: the worst-group algorithms size their draws and weights by it."""
     h = hashlib.blake2b(digest_size=20)
     h.update(repr((data.num_classes, tuple(data.input_shape))).encode())
+    groups = int(getattr(data, "num_groups", 0) or 0)
+    if groups:  # only for data with groups: the fingerprints of other data are unchanged
+        h.update(repr(("num_groups", groups)).encode())
     for name in _SPLITS:
         t = getattr(data, name, None)
         h.update(name.encode())
@@ -51,8 +55,10 @@ def data_fingerprint(data: Any) -> str:
 
 
 def model_fingerprint(model: nn.Module) -> str:
-    """Hash of a model's architecture: class, parameter and buffer names, shapes and dtypes."""
-    items = [type(model).__module__ + "." + type(model).__qualname__]
+    """Hash of a model's architecture: class, its modules' printed structure and settings (layer
+    kinds, activations, strides: ReLU and Tanh between the same layers have the same parameters),
+    parameter and buffer names, shapes and dtypes."""
+    items = [type(model).__module__ + "." + type(model).__qualname__, repr(model)]
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         items.append(f"{name}:{tuple(t.shape)}:{t.dtype}")
     return hashlib.blake2b("\n".join(items).encode(), digest_size=20).hexdigest()
