@@ -203,3 +203,14 @@ def test_plan_run_refuses_kinds_it_cannot_make():
     plan = plan_of(Query("losses", Fixed(1.0), batch=drawn(), mechanism="laplace"))
     with pytest.raises(ConfigError, match="Gaussian releases only"):
         PlanRun(plan, Ctx(None), private=False)
+
+
+def test_noisy_max_is_refused_under_replace_one_before_anything_is_recorded():
+    # Its PureDP(1/b) charge holds when one record moves one coordinate one way (add/remove); a
+    # replaced record can lower one coordinate and raise another, which costs 2/b.
+    plan = plan_of(Query("pick", Fixed(1.0), batch=drawn(), mechanism="noisy-max", fixed=1.0))
+    ledger = PrivacyLedger(delta=1e-5, neighbouring="replace_one")
+    run = GroupReleaseRun(plan, Ctx(ledger), private=True)
+    with pytest.raises(ConfigError, match="add/remove neighbours only"):
+        run.noisy_max("pick", BoundedSum(torch.tensor([0.0, 1.0]), bound=1.0))
+    assert ledger.num_steps == 0
