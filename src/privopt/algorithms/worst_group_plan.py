@@ -137,7 +137,7 @@ class GroupReleaseRun:
         """Index of the largest ``value_i + Lap(b·Δ)`` (``values.bound`` = Δ, the most one record moves
         any coordinate, in one direction); only the index is released."""
         stat = as_bounded(values)
-        if self._private and getattr(self._ctx.ledger, "neighbouring", "add_remove") != "add_remove":
+        if self._private and self._ctx.ledger.neighbouring != "add_remove":
             # Its PureDP(1/b) charge needs one coordinate moving one way (add/remove); a replaced
             # record can lower one coordinate and raise another, which costs 2/b.
             raise ConfigError(f"report-noisy-max {name!r} is charged for add/remove neighbours only")

@@ -31,10 +31,9 @@ def zero_flat(model: nn.Module) -> torch.Tensor:
     Its dtype and device must be those of a non-empty batch's sum, or the release of an empty
     (private) Poisson batch would be told apart by them."""
     params = trainable_parameters(model)
-    p = params[0] if params else None
-    return torch.zeros(
-        sum(q.numel() for q in params), dtype=getattr(p, "dtype", None), device=getattr(p, "device", None)
-    )
+    if not params:
+        return torch.zeros(0)
+    return torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
 
 
 def set_flat_grad(model: nn.Module, flat: torch.Tensor) -> None:

@@ -51,8 +51,6 @@ __all__ = [
     "base_record",
     "diagnostics_header",
     "load_diagnostics",
-    "client_split_note",
-    "preprocessing_note",
     "privacy_section",
     "write_outputs",
 ]
@@ -105,10 +103,12 @@ def client_split_note(cfg: Any) -> str | None:
     )
 
 
-def privacy_section(cfg: Any, ledger: PrivacyLedger | None) -> dict[str, Any]:
+def privacy_section(cfg: Any, ledger: PrivacyLedger | None, data: Any = None) -> dict[str, Any]:
     """The record's privacy block: target, the ledger and the ε it gives (``null`` when non-private):
     ``epsilon_guarantee`` is the run's DP guarantee, the ε of its whole plan; ``epsilon_spent`` the ε of
-    the releases made, which is smaller only when the run stopped early (then flagged as ex-post)."""
+    the releases made, which is smaller only when the run stopped early (then flagged as ex-post).
+    ``not_accounted`` names what that ε does not cover: the hyper-parameters' choice, the data's
+    preparation (``data``) and a federated run's client split."""
     if ledger is None:
         return {"private": False, "epsilon_spent": None, "delta": None}
     spent, guarantee = ledger.spent(), ledger.guarantee()
@@ -124,8 +124,13 @@ def privacy_section(cfg: Any, ledger: PrivacyLedger | None) -> dict[str, Any]:
     }
     if guarantee.epsilon > spent.epsilon:
         out["epsilon_spent_is_ex_post"] = EX_POST_NOTE
-    if getattr(cfg, "hyperparameter_tuning", None):  # the ε above covers this run, not how it was chosen
-        out["not_accounted"] = {"hyperparameter_tuning": cfg.hyperparameter_tuning}
+    notes = {
+        "hyperparameter_tuning": getattr(cfg, "hyperparameter_tuning", None),  # this run, not how it was chosen
+        "preprocessing": preprocessing_note(data),  # like an insecure seed: an opt-in that voids part of it
+        "client_split": client_split_note(cfg),
+    }
+    if any(notes.values()):
+        out["not_accounted"] = {k: v for k, v in notes.items() if v}
     return out
 
 

@@ -27,14 +27,7 @@ from privopt.training.builder import Run, build_run, stated_config
 from privopt.training.callbacks import AlgorithmDone, DivergenceGuard, ProgressCallback, RunDiverged, SignalGuard
 from privopt.training.loop import Every, LoopState, StepLimit, run_loop
 from privopt.training.metrics import compute_run_metrics, evaluate
-from privopt.training.outputs import (
-    base_record,
-    client_split_note,
-    diagnostics_header,
-    preprocessing_note,
-    privacy_section,
-    write_outputs,
-)
+from privopt.training.outputs import base_record, diagnostics_header, privacy_section, write_outputs
 from privopt.training.resume import CHECKPOINT_FORMAT, provenance, require_objects, restore, resume_config, verify
 from privopt.training.rundir import RunDirLock, check_new_run_dir, check_resume_dir
 
@@ -88,19 +81,8 @@ class _Session:
     def _last_row(self) -> bool:
         return self.state.step >= self.run.total or self.state.stop == "done"
 
-    def _privacy(self) -> dict[str, Any]:
-        """The record's privacy section, naming what its ε does not cover in the data's preparation."""
-        section = privacy_section(self.run.cfg, self.run.ledger)
-        note = preprocessing_note(self.run.data)
-        if note is not None and section["private"]:  # like an insecure seed: an opt-in that voids part of it
-            section.setdefault("not_accounted", {})["preprocessing"] = note
-        split = client_split_note(self.run.cfg)
-        if split is not None and section["private"]:
-            section.setdefault("not_accounted", {})["client_split"] = split
-        return section
-
     def _record_view(self) -> Mapping[str, Any]:
-        return _RecordView(self.base, self._privacy)
+        return _RecordView(self.base, lambda: privacy_section(self.run.cfg, self.run.ledger, self.run.data))
 
     def _measure(self, *, final: bool, logs: dict[str, float] | None = None) -> tuple[dict, dict]:
         """(public row, non-private row) of the model now; the second is filled only with diagnostics on."""
@@ -156,7 +138,7 @@ class _Session:
             reason=reason,
             steps_done=self.state.step,
             wall_time_s=self.elapsed_before + time.perf_counter() - self.t0,
-            privacy=self._privacy(),
+            privacy=privacy_section(self.run.cfg, self.run.ledger, self.run.data),
             metrics=final if final is not None else (self.history[-1] if self.history else {}),
             history=self.history,
         )
