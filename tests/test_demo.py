@@ -92,7 +92,7 @@ def test_demo_overrides_are_config_fields_of_their_method():
 def test_private_diff_corrections_are_cheaper_than_its_refresh():
     # Its dual moves under noise every step, so a correction's difference is not small: the demo makes
     # corrections cheap (smaller batch, smaller threshold) so PrivateDiff is not left with fewer, noisier
-    # steps than DP-SGDA for the same epochs (docs/results/dro.md, "Demo").
+    # steps than DP-SGDA for the same epochs (docs/results/dro-history.md, "Demo: earlier phases").
     from privopt.algorithms import get_algorithm
     from privopt.experiments import demo
     from privopt.experiments.dro_protocol import load_dro_dataset, method_params

@@ -5,7 +5,7 @@ scattering features with statistics of the training data; those statistics are d
 privopt releases them with the Gaussian mechanism and charges them to the run. Only the per-coordinate
 mean is released: on mnist-st it carries the whole gain of the exact standardisation (dividing by
 per-coordinate standard deviations gained nothing and their second moments are too small to release
-accurately at d ≈ 4,000; ``docs/results/dro.md``, "Phase 10").
+accurately at d ≈ 4,000; ``docs/results/dro-history.md``, "Phase 10").
 
 The release (one full-batch Gaussian query, planned with the algorithm's own queries so the run's
 total ε stays the target):

@@ -73,7 +73,7 @@ DEMO_SCHEDULE = {
     "val_fraction": 0.2,
     # A constant x step, unlike the quick budget's cosine decay: on the validation split the decay to
     # 0.1 changed no method by more than its noise at ε = 5 and cost the SPIDER methods 1.4–3.3 points
-    # at ε = 0.5 (docs/results/dro.md, "Demo").
+    # at ε = 0.5 (docs/results/dro-history.md, "Demo: earlier phases").
     "lr_schedule": "constant",
     "lr_final": 1.0,
 }

@@ -319,7 +319,7 @@ _SCDRO_QUICK = MethodSetting(
     reason="non-private reference: own MLP head (hidden 64), plain step, batch 256",
 )
 
-# mnist-st's own setting (docs/results/dro.md, "Phase 15"; chosen on its validation split): the
+# mnist-st's own setting (docs/results/dro-history.md, "Phase 15"; chosen on its validation split): the
 # scattering maps average-pooled to 3x3 (729 features, public), rows of norm 8, a privately released
 # feature mean (noise ratio 1.5), an MLP head (hidden 128: a better ranking than the linear head's),
 # and the public class prior of the benchmark's construction (imratio 0.1) shifted out of the logits
@@ -339,7 +339,7 @@ BUDGETS: dict[str, Budget] = {
     # CPU-sized: a linear head on fixed scattering features (public: a per-record transform, rows
     # scaled to norm 64 ~ √D, Tramèr & Boneh's per-feature unit scale), so per-record gradients and
     # their differences clip tightly. Their DP recipe, chosen on the mnist-st validation split
-    # (docs/results/dro.md, "Issue 10" and phases 9-14): batch 1024 (also the refresh batch), 20
+    # (docs/results/dro-history.md, "Issue 10" and phases 9-14): batch 1024 (also the refresh batch), 20
     # epoch-equivalents, clip 0.1 far below the gradient norms, q = 1 (longer SPIDER phases cost more
     # noise than they remove at this scale), every method's x step decaying on a cosine to 0.1 of lr
     # (a constant step leaves the last iterate's threshold noisy), one lr grid tuned at every ε as

@@ -63,7 +63,7 @@ def logreg(
     is unchanged): the model appends the constant s to every input and trains a bias-free Linear.
     Under per-sample clipping the bias's gradient, and the noise it receives relative to the
     logit, grow with ``s``. On the mnist-st scattering head no s in 0.25–64 beat s = 1
-    (``docs/models.md``; ``docs/results/dro.md``, "Phase 10").
+    (``docs/models.md``; ``docs/results/dro-history.md``, "Phase 10").
 
     Example:
         >>> m = logreg(input_shape=(3,), num_classes=2, bias_scale=8.0)
