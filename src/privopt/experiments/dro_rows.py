@@ -106,8 +106,9 @@ def log_row(say: Log, kind: str, row: dict) -> None:
     if row["mia_auc"] is not None and row["mia_bound"] is not None:
         mia += f" (cap {row['mia_bound']:.3f})"
     eps_txt = "non-private" if eps is None else f"eps={eps:g} (spent {row['epsilon_spent']:.3f})"
-    gn = row["grad_norm"]
+    gn = row["grad_norm"]  # None: the metric was not asked for (it reads the training data)
+    grad = "" if gn is None else f", grad norm {f'{gn:.3g}' if finite(gn) else 'nan'}"
     say(
-        f"  {kind} {method:20s} {eps_txt:28s} seed {seed}: test acc {row['test_accuracy']:.4f}, "
-        f"grad norm {f'{gn:.3g}' if finite(gn) else 'nan'}{mia} ({row['model']}, {row['wall_s']:.1f} s)"
+        f"  {kind} {method:20s} {eps_txt:28s} seed {seed}: test acc {row['test_accuracy']:.4f}"
+        f"{grad}{mia} ({row['model']}, {row['wall_s']:.1f} s)"
     )
