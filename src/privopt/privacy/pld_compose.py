@@ -151,10 +151,12 @@ class FastPLD:
     ``get_epsilon`` / ``get_delta``: the same numbers, built as the module docstring says.
 
     Raises:
-        TooCostly: a leaf's self-composition would exceed ``max_points`` grid points.
+        TooCostly: a leaf's self-composition would exceed ``max_points`` grid points (default
+            ``MAX_COMPOSED_POINTS``, read at each call).
     """
 
-    def __init__(self, leaves: list, interval: float, *, max_points: int | None = MAX_COMPOSED_POINTS):
+    def __init__(self, leaves: list, interval: float, *, max_points: int | None = None):
+        max_points = MAX_COMPOSED_POINTS if max_points is None else max_points
         pld = _PLD.identity(value_discretization_interval=interval)
         for event, count in leaves:
             pld = pld.compose(_leaf_pld(event, count, interval, max_points))
@@ -167,7 +169,7 @@ class FastPLD:
         return self._pld.get_delta_for_epsilon(epsilon)
 
 
-def fast_pld(event: dpa.DpEvent, interval: float, *, max_points: int | None = MAX_COMPOSED_POINTS):
+def fast_pld(event: dpa.DpEvent, interval: float, *, max_points: int | None = None):
     """A :class:`FastPLD` for ``event``, or dp_accounting's ``PLDAccountant`` for events it does not
     handle (both answer ``get_epsilon`` and ``get_delta``).
 
