@@ -14,8 +14,9 @@ A thin, cached layer over dp_accounting's public accountants:
 epsilon: both are valid upper bounds, so their minimum is one too.
 
 The PLD discretisation interval is chosen from the schedule (about 1e-4 of the epsilon, coarser
-when the loss distribution would need more than ~10^6 points), so one call costs at most a few
-seconds whatever the schedule; see docs/accounting.md, "PLD or RDP". The loss distribution of a
+when the loss distribution would need more than ~10^6 points, and 10 or 100 times coarser when
+dp_accounting's truncation bounds say the composition needs more than 2*10^6), so one call costs
+at most a few seconds whatever the schedule; see docs/accounting.md, "PLD or RDP". The loss distribution of a
 Poisson-subsampled Gaussian step is built once per (noise, rate, grid) and reused by later calls
 (a run asks for the epsilon spent at every evaluation): the same operations, the same result.
 """

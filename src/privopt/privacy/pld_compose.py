@@ -12,6 +12,10 @@ that leave every number unchanged (docs/accounting.md, "PLD or RDP"):
   steps of a 977-point distribution that integer has 3·10^7 digits and took 45 s per call, the
   whole cost of the 47-90 s evaluations measured at 10^7 DP-SGD steps. The dense composition that
   follows is the same either way.
+
+And one change that can: a self-composition whose output grid (dp_accounting's own Chernoff
+truncation bounds, computed before the FFT) exceeds ``MAX_COMPOSED_POINTS`` raises
+:class:`TooCostly`; the accountant then retries on a coarser grid (still a valid upper bound).
 """
 
 from __future__ import annotations
