@@ -323,25 +323,31 @@ def test_dp_accounting_warnings_are_silenced_at_the_accountant_only():
     assert done.returncode == 0 and "failed to converge" in done.stderr
 
 
-def test_cached_gaussian_pld_is_bit_for_bit_dp_accountings():
-    """The fast path (cached subsampled-Gaussian distributions, reused at every evaluation of a run)
-    gives exactly PLDAccountant's epsilon and delta, for the event shapes it handles."""
+def test_fast_pld_is_bit_for_bit_dp_accountings():
+    """The fast path (cached subsampled-Gaussian distributions, reused at every evaluation of a run;
+    sparse distributions composed densely without dp_accounting's size**count integer) gives exactly
+    PLDAccountant's epsilon and delta, for every event shape privopt's PLD events take."""
     from privopt.privacy import accountant as acc_mod
+    from privopt.privacy.pld_compose import FastPLD
 
     sub = dpa.PoissonSampledDpEvent(0.05, dpa.GaussianDpEvent(1.3))
+    coin = dpa.dp_event.DiscreteLaplaceDpEvent(noise_parameter=0.5, sensitivity=1)
     events = [
         dpa.SelfComposedDpEvent(sub, 7),
         dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(sub, 40), dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(9.0), 3)]),
         dpa.SelfComposedDpEvent(
             dpa.ComposedDpEvent([sub, dpa.PoissonSampledDpEvent(0.2, dpa.GaussianDpEvent(4.0))]), 11
         ),
+        dpa.ComposedDpEvent([sub, dpa.SelfComposedDpEvent(dpa.LaplaceDpEvent(2.0), 5)]),
+        dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.01, dpa.LaplaceDpEvent(3.0)), 300),
+        dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(coin, 3), dpa.SelfComposedDpEvent(coin, 2000), sub]),
     ]
     for event in events:
         fast = acc_mod._pld_accountant(event, 1e-3)
-        assert isinstance(fast, acc_mod._GaussianPLD)
+        assert isinstance(fast, FastPLD)
         ref = pld_privacy_accountant.PLDAccountant(neighboring_relation=ADD, value_discretization_interval=1e-3)
         ref.compose(event)
         assert fast.get_epsilon(1e-6) == ref.get_epsilon(1e-6)
         assert fast.get_delta(1.0) == ref.get_delta(1.0)
-    laplace = dpa.ComposedDpEvent([sub, dpa.LaplaceDpEvent(2.0)])
-    assert not isinstance(acc_mod._pld_accountant(laplace, 1e-3), acc_mod._GaussianPLD)  # other kinds: the accountant
+    silent = dpa.ComposedDpEvent([sub, dpa.GaussianDpEvent(0.0)])  # a degenerate leaf: the accountant itself
+    assert not isinstance(acc_mod._pld_accountant(silent, 1e-3), FastPLD)

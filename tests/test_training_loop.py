@@ -243,7 +243,7 @@ def test_metrics_read_the_exact_epsilon_only_when_they_ask_for_it(tmp_path, monk
 
     sections = []
     real = run_module.privacy_section
-    monkeypatch.setattr(run_module, "privacy_section", lambda *a: sections.append(1) or real(*a))
+    monkeypatch.setattr(run_module, "privacy_section", lambda *a, **k: sections.append(1) or real(*a, **k))
     register_run_metric(
         "test_only_config_reader", lambda *, record, **kw: {"n_keys": len(record["config"])}, reads_private_data=False
     )

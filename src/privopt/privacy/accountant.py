@@ -14,8 +14,9 @@ A thin, cached layer over dp_accounting's public accountants:
 epsilon: both are valid upper bounds, so their minimum is one too.
 
 The PLD discretisation interval is chosen from the schedule (about 1e-4 of the epsilon, coarser
-when the loss distribution would need more than ~10^6 points), so one call costs at most a few
-seconds whatever the schedule; see docs/accounting.md, "PLD or RDP". The loss distribution of a
+when the loss distribution would need more than ~10^6 points, and 10 or 100 times coarser when
+dp_accounting's truncation bounds say the composition needs more than 2*10^6), so one call costs
+at most a few seconds whatever the schedule; see docs/accounting.md, "PLD or RDP". The loss distribution of a
 Poisson-subsampled Gaussian step is built once per (noise, rate, grid) and reused by later calls
 (a run asks for the epsilon spent at every evaluation): the same operations, the same result.
 """
@@ -44,7 +45,10 @@ from privopt.privacy.checks import (
     check_epsilon,
 )
 from privopt.privacy.events import ADD_REMOVE, Step, check_neighbouring
-from privopt.privacy.translate import ADD, dp_relation_for, pld_coin_epsilons, pld_event, rdp_parts, to_dp_event
+from privopt.privacy.pld_compose import TooCostly
+from privopt.privacy.pld_compose import fast_pld as _pld_accountant
+from privopt.privacy.pld_compose import subsampled_gaussian_pld as _subsampled_gaussian_pld  # noqa: F401
+from privopt.privacy.translate import dp_relation_for, pld_coin_epsilons, pld_event, rdp_parts, to_dp_event
 
 __all__ = [
     "ACCOUNTANTS",
@@ -102,6 +106,8 @@ _PLD_MAX_POINTS = 1_000_000
 _TAIL_DELTA = 1e-15
 # Refine a PLD evaluation on a finer grid only if the grid shrinks by at least half a decade.
 _PLD_REFINE_GAIN = 10**0.5
+# Grids tried, relative to the chosen one, when a composition exceeds MAX_COMPOSED_POINTS.
+_PLD_COARSER = (1.0, 10.0, 100.0)
 
 
 @dataclass(frozen=True)
@@ -112,14 +118,17 @@ class EpsilonResult:
         epsilon: Smallest epsilon the accountant certifies at ``delta`` (``inf`` if none).
         delta: The delta it was computed for.
         accountant: ``"pld"`` or ``"rdp"`` -- the accountant whose bound this is.
+        grid: The PLD discretisation interval that gave ``epsilon`` (``None`` unless PLD).
     """
 
     epsilon: float
     delta: float
     accountant: str
+    grid: float | None = None
 
     def to_dict(self) -> dict:
-        return {"epsilon": self.epsilon, "delta": self.delta, "accountant": self.accountant}
+        out = {"epsilon": self.epsilon, "delta": self.delta, "accountant": self.accountant}
+        return out if self.grid is None else {**out, "pld_grid": self.grid}
 
 
 def normalize_counts(counts) -> dict[Step, int]:
@@ -244,80 +253,37 @@ def _snap(interval: float, coins: frozenset) -> float:
     return eps0 / math.ceil(eps0 / interval - 1e-9) if eps0 >= interval else interval
 
 
-@functools.lru_cache(maxsize=256)
-def _subsampled_gaussian_pld(noise_multiplier: float, rate: float, interval: float):
-    # The costly part of a PLD evaluation (a Python loop over every grid point); the same step is
-    # evaluated again at every evaluation of a run with a new count, on the same quantised grid.
-    return dpa.pld.privacy_loss_distribution.from_gaussian_mechanism(
-        standard_deviation=noise_multiplier,
-        value_discretization_interval=interval,
-        sampling_prob=rate,
-        neighboring_relation=ADD,
-    )
+def _pld_bounded(event, interval: float, coins: frozenset):
+    """``(accountant, grid)`` on ``interval``, or on a grid 10 or 100 times coarser when the
+    composition would need more than MAX_COMPOSED_POINTS points (a long schedule: 10^8 steps and
+    more). Any grid gives a valid (pessimistic) upper bound; the rule depends on the schedule only.
 
-
-def _gaussian_parts(event: dpa.DpEvent, count: int, out: list) -> bool:
-    """Flatten ``event`` into ``(Gaussian or Poisson-subsampled Gaussian, count)`` leaves in the
-    order PLDAccountant composes them; False if any leaf is of another kind."""
-    if isinstance(event, dpa.SelfComposedDpEvent):
-        return _gaussian_parts(event.event, event.count * count, out)
-    if isinstance(event, dpa.ComposedDpEvent):
-        return all(_gaussian_parts(e, count, out) for e in event.events)
-    inner = event.event if isinstance(event, dpa.PoissonSampledDpEvent) else event
-    if not isinstance(inner, dpa.GaussianDpEvent) or inner.noise_multiplier <= 0:
-        return False
-    if isinstance(event, dpa.PoissonSampledDpEvent) and not event.sampling_probability > 0:
-        return False
-    out.append((event, count))
-    return True
-
-
-class _GaussianPLD:
-    """The PLD that ``PLDAccountant.compose(event)`` builds for an event made of Gaussian and
-    Poisson-subsampled Gaussian releases, built by the same public calls in the same order (so
-    bit-for-bit the same epsilon), but with each subsampled Gaussian's distribution cached."""
-
-    def __init__(self, parts: list, interval: float):
-        PLD = dpa.pld.privacy_loss_distribution
-        pld = PLD.identity(value_discretization_interval=interval)
-        for event, count in parts:
-            if isinstance(event, dpa.GaussianDpEvent):
-                piece = PLD.from_gaussian_mechanism(
-                    standard_deviation=event.noise_multiplier / math.sqrt(count),
-                    value_discretization_interval=interval,
-                    neighboring_relation=ADD,
-                )
-            else:
-                z, q = event.event.noise_multiplier, event.sampling_probability
-                piece = _subsampled_gaussian_pld(z, q, interval).self_compose(count)
-            pld = pld.compose(piece)
-        self._pld = pld
-
-    def get_epsilon(self, delta: float) -> float:
-        return self._pld.get_epsilon_for_delta(delta)
-
-    def get_delta(self, epsilon: float) -> float:
-        return self._pld.get_delta_for_epsilon(epsilon)
-
-
-def _pld_accountant(event: dpa.DpEvent, interval: float):
-    parts: list = []
-    if _gaussian_parts(event, 1, parts):
-        return _GaussianPLD(parts, interval)
-    acc = dpa.pld.PLDAccountant(neighboring_relation=ADD, value_discretization_interval=interval)
-    acc.compose(event)
-    return acc
+    Raises:
+        TooCostly: even the coarsest of these grids is too costly.
+    """
+    for factor in _PLD_COARSER:
+        grid = _snap(min(factor * interval, _PLD_MAX_INTERVAL), coins)
+        try:
+            return _pld_accountant(event, grid), grid
+        except TooCostly:
+            if grid >= _PLD_MAX_INTERVAL or factor == _PLD_COARSER[-1]:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _pld_run(event, interval: float, delta: float, rdp_tail: float, coins: frozenset, coarsen: float = 1.0):
-    """PLD accountant for the composed event; refined once on a finer grid if the first pass
-    shows that the epsilon is much smaller than the RDP estimate the grid was chosen from."""
-    acc = _pld_accountant(event, _snap(interval, coins))
+    """``(accountant, grid)`` for the composed event; refined once on a finer grid if the first pass
+    shows that the epsilon is much smaller than the RDP estimate the grid was chosen from (unless
+    the first grid was already coarsened for cost)."""
+    acc, grid = _pld_bounded(event, interval, coins)
+    if grid > _snap(interval, coins):
+        return acc, grid
     tail = float(acc.get_epsilon(_TAIL_DELTA))
     finer = coarsen * _interval(float(acc.get_epsilon(delta)), tail if math.isfinite(tail) else rdp_tail)
     if finer * _PLD_REFINE_GAIN <= interval:
-        acc = _pld_accountant(event, _snap(finer, coins))
-    return acc
+        with contextlib.suppress(TooCostly):  # keep the first answer if the finer grid costs too much
+            acc, grid = _pld_accountant(event, _snap(finer, coins)), _snap(finer, coins)
+    return acc, grid
 
 
 def _coins(items, neighbouring: str) -> frozenset:
@@ -338,9 +304,10 @@ def _epsilon_cached(items, delta: float, neighbouring: str, accountant: str) -> 
     key = {"items": repr(items), "delta": delta, "neighbouring": neighbouring, "accountant": accountant}
     hit = _DISK.get(key)
     if isinstance(hit, dict) and hit.get("accountant") in ("pld", "rdp") and isinstance(hit.get("epsilon"), float):
-        return EpsilonResult(hit["epsilon"], delta, hit["accountant"])
+        grid = hit.get("grid") if hit["accountant"] == "pld" and isinstance(hit.get("grid"), float) else None
+        return EpsilonResult(hit["epsilon"], delta, hit["accountant"], grid)
     res = _epsilon_computed(items, delta, neighbouring, accountant)
-    _DISK.put(key, {"epsilon": res.epsilon, "accountant": res.accountant})
+    _DISK.put(key, {"epsilon": res.epsilon, "accountant": res.accountant, "grid": res.grid})
     return res
 
 
@@ -360,8 +327,8 @@ def _epsilon_computed(items, delta: float, neighbouring: str, accountant: str, c
     with contextlib.suppress(ArithmeticError, MemoryError):
         if math.isfinite(interval):
             coins = _coins(items, neighbouring)
-            acc = _pld_run(_pld_event(items, neighbouring), interval, delta, rdp_tail, coins, coarsen)
-            pld = EpsilonResult(float(acc.get_epsilon(delta)), delta, "pld")
+            acc, grid = _pld_run(_pld_event(items, neighbouring), interval, delta, rdp_tail, coins, coarsen)
+            pld = EpsilonResult(float(acc.get_epsilon(delta)), delta, "pld", grid)
     if accountant == "pld" or pld.epsilon <= rdp.epsilon:
         return pld
     return rdp

@@ -103,15 +103,26 @@ def client_split_note(cfg: Any) -> str | None:
     )
 
 
-def privacy_section(cfg: Any, ledger: PrivacyLedger | None, data: Any = None) -> dict[str, Any]:
+SPENT_BOUND_METHOD = (
+    "upper bound: the smaller of the RDP epsilon of the steps executed so far and the exact epsilon of the "
+    "whole plan (a checkpoint of a running run; the final record is exact; docs/accounting.md, 'Caching')"
+)
+
+
+def privacy_section(cfg: Any, ledger: PrivacyLedger | None, data: Any = None, *, spent=None) -> dict[str, Any]:
     """The record's privacy block: target, the ledger and the ε it gives (``null`` when non-private):
     ``epsilon_guarantee`` is the run's DP guarantee, the ε of its whole plan; ``epsilon_spent`` the ε of
     the releases made, which is smaller only when the run stopped early (then flagged as ex-post).
     ``not_accounted`` names what that ε does not cover: the hyper-parameters' choice, the data's
-    preparation (``data``) and a federated run's client split."""
+    preparation (``data``) and a federated run's client split.
+
+    ``spent`` (an :class:`~privopt.privacy.EpsilonResult` bounding ``ledger.spent()`` from above)
+    replaces the exact ε of the releases: a running run's checkpoint reports it, at no PLD evaluation.
+    ``epsilon_spent_method`` says which it is; ``pld_grid`` the PLD grid behind a PLD number."""
     if ledger is None:
         return {"private": False, "epsilon_spent": None, "delta": None}
-    spent, guarantee = ledger.spent(), ledger.guarantee()
+    method = "exact" if spent is None else SPENT_BOUND_METHOD
+    spent, guarantee = ledger.spent() if spent is None else spent, ledger.guarantee()
     out = {
         "private": True,
         "epsilon_target": cfg.privacy.epsilon,
@@ -119,6 +130,8 @@ def privacy_section(cfg: Any, ledger: PrivacyLedger | None, data: Any = None) ->
         "epsilon_guarantee": guarantee.epsilon,
         "delta": cfg.privacy.delta,
         "accountant": spent.accountant,
+        "epsilon_spent_method": method,
+        **({"pld_grid": spent.grid} if getattr(spent, "grid", None) is not None else {}),
         "neighbouring": cfg.privacy.neighbouring,
         "ledger": ledger.to_dict(),
     }

@@ -22,7 +22,7 @@ from privopt.checkpoint import load_checkpoint, save_checkpoint
 from privopt.config import RunConfig
 from privopt.distributed import torchrun_comm
 from privopt.errors import ConfigError, DataError, PrivacyBudgetExceeded, PrivoptError
-from privopt.privacy import PrivacyLedger, epsilon_of
+from privopt.privacy import EpsilonResult, PrivacyLedger, epsilon_of
 from privopt.training.builder import Run, build_run, stated_config
 from privopt.training.callbacks import AlgorithmDone, DivergenceGuard, ProgressCallback, RunDiverged, SignalGuard
 from privopt.training.loop import Every, LoopState, StepLimit, run_loop
@@ -62,21 +62,26 @@ class _Session:
         self.diag_header = diagnostics_header(run) if run.cfg.non_private_diagnostics else None
 
     # ------------------------------------------------------------------ measuring
-    def _epsilon(self, *, final: bool) -> float | None:
-        """Epsilon spent so far: exact at the end; during the run an upper bound that costs no PLD
-        evaluation (one per new step count costs up to seconds): the smaller of the RDP bound and
-        the exact epsilon of the whole planned schedule (computed once). docs/accounting.md, "Caching"."""
+    def _spent_bound(self) -> EpsilonResult | None:
+        """An upper bound on the ε spent so far that costs no PLD evaluation (one per new step count
+        costs up to seconds): the smaller of the RDP bound and the exact ε of the whole planned
+        schedule (computed once); ``None`` when the exact ε is as cheap. docs/accounting.md, "Caching"."""
         ledger = self.run.ledger
-        if ledger is None:
+        if not isinstance(ledger, PrivacyLedger) or ledger.mode != "plan" or ledger.accountant == "rdp":
             return None
-        if final or not isinstance(ledger, PrivacyLedger) or ledger.mode != "plan" or ledger.accountant == "rdp":
-            return ledger.epsilon()
         kw = dict(delta=ledger.delta, neighbouring=ledger.neighbouring)
         counts, planned = ledger.counts, ledger.planned or {}
-        bound = epsilon_of(counts, accountant="rdp", **kw).epsilon
+        bound = epsilon_of(counts, accountant="rdp", **kw)
         if planned and all(c <= planned.get(s, 0) for s, c in counts.items()):  # epsilon grows with the counts
-            bound = min(bound, epsilon_of(planned, accountant=ledger.accountant, **kw).epsilon)
+            bound = min(bound, epsilon_of(planned, accountant=ledger.accountant, **kw), key=lambda r: r.epsilon)
         return bound
+
+    def _epsilon(self, *, final: bool) -> float | None:
+        """Epsilon spent so far: exact at the end, :meth:`_spent_bound` during the run."""
+        if self.run.ledger is None:
+            return None
+        bound = None if final else self._spent_bound()
+        return (self.run.ledger.spent() if bound is None else bound).epsilon
 
     def _last_row(self) -> bool:
         return self.state.step >= self.run.total or self.state.stop == "done"
@@ -132,13 +137,16 @@ class _Session:
 
     # ------------------------------------------------------------------ committing
     def _record(self, status: str, reason: str | None, final: dict | None) -> dict[str, Any]:
+        # A running run's checkpoint reports the cheap bound on its ε (nothing reads it back: the budget
+        # guard and a resume use the ledger's counts); every other record, the exact ε.
+        spent = self._spent_bound() if status == "running" else None
         rec = dict(self.base)
         rec.update(
             status=status,
             reason=reason,
             steps_done=self.state.step,
             wall_time_s=self.elapsed_before + time.perf_counter() - self.t0,
-            privacy=privacy_section(self.run.cfg, self.run.ledger, self.run.data),
+            privacy=privacy_section(self.run.cfg, self.run.ledger, self.run.data, spent=spent),
             metrics=final if final is not None else (self.history[-1] if self.history else {}),
             history=self.history,
         )
