@@ -57,3 +57,14 @@ def test_a_run_that_completes_its_plan_has_one_epsilon():
         ledger.record(STEP)
     rec = privacy_section(_Cfg, ledger)
     assert rec["epsilon_guarantee"] == rec["epsilon_spent"] and "epsilon_spent_is_ex_post" not in rec
+
+
+def test_a_running_runs_checkpoint_record_is_not_flagged_as_stopped():
+    ledger = PrivacyLedger(delta=1e-5, planned={STEP: 10})
+    for _ in range(3):
+        ledger.record(STEP)
+    running = privacy_section(_Cfg, ledger, spent=ledger.spent())  # a checkpoint passes its cheap bound
+    assert running["epsilon_spent"] < running["epsilon_guarantee"]
+    assert "epsilon_spent_is_ex_post" not in running and running["epsilon_spent_method"] != "exact"
+    stopped = privacy_section(_Cfg, ledger)  # the same ledger in a final record: stopped early
+    assert stopped["epsilon_spent_is_ex_post"] == EX_POST_NOTE

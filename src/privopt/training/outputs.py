@@ -83,9 +83,10 @@ def preprocessing_note(data: Any) -> str | None:
 
 
 EX_POST_NOTE = (
-    "the run stopped before the end of its plan, on a decision read from its own releases: it is "
-    "(epsilon_guarantee, delta)-DP, the plan's epsilon; epsilon_spent is the ex-post epsilon of the releases "
-    "made, not a DP guarantee (docs/accounting.md, 'Early stops')"
+    "the run stopped before the end of its plan (a stop rule read from its own releases, a time limit, a pause "
+    "or an interruption): it is (epsilon_guarantee, delta)-DP, the plan's epsilon; epsilon_spent is the "
+    "ex-post epsilon of the releases made, a DP guarantee only if the stop did not depend on the data or on "
+    "what the run released (docs/accounting.md, 'Early stops')"
 )
 
 
@@ -135,7 +136,7 @@ def privacy_section(cfg: Any, ledger: PrivacyLedger | None, data: Any = None, *,
         "neighbouring": cfg.privacy.neighbouring,
         "ledger": ledger.to_dict(),
     }
-    if guarantee.epsilon > spent.epsilon:
+    if guarantee.epsilon > spent.epsilon and method == "exact":  # a running run has not stopped
         out["epsilon_spent_is_ex_post"] = EX_POST_NOTE
     notes = {
         "hyperparameter_tuning": getattr(cfg, "hyperparameter_tuning", None),  # this run, not how it was chosen
