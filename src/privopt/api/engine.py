@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import nn
 
+from privopt.api.guards import claim
 from privopt.api.loader import PoissonLoader, training_data
 from privopt.api.losses import per_sample_loss
 from privopt.api.optimizer import DPOptimizer, check_optimizer
@@ -204,6 +205,7 @@ class PrivacyEngine:
             noise_rng=self._sources["noise"],
         )
         self._ledger, self._calibration, self._optimizer, self._planned_steps = ledger, cal, dp_optimizer, steps
+        claim(module, optimizer, lambda: f"by a PrivacyEngine that spent epsilon={ledger.epsilon():.4g} so far")
         return dp_optimizer
 
     def __repr__(self) -> str:
