@@ -50,6 +50,9 @@ def _schedule(*, batch_size: Any, sample_rate: Any, epochs: float, n: int) -> tu
 class PrivacyEngine:
     """DP-SGD for your own training loop: Poisson batches, per-example clipping, calibrated noise.
 
+    Each engine has its own ledger and budget, so a module (or optimizer) made private once is
+    refused by any later ``make_private``: a second engine would hide the ε already spent on it.
+
     Args:
         accountant: ``"auto"`` (default: the smaller ε of PLD and RDP), ``"pld"`` or ``"rdp"``.
         engine: per-example gradient engine (:func:`privopt.grads.get_engine`; ``"auto"``: ghost).
