@@ -88,11 +88,16 @@ class DPOptimizer(torch.optim.Optimizer):
         self._sampling, self._z, self._clip = sampling, float(noise_multiplier), float(max_grad_norm)
         self._normalizer, self._noise_rng = float(expected_batch_size), noise_rng
         self._pending: tuple[Any, Any] | None = None
-        self.steps_taken = 0  # steps charged to the ledger (also one that failed after its charge)
         self._fingerprint = ModelFingerprint(module)
         # Accumulation guard: batches drawn, and the draw of the user's last backward() since step/zero_grad.
         self._draws, self._backward_draw, self._in_step = 0, None, False
         self._hook = module.register_forward_hook(AccumulationGuard(self))
+
+    @property
+    def steps_taken(self) -> int:
+        """Steps charged to the ledger: read from it, so also a step that failed after its charge
+        (the failure may depend on the private batch) is counted."""
+        return self._ledger.num_steps
 
     def _set_batch(self, batch: tuple[Any, Any]) -> None:
         """Called by the private loader with each batch it yields."""
@@ -189,11 +194,7 @@ class DPOptimizer(torch.optim.Optimizer):
         try:
             # Recorded before anything is computed: the budget guard may refuse the step here.
             batch = PrivateBatch(self._ledger, self._sampling, {"grad": self._z}, rng=self._noise_rng)
-            try:
-                self._release(batch, x, y)
-            finally:
-                # Charged, so counted, even if what follows the charge fails (the failure may depend on the batch).
-                self.steps_taken += 1
+            self._release(batch, x, y)
         finally:
             self._in_step = False
         return loss
