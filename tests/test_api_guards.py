@@ -209,3 +209,23 @@ def test_a_refused_make_private_does_not_mark_the_model():
         private(model, epsilon=-1.0)
     engine, *_ = private(model)
     assert engine.planned_steps == 10
+
+
+def test_fit_and_make_private_refuse_a_model_the_other_made_private():
+    from privopt.data import Dataset
+
+    x, y = toy(500)
+    data = Dataset.from_tensors(x[:400], y[:400], x_test=x[400:], y_test=y[400:], num_classes=2)
+    fit = dict(dataset=data, epsilon=1.0, delta=1e-4, accountant="rdp", insecure_seed=0, epochs=1, batch_size=100)
+    _, model, *_ = private(mlp())
+    with pytest.raises(ConfigError, match="belongs to a model already made private .*PrivacyEngine"):
+        privopt.fit(model=model, **fit)
+    model = mlp()
+    with pytest.raises(ConfigError, match="delta"):
+        privopt.fit(model=model, **{**fit, "delta": 0.5})  # refused before training: not marked
+    record = privopt.fit(model=model, **fit)
+    with pytest.raises(ConfigError, match=r"already made private \(by privopt.fit, which spent epsilon="):
+        private(model)
+    with pytest.raises(ConfigError, match="already made private"):
+        privopt.fit(model=model, **fit)
+    assert record["status"] == "finished"
