@@ -173,11 +173,21 @@ def test_a_model_changed_after_make_private_is_refused_before_the_step_is_charge
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 
 
-def test_mode_switches_and_freezing_after_make_private_are_no_change():
-    engine, model, optimizer, loader = private(mlp())
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(5, 2)
+        self.again = self.a  # one layer reachable under two names
+
+    def forward(self, x):
+        return self.again(x) + self.a(x)
+
+
+def test_mode_switches_freezing_and_tied_layers_are_no_change():
+    engine, model, optimizer, loader = private(Tied())
     model.eval()
     model.train()
-    model[0].bias.requires_grad_(False)
+    model.a.bias.requires_grad_(False)
     next(iter(loader))
     optimizer.step()
     assert engine.steps_taken == 1

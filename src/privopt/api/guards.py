@@ -55,11 +55,12 @@ def _param_change(old: tuple[nn.Parameter, tuple], new: tuple[nn.Parameter, tupl
 
 def _walk(module: nn.Module) -> tuple[list, list]:
     """Every module and parameter object, in a fixed order (no names built: this runs every step)."""
-    modules, params, stack = [], [], [module]
+    modules, params, stack, seen = [], [], [module], set()
     while stack:
         m = stack.pop()
-        if m is None:  # a child slot set to None
+        if m is None or id(m) in seen:  # a child slot set to None; a module shared (or in a cycle)
             continue
+        seen.add(id(m))
         modules.append(m)
         params.extend(m._parameters.values())
         stack.extend(reversed(m._modules.values()))
