@@ -24,8 +24,8 @@ def mlp():
     return nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 2))
 
 
-def private(model, *, optimizer=None, **over):
-    engine = privopt.PrivacyEngine(accountant="rdp", insecure_seed=1)
+def private(model, *, optimizer=None, engine_name="auto", **over):
+    engine = privopt.PrivacyEngine(accountant="rdp", insecure_seed=1, engine=engine_name)
     args = dict(batch_size=40, epochs=1, epsilon=2.0, delta=1e-4, max_grad_norm=1.0, dataset=toy())
     args.update(over)
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.5)
@@ -39,8 +39,9 @@ def backward(model, xb, yb):
 # ---------------------------------------------------------------- 1. gradient accumulation
 
 
-def test_backward_on_a_second_batch_before_step_is_refused_in_that_backward():
-    engine, model, optimizer, loader = private(mlp())
+@pytest.mark.parametrize("engine_name", ["auto", "vmap"])
+def test_backward_on_a_second_batch_before_step_is_refused_in_that_backward(engine_name):
+    engine, model, optimizer, loader = private(mlp(), engine_name=engine_name)
     batches = iter(loader)
     xb, yb = next(batches)
     backward(model, xb, yb)
@@ -52,7 +53,33 @@ def test_backward_on_a_second_batch_before_step_is_refused_in_that_backward():
     optimizer.zero_grad()  # ends the earlier batch's gradient: the loop goes on
     backward(model, xb, yb)
     optimizer.step()
-    assert engine.steps_taken == engine.accountant.num_steps == 1
+    xb, yb = next(batches)
+    loss = optimizer.step(closure=lambda: nn.functional.cross_entropy(model(xb), yb).backward())
+    assert engine.steps_taken == engine.accountant.num_steps == 2 and loss is None
+
+
+class DictOut(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(5, 2)
+
+    def forward(self, x):
+        return {"logits": self.a(x)}
+
+
+def test_accumulation_is_refused_for_a_model_with_several_outputs():
+    def criterion(out, target):
+        return nn.functional.cross_entropy(out["logits"], target, reduction="none")
+
+    _, model, _, loader = private(DictOut(), criterion=criterion)
+    batches = iter(loader)
+    for k in range(2):
+        xb, yb = next(batches)
+        loss = criterion(model(xb), yb).mean()
+        if k == 0:
+            loss.backward()
+    with pytest.raises(ConfigError, match="gradient accumulation"):
+        loss.backward()
 
 
 def test_a_skipped_step_whose_gradient_was_cleared_is_no_accumulation():

@@ -16,7 +16,7 @@ See ``docs/api.md``, "Rules of the loop".
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -121,7 +121,11 @@ class AccumulationGuard:
         # The forward passes of step() itself (the gradient engine's) are not the user's.
         if opt is None or opt._in_step or not torch.is_grad_enabled():
             return
-        for out in output if isinstance(output, (tuple, list)) else (output,):
+        if isinstance(output, Mapping):
+            outputs = list(output.values())
+        else:
+            outputs = output if isinstance(output, (tuple, list)) else (output,)
+        for out in outputs:
             if isinstance(out, torch.Tensor) and out.requires_grad:
                 out.register_hook(opt._on_backward)
 
