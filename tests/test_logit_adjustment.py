@@ -167,4 +167,4 @@ def test_fit_takes_a_logit_adjustment():
     offsets = rec["prediction"]["logit_offsets"]
     assert offsets[1] < offsets[0]  # the minority's logit is raised
     with pytest.raises(ConfigError, match="exactly one of prior"):
-        privopt.fit(**common, logit_adjustment={"tau": 2.0})
+        privopt.fit(**{**common, "model": nn.Linear(3, 2)}, logit_adjustment={"tau": 2.0})

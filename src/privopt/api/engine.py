@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import nn
 
+from privopt.api.guards import claim
 from privopt.api.loader import PoissonLoader, training_data
 from privopt.api.losses import per_sample_loss
 from privopt.api.optimizer import DPOptimizer, check_optimizer
@@ -48,6 +49,9 @@ def _schedule(*, batch_size: Any, sample_rate: Any, epochs: float, n: int) -> tu
 
 class PrivacyEngine:
     """DP-SGD for your own training loop: Poisson batches, per-example clipping, calibrated noise.
+
+    Each engine has its own ledger and budget, so a module (or optimizer) made private once is
+    refused by any later ``make_private``: a second engine would hide the ε already spent on it.
 
     Args:
         accountant: ``"auto"`` (default: the smaller ε of PLD and RDP), ``"pld"`` or ``"rdp"``.
@@ -204,6 +208,7 @@ class PrivacyEngine:
             noise_rng=self._sources["noise"],
         )
         self._ledger, self._calibration, self._optimizer, self._planned_steps = ledger, cal, dp_optimizer, steps
+        claim(module, optimizer, lambda: f"by a PrivacyEngine that spent epsilon={ledger.epsilon():.4g} so far")
         return dp_optimizer
 
     def __repr__(self) -> str:

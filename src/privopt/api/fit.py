@@ -15,8 +15,9 @@ from typing import Any
 
 from torch import nn
 
+from privopt.api.guards import check_unclaimed, claim
 from privopt.api.losses import per_sample_loss
-from privopt.errors import ConfigError
+from privopt.errors import ConfigError, DataError, ModelError
 
 __all__ = ["fit"]
 
@@ -38,7 +39,7 @@ def _config(*, model: Any, dataset: Any, algorithm: str, privacy: dict, params: 
     )
 
 
-def _check_algorithm(algorithm: Any, *, epsilon: Any, delta: Any) -> None:
+def _check_algorithm(algorithm: Any, *, epsilon: Any, delta: Any) -> bool:
     from privopt.algorithms import available_algorithms
 
     algos = available_algorithms()
@@ -49,6 +50,27 @@ def _check_algorithm(algorithm: Any, *, epsilon: Any, delta: Any) -> None:
         raise ConfigError(f"algorithm {algorithm!r} is private: pass epsilon= and delta= (delta below 1/n)")
     if not private and (epsilon is not None or delta is not None):
         raise ConfigError(f"algorithm {algorithm!r} is not private: it takes no epsilon/delta")
+    return private
+
+
+def _claimed_run(cfg, private: bool, model: Any, **train: Any) -> dict[str, Any]:
+    """:func:`_train`, refused for a module already made private (its ε would be hidden by a fresh
+    budget); a module a private fit trained (also partly: interrupted) is marked as private."""
+    if not isinstance(model, nn.Module):
+        return _train(cfg, model=model, **train)
+    check_unclaimed(model, None)
+    if not private:
+        return _train(cfg, model=model, **train)
+    try:
+        record = _train(cfg, model=model, **train)
+    except (ConfigError, DataError, ModelError):
+        raise  # refused before training
+    except BaseException:
+        claim(model, None, lambda: "by an interrupted privopt.fit")
+        raise
+    spent = record["privacy"]["epsilon_spent"]
+    claim(model, None, lambda: f"by privopt.fit, which spent epsilon={spent:.4g}")
+    return record
 
 
 def fit(
@@ -104,13 +126,13 @@ def fit(
         >>> record["status"], record["privacy"]["epsilon_spent"] <= 1.0
         ('finished', True)
     """
-    _check_algorithm(algorithm, epsilon=epsilon, delta=delta)
+    private = _check_algorithm(algorithm, epsilon=epsilon, delta=delta)
     privacy = {"epsilon": epsilon, "allow_large_delta": allow_large_delta, "accountant": accountant}
     privacy.update({} if delta is None else {"delta": delta})
     options = {"engine": engine, "seed": seed, "insecure_seed": insecure_seed, "data_dir": data_dir}
     options["logit_adjustment"] = dict(logit_adjustment or {})
     cfg = _config(model=model, dataset=dataset, algorithm=algorithm, privacy=privacy, params=params, options=options)
-    return _train(cfg, out_dir=out_dir, progress=progress, model=model, dataset=dataset, loss=loss)
+    return _claimed_run(cfg, private, model, out_dir=out_dir, progress=progress, dataset=dataset, loss=loss)
 
 
 def _train(cfg, *, out_dir, progress: bool, model: Any, dataset: Any, loss: Any) -> dict[str, Any]:

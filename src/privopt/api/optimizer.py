@@ -12,7 +12,9 @@
    what it does with a released gradient is post-processing).
 
 Whatever ``.grad`` held before (e.g. from the user's ``loss.backward()``) is replaced, so a
-non-private gradient never reaches the update. See ``docs/api.md``.
+non-private gradient never reaches the update. A ``backward()`` on a second batch before
+``step()`` (gradient accumulation) and a model changed since ``make_private`` are refused
+(:mod:`privopt.api.guards`). See ``docs/api.md``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from privopt.api.guards import ACCUMULATION, AGAIN, AccumulationGuard, ModelFingerprint, check_unclaimed
 from privopt.errors import ConfigError
 from privopt.grads.flat import set_flat_grad, trainable_parameters, zero_flat
 from privopt.grads.release import PrivateBatch
@@ -40,8 +43,11 @@ _FOREIGN = (
 
 
 def check_optimizer(optimizer: Any, module: nn.Module) -> torch.optim.Optimizer:
-    """The optimizer must update only the module's trainable parameters, with a finite learning rate."""
-    if not isinstance(optimizer, torch.optim.Optimizer) or isinstance(optimizer, DPOptimizer):
+    """The optimizer must update only the module's trainable parameters, with a finite learning rate;
+    neither it nor the module may have been made private already (:func:`~privopt.api.guards.check_unclaimed`)."""
+    if isinstance(optimizer, DPOptimizer):
+        raise ConfigError(f"the optimizer is a DPOptimizer returned by make_private: {AGAIN}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigError(f"optimizer must be a torch.optim.Optimizer over the module, got {type(optimizer).__name__}")
     trainable = {id(p) for p in trainable_parameters(module)}
     for group in optimizer.param_groups:
@@ -50,6 +56,7 @@ def check_optimizer(optimizer: Any, module: nn.Module) -> torch.optim.Optimizer:
             raise ConfigError(f"the optimizer's learning rate must be a finite number, got {lr!r}")
         if any(id(p) not in trainable for p in group["params"]):
             raise ConfigError(_FOREIGN)
+    check_unclaimed(module, optimizer)
     return optimizer
 
 
@@ -81,11 +88,31 @@ class DPOptimizer(torch.optim.Optimizer):
         self._sampling, self._z, self._clip = sampling, float(noise_multiplier), float(max_grad_norm)
         self._normalizer, self._noise_rng = float(expected_batch_size), noise_rng
         self._pending: tuple[Any, Any] | None = None
-        self.steps_taken = 0
+        self._fingerprint = ModelFingerprint(module)
+        # Accumulation guard: batches drawn, and the draw of the user's last backward() since step/zero_grad.
+        self._draws, self._backward_draw, self._in_step = 0, None, False
+        self._hook = module.register_forward_hook(AccumulationGuard(self))
+
+    @property
+    def steps_taken(self) -> int:
+        """Steps charged to the ledger: read from it, so also a step that failed after its charge
+        (the failure may depend on the private batch) is counted."""
+        return self._ledger.num_steps
 
     def _set_batch(self, batch: tuple[Any, Any]) -> None:
         """Called by the private loader with each batch it yields."""
         self._pending = batch
+        self._draws += 1
+
+    def _on_backward(self, grad: torch.Tensor) -> None:
+        """Hook on the module's output: the user's ``backward()`` reached the module."""
+        if self._in_step:
+            return
+        earlier = self._backward_draw not in (None, self._draws)
+        # model.zero_grad() (grads set to None) also ends the earlier batch's backward.
+        if earlier and any(p.grad is not None for p in trainable_parameters(self._module)):
+            raise ConfigError(ACCUMULATION)
+        self._backward_draw = self._draws
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """As torch's, for trainable parameters of the module only (they get the released gradient)."""
@@ -113,6 +140,7 @@ class DPOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
+        self._backward_draw = None
 
     def state_dict(self) -> dict[str, Any]:
         return self.original_optimizer.state_dict()
@@ -120,9 +148,8 @@ class DPOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.original_optimizer.load_state_dict(state_dict)
 
-    def _noisy_gradient(self, x: Any, y: Any) -> torch.Tensor:
-        # Recorded before anything is computed: the budget guard may refuse the step here.
-        batch = PrivateBatch(self._ledger, self._sampling, {"grad": self._z}, rng=self._noise_rng)
+    def _release(self, batch: PrivateBatch, x: Any, y: Any) -> None:
+        """The charged step: clipped sum, noise, ``.grad``, the wrapped optimizer's update."""
         m = self._module
         if len(y) == 0:  # an empty Poisson batch still releases (pure) noise
             # In the parameters' dtype, as a non-empty batch's sum: float32 noise in a float64
@@ -130,7 +157,8 @@ class DPOptimizer(torch.optim.Optimizer):
             clipped: Any = BoundedSum(zero_flat(m), bound=self._clip)
         else:
             clipped = self._engine.clipped_sum(m, self._loss_fn, x, y, clip=self._clip)
-        return batch.gaussian("grad", clipped, normalizer=self._normalizer)
+        set_flat_grad(m, batch.gaussian("grad", clipped, normalizer=self._normalizer))
+        self.original_optimizer.step()
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Release the noisy clipped gradient of the last batch the private loader yielded and step.
@@ -143,7 +171,12 @@ class DPOptimizer(torch.optim.Optimizer):
             ConfigError: no new batch since the last step (iterate the loader ``make_private``
                 returned: each batch pays for exactly one step), or the optimizer updates a
                 parameter that is not the module's (e.g. added by ``add_param_group``).
+            ModelError: the model changed since ``make_private`` (a layer or parameter added,
+                removed, replaced or reshaped); nothing was charged.
             PrivacyBudgetExceeded: this step would push ε above the target; nothing was released.
+
+        A step that fails after it was charged (e.g. in the gradient engine or the wrapped
+        optimizer) stays charged and counted in ``steps_taken``, and its batch is used up.
         """
         loss = None
         if closure is not None:
@@ -154,12 +187,16 @@ class DPOptimizer(torch.optim.Optimizer):
                 "optimizer.step() needs a new batch from the data loader returned by make_private (one step per "
                 "private batch)"
             )
+        self._fingerprint.check(self._module)
         self._guard_updates()
-        (x, y), self._pending = self._pending, None
-        flat = self._noisy_gradient(x, y)
-        set_flat_grad(self._module, flat)
-        self.original_optimizer.step()
-        self.steps_taken += 1
+        (x, y), self._pending, self._backward_draw = self._pending, None, None
+        self._in_step = True
+        try:
+            # Recorded before anything is computed: the budget guard may refuse the step here.
+            batch = PrivateBatch(self._ledger, self._sampling, {"grad": self._z}, rng=self._noise_rng)
+            self._release(batch, x, y)
+        finally:
+            self._in_step = False
         return loss
 
     def __repr__(self) -> str:
