@@ -166,3 +166,28 @@ def test_model_probe_withholds_a_user_models_error_text_on_the_records():
     msg = _message(ModelError, lambda: check_model_fits(_Secretive(), _ce, x, y, what="x"))
     assert msg.startswith("the model cannot take x") and "withheld" in msg
     assert "3.14" not in msg and "feature too large" not in msg
+
+
+# A Poisson batch's size is the secret sampling's: shape errors met at a step name the problem only.
+def test_batch_shape_errors_do_not_print_the_batch_size():
+    from privopt.grads.coefficients import resolve_scale, resolve_weights
+    from privopt.training.metrics import build_loss
+
+    losses, norms = torch.ones(37), torch.ones(37)
+    msg = _message(ConfigError, lambda: resolve_weights(torch.ones(36), losses))
+    assert "one per example of the batch" in msg and "37" not in msg and "36" not in msg
+    msg = _message(ConfigError, lambda: resolve_scale(lambda ell, nrm: torch.ones(36), losses, norms))
+    assert "one value per example of the batch" in msg and "37" not in msg and "36" not in msg
+    msg = _message(ValueError, lambda: build_loss("logistic")(torch.zeros(37, 3), torch.zeros(37, dtype=torch.long)))
+    assert msg.endswith("one logit per example, got (3,) per example") and "37" not in msg
+
+
+def test_ghost_engine_loss_shape_error_does_not_print_the_batch_size():
+    from privopt.grads import get_engine
+
+    def mean_loss(out, y):
+        return _ce(out, y).mean()  # not per example
+
+    x, y = torch.zeros(37, 3), torch.zeros(37, dtype=torch.long)
+    msg = _message(ConfigError, lambda: get_engine("ghost").clipped_sum(nn.Linear(3, 2), mean_loss, x, y, clip=1.0))
+    assert "one per example of the batch" in msg and "0-D tensor" in msg and "37" not in msg
