@@ -46,3 +46,36 @@ def test_run_sosp_that_fails_at_its_first_run_leaves_no_empty_results(tmp_path):
     with pytest.raises(DataError):
         _sosp(existing, data_dir=str(empty))
     assert existing.is_dir() and list(existing.iterdir()) == []  # the user's empty folder is kept, emptied
+
+
+def test_celeba_attribute_file_refuses_a_duplicate_image_row(tmp_path):
+    from privopt.data import formats
+
+    path = tmp_path / "list_attr_celeba.txt"
+    path.write_text("3\nSmiling Male\na.jpg 1 -1\nb.jpg -1 1\na.jpg 1 1\n")
+    with pytest.raises(DataError) as info:
+        formats.read_celeba_attributes(path)
+    assert str(info.value) == f"{path}: image 'a.jpg' has more than one row; each image must appear once"
+
+
+def test_celeba_partition_file_refuses_a_duplicate_image(tmp_path):
+    from privopt.data import formats
+
+    path = tmp_path / "list_eval_partition.txt"
+    path.write_text("a.jpg 0\nb.jpg 0\na.jpg 2\n")
+    with pytest.raises(DataError) as info:
+        formats.read_celeba_partition(path)
+    assert str(info.value) == f"{path}: image 'a.jpg' is listed more than once (line 3)"
+
+
+def test_celeba_loader_refuses_duplicate_rows(tmp_path):
+    from privopt.data import load_dataset
+
+    d = tmp_path / "celeba"
+    d.mkdir()
+    rows = [f"{i:06d}.jpg " + " ".join(["1", "-1", "1"] if i % 2 else ["-1", "1", "-1"]) for i in range(6)]
+    rows.append(rows[2])  # the same person twice
+    (d / "list_attr_celeba.txt").write_text(f"{len(rows)}\nSmiling Male Young\n" + "\n".join(rows) + "\n")
+    (d / "list_eval_partition.txt").write_text("".join(f"{i:06d}.jpg {i % 2}\n" for i in range(6)))
+    with pytest.raises(DataError, match=r"list_attr_celeba\.txt: image '000002\.jpg' has more than one row"):
+        load_dataset("celeba", data_dir=tmp_path, target="Smiling", group="Male")

@@ -301,7 +301,7 @@ def read_celeba_attributes(path: str | os.PathLike) -> tuple[list[str], np.ndarr
 
     Raises:
         DataError: count line not an integer or not matching the rows, a row of the wrong length,
-            or a value other than ``1``/``-1``.
+            an image with more than one row, or a value other than ``1``/``-1``.
     """
     names, ids, attrs = _read_celeba_attributes_cached(_cache_key(Path(path)))
     return list(names), ids.copy(), attrs.copy()
@@ -327,6 +327,11 @@ def _read_celeba_attributes_cached(key):
         raise DataError(f"{path}: some row does not have {width} fields (image id + {len(names)} attributes)")
     table = np.array(tokens, dtype=object).reshape(count, width)
     ids = table[:, 0].astype(str)
+    uniq, counts = np.unique(ids, return_counts=True)
+    if counts.size and counts.max() > 1:  # one person's record would count twice: the privacy unit breaks
+        raise DataError(
+            f"{path}: image {str(uniq[counts > 1][0])!r} has more than one row; each image must appear once"
+        )
     vals = table[:, 1:]
     pos, neg = vals == "1", vals == "-1"
     if not np.all(pos | neg):
@@ -339,7 +344,11 @@ def _read_celeba_attributes_cached(key):
 
 
 def read_celeba_partition(path: str | os.PathLike) -> dict[str, int]:
-    """Parse ``list_eval_partition.txt`` (``<image> <0|1|2>`` per line) into ``{image: partition}``."""
+    """Parse ``list_eval_partition.txt`` (``<image> <0|1|2>`` per line) into ``{image: partition}``.
+
+    Raises:
+        DataError: a line of the wrong length, a partition other than 0/1/2, an image listed twice.
+    """
     path = Path(path)
     out: dict[str, int] = {}
     for i, ln in enumerate(read_text(path).splitlines()):
@@ -350,6 +359,8 @@ def read_celeba_partition(path: str | os.PathLike) -> dict[str, int]:
             raise DataError(f"{path}: line {i + 1} does not have 2 fields ('<image> <0|1|2>')")
         if parts[1] not in ("0", "1", "2"):
             raise DataError(f"{path}: line {i + 1}, field 2 (partition) is not 0, 1 or 2")
+        if parts[0] in out:  # a second entry would silently override the first (or place it twice)
+            raise DataError(f"{path}: image {parts[0]!r} is listed more than once (line {i + 1})")
         out[parts[0]] = int(parts[1])
     if not out:
         raise DataError(f"{path}: empty partition list")
