@@ -79,3 +79,53 @@ def test_celeba_loader_refuses_duplicate_rows(tmp_path):
     (d / "list_eval_partition.txt").write_text("".join(f"{i:06d}.jpg {i % 2}\n" for i in range(6)))
     with pytest.raises(DataError, match=r"list_attr_celeba\.txt: image '000002\.jpg' has more than one row"):
         load_dataset("celeba", data_dir=tmp_path, target="Smiling", group="Male")
+
+
+ACCOUNT = ["account", "--dataset-size", "60000", "--batch-size", "256", "--steps", "1000", "--epsilon", "1"]
+
+
+def test_account_json_prints_the_json_alone(capsys):
+    """`privopt account --json` logged "calibrating (rdp): 1 evaluations ...; best so far none yet"."""
+    import json
+
+    from privopt.cli import main
+
+    assert main([*ACCOUNT, "--delta", "1e-5", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["noise_multiplier"] > 0
+    assert err == ""
+
+
+def test_account_log_does_not_stop_on_a_stale_line(capsys):
+    from privopt.cli import main
+
+    assert main([*ACCOUNT, "--delta", "1e-5", "--accountant", "rdp"]) == 0
+    out, err = capsys.readouterr()
+    assert "noise multiplier z" in out
+    assert "none yet" not in err  # a search shorter than 2 s logs nothing (it used to log its first evaluation)
+
+
+def test_progress_line_ends_a_log_on_the_last_state(monkeypatch):
+    import io
+
+    from privopt.privacy import search
+    from privopt.privacy.search import CalibrationProgress, ProgressLine
+
+    now = [100.0]
+    monkeypatch.setattr(search.time, "monotonic", lambda: now[0])
+    stream = io.StringIO()
+    line = ProgressLine(stream, quiet=False)
+    for t, best in ((100.1, None), (102.5, 1.4), (102.9, 1.31)):
+        now[0] = t
+        line(CalibrationProgress("pld", 1, 1.0, 1.1, best, t - 100.0))
+    assert stream.getvalue().splitlines() == [
+        "calibrating (pld): 1 evaluations, 2.5 s; scale 1 gives epsilon 1.1; best so far 1.4"
+    ]  # the first evaluation (no best yet) came before 2 s of searching: not logged
+    line.finish()
+    assert stream.getvalue().splitlines()[-1].endswith("best so far 1.31")
+    quiet = io.StringIO()
+    silent = ProgressLine(quiet, quiet=True)
+    now[0] = 200.0
+    silent(CalibrationProgress("pld", 1, 1.0, 1.1, None, 0.0))
+    silent.finish()
+    assert quiet.getvalue() == ""
