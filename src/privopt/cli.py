@@ -79,7 +79,7 @@ def _cmd_account(args) -> int:
     from privopt.privacy.search import ProgressLine
 
     check_delta_for_size(args.delta, dataset_size=args.dataset_size, allow_large=args.allow_large_delta)
-    progress = ProgressLine(sys.stderr, quiet=args.quiet or args.json)  # --json: the JSON alone, no log
+    progress = ProgressLine(sys.stderr, quiet=args.quiet)  # on stderr: stdout holds the result (or its JSON)
     cal = dp_sgd_noise(
         dataset_size=args.dataset_size,
         batch_size=args.batch_size,
@@ -231,7 +231,7 @@ def _add_account_parser(sub) -> None:
         help="accept delta >= 1/N (such a delta allows publishing a record outright; refused by default)",
     )
     a.add_argument("--quiet", action="store_true", help="no progress line while calibrating")
-    a.add_argument("--json", action="store_true", help="print the result as one JSON object (no progress lines)")
+    a.add_argument("--json", action="store_true", help="print the result as one JSON object")
     a.set_defaults(func=_cmd_account)
 
 

@@ -74,15 +74,15 @@ class CalibrationProgress:
 
 class ProgressLine:
     """A calibration's progress on ``stream`` (``privopt account``): a live line on a terminal; in
-    a log, a line every 2 s of searching and, if any was written, the last state at the end, so a
-    log never stops on a stale line (the first evaluation's "best so far none yet" when the search
-    ended within 2 s). Silent when ``quiet``. Call it with each :class:`CalibrationProgress`, then
-    :meth:`finish`."""
+    a log, the first evaluation, then a line every 2 s, and the last state at the end, so a log
+    never stops on a stale line (it used to stop on the first evaluation's "best so far none yet"
+    when the search ended within 2 s). Silent when ``quiet``. Call it with each
+    :class:`CalibrationProgress`, then :meth:`finish`."""
 
     def __init__(self, stream, *, quiet: bool, every: float = 2.0):
         self._stream, self.quiet, self._every = stream, quiet, every
         self.tty = bool(getattr(stream, "isatty", lambda: False)())
-        self._last, self._pending, self._printed = time.monotonic(), None, False
+        self._last, self._pending, self._printed = -math.inf, None, False
 
     def __call__(self, p: CalibrationProgress) -> None:
         if self.quiet:
