@@ -326,7 +326,7 @@ def test_bad_arguments_are_refused_by_name(case):
 @pytest.mark.parametrize(
     "targets,torch_says",
     [
-        (toy()[1] + 5, "out of bounds"),  # class ids beyond the model's 2 outputs
+        (toy()[1] + 5, "labels out of range"),  # class ids beyond 2 outputs: torch's text quotes one, withheld
         (toy()[1].float(), "dtype"),  # float labels
         (toy()[1][:, None], "target"),  # [N, 1] instead of [N]
     ],
@@ -339,6 +339,7 @@ def test_bad_targets_are_blamed_on_the_targets_not_the_model(targets, torch_says
     assert msg.startswith("the loss cannot take the model's outputs on the training inputs (shape (2,) per example)")
     assert torch_says in msg
     assert "the model cannot take" not in msg
+    assert "Target 5" not in msg and "Target 6" not in msg  # torch's "Target 5 is out of bounds" quotes a label
 
 
 def test_a_model_the_engine_cannot_differentiate_per_example_is_refused_by_make_private():

@@ -87,7 +87,7 @@ def test_bad_scales_are_refused():
     model = torch.nn.Linear(3, 2)
     x, y = torch.randn(4, 3), torch.tensor([0, 1, 1, 0])
     for engine in (GHOST, VMAP):
-        with pytest.raises(ConfigError, match="scale returned shape"):
+        with pytest.raises(ConfigError, match="scale must return one value per example"):
             engine.scaled_sum(model, ce, x, y, scale=lambda losses, norms: torch.ones(3))
         with pytest.raises(ConfigError, match="scale must be a function"):
             engine.scaled_sum(model, ce, x, y, scale=torch.ones(4))

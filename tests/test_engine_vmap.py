@@ -122,7 +122,7 @@ def test_batchnorm_rejected_and_bad_inputs():
         get_engine("nope")
     with pytest.raises(ConfigError, match="clip threshold"):
         clip_factors(torch.ones(2), 0.0)
-    with pytest.raises(ConfigError, match="weights have shape"):
+    with pytest.raises(ConfigError, match="weights must have the losses' shape"):
         get_engine("vmap").clipped_sum(
             nn.Linear(2, 2), ce, torch.randn(3, 2), torch.zeros(3, dtype=torch.long), clip=1.0, weights=torch.ones(4)
         )

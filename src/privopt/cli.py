@@ -75,19 +75,11 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_account(args) -> int:
-    import time
-
     from privopt.privacy import check_delta_for_size, dp_sgd_noise
+    from privopt.privacy.search import ProgressLine
 
     check_delta_for_size(args.delta, dataset_size=args.dataset_size, allow_large=args.allow_large_delta)
-    tty, last = sys.stderr.isatty(), [0.0]
-
-    def progress(p) -> None:  # a live line on a terminal, a line every 2 s in logs
-        if args.quiet or (not tty and time.monotonic() - last[0] < 2.0):
-            return
-        last[0] = time.monotonic()
-        print(("\r\033[K" if tty else "") + p.describe(), end="" if tty else "\n", file=sys.stderr, flush=True)
-
+    progress = ProgressLine(sys.stderr, quiet=args.quiet)  # on stderr: stdout holds the result (or its JSON)
     cal = dp_sgd_noise(
         dataset_size=args.dataset_size,
         batch_size=args.batch_size,
@@ -99,8 +91,7 @@ def _cmd_account(args) -> int:
         time_limit=args.time_limit,
         progress=progress,
     )
-    if tty and not args.quiet:
-        print("\r\033[K", end="", file=sys.stderr, flush=True)
+    progress.finish()
     z = cal.noise["gradient"]
     result = {
         "noise_multiplier": z,

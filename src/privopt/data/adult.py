@@ -34,12 +34,9 @@ ADULT_GROUPINGS = {
 def _group_ids(cols: dict, grouping: str, path) -> np.ndarray:
     sex, race = cols["sex"], cols["race"]
     for col, allowed in (("sex", _SEX), ("race", tuple(RACE3))):
-        bad = np.flatnonzero(~np.isin(cols[col], allowed))
-        if bad.size:  # where, never the value: a field is a record's data
-            raise DataError(
-                f"{path}: {col} of {bad.size} record(s) (first: data row {bad[0] + 1}) cannot be grouped "
-                f"(expected {', '.join(allowed)})"
-            )
+        # The column only: which records, how many and their values are data.
+        if not bool(np.isin(cols[col], allowed).all()):
+            raise DataError(f"{path}: {col} of some record cannot be grouped (expected {', '.join(allowed)})")
     s = np.array([_SEX.index(v) for v in sex], dtype=np.int64)
     if grouping == "sex":
         return s
@@ -56,12 +53,8 @@ def _encode(cols: dict, path, *, with_missing: bool) -> np.ndarray:
         blocks.append((np.log1p(np.maximum(v, 0.0)) if transform == "log1p" else v)[:, None])
     for name, vocab in ADULT_VOCABULARY.items():
         values = cols[name]
-        bad = np.flatnonzero(~np.isin(values, (*vocab, "?")))
-        if bad.size:  # where, never the value
-            raise DataError(
-                f"{path}: {name} of {bad.size} record(s) (first: data row {bad[0] + 1}) "
-                "is not in the adult.names vocabulary"
-            )
+        if not bool(np.isin(values, (*vocab, "?")).all()):  # the column, never which record or its value
+            raise DataError(f"{path}: {name} of some record is not in the adult.names vocabulary")
         cats = (*vocab, "?") if with_missing else vocab
         blocks.append(values[:, None] == np.array(cats, dtype=object)[None, :])
     return np.concatenate([b.astype(np.float64) for b in blocks], axis=1)

@@ -157,11 +157,8 @@ def read_cifar_bin(path: str | os.PathLike, *, num_classes: int = 10) -> tuple[n
         )
     rec = np.frombuffer(raw, dtype=np.uint8).reshape(-1, CIFAR_RECORD)
     labels = rec[:, 0].astype(np.int64)
-    bad = np.flatnonzero(labels >= num_classes)
-    if bad.size:
-        raise DataError(
-            f"{path}: record {int(bad[0])} has label byte {int(labels[bad[0]])}, outside 0..{num_classes - 1}"
-        )
+    if bool((labels >= num_classes).any()):  # neither which record nor its label: both are its data
+        raise DataError(f"{path}: some record has a label byte outside 0..{num_classes - 1}")
     images = rec[:, 1:].reshape(-1, 3, 32, 32).copy()
     return images, labels
 
@@ -194,40 +191,36 @@ def _read_covtype_cached(key) -> tuple[np.ndarray, np.ndarray]:
     lines = [ln for ln in read_text(path).splitlines() if ln.strip()]
     if not lines:
         raise DataError(f"{path}: no data rows (expected comma-separated covtype rows of 55 integers)")
-    for i, ln in enumerate(lines):
-        # Cheap structural check first, so the error can name the offending line.
-        if ln.count(",") != 54:
-            raise DataError(f"{path}: line {i + 1} has {ln.count(',') + 1} fields, expected 55 (54 features + label)")
+    # Errors name the file and the field, never the line, its value or how many lines are bad:
+    # which line holds a bad record, and what it holds, are that record's data.
+    if any(ln.count(",") != 54 for ln in lines):
+        raise DataError(f"{path}: some line does not have 55 fields (54 features + label)")
     try:
         data = np.array([ln.split(",") for ln in lines], dtype=np.float64)
     except ValueError:
-        line, field = _first_non_number((i + 1, ln.split(",")) for i, ln in enumerate(lines))
-        raise DataError(f"{path}: line {line}, field {field} is not a number") from None
+        field = _first_non_number(ln.split(",") for ln in lines)
+        raise DataError(f"{path}: field {field} of some line is not a number") from None
     if not np.isfinite(data).all():
-        row = int(np.flatnonzero(~np.isfinite(data).all(axis=1))[0])
-        raise DataError(f"{path}: non-finite value (NaN/inf) on line {row + 1}")
+        raise DataError(f"{path}: some line has a non-finite value (NaN/inf)")
     labels = data[:, 54]
-    bad = np.flatnonzero(~((labels >= 1) & (labels <= 7) & (labels == np.round(labels))))
-    if bad.size:
-        row = int(bad[0])
-        raise DataError(f"{path}: line {row + 1}, field 55 (Cover_Type) is not an integer 1..7")
+    if not bool(((labels >= 1) & (labels <= 7) & (labels == np.round(labels))).all()):
+        raise DataError(f"{path}: field 55 (Cover_Type) of some line is not an integer 1..7")
     x, y = data[:, :54], labels.astype(np.int64)
     x.setflags(write=False)
     y.setflags(write=False)
     return x, y
 
 
-def _first_non_number(rows) -> tuple[int, int]:
-    """``(line, field)`` (1-based) of the first field of ``rows`` (``(line, fields)`` pairs) that
-    does not parse as a number. Error messages name where, never the value: a field of a data file
-    is a record's data."""
-    for line, fields in rows:
+def _first_non_number(rows) -> int:
+    """The field (1-based) of the first value of ``rows`` (lists of fields) that does not parse as a
+    number. Error messages name the field, never the line or the value: both are a record's data."""
+    for fields in rows:
         for j, f in enumerate(fields):
             try:
                 float(f)
             except ValueError:
-                return line, j + 1
-    return 0, 0  # unreachable when numpy's parse failed on the same fields
+                return j + 1
+    return 0  # unreachable when numpy's parse failed on the same fields
 
 
 # ---------------------------------------------------------------------------------------- Adult
@@ -266,8 +259,8 @@ def _read_adult_cached(key) -> tuple[dict[str, np.ndarray], np.ndarray]:
         if not ln.strip() or ln.startswith("|"):
             continue
         fields = [f.strip() for f in ln.split(",")]
-        if len(fields) != len(ADULT_COLUMNS):
-            raise DataError(f"{path}: line {i + 1} has {len(fields)} fields, expected {len(ADULT_COLUMNS)}")
+        if len(fields) != len(ADULT_COLUMNS):  # never which line, nor its content: a record's data
+            raise DataError(f"{path}: some line does not have {len(ADULT_COLUMNS)} fields")
         rows.append((i + 1, fields))
     if not rows:
         raise DataError(f"{path}: no data rows (expected UCI Adult rows of {len(ADULT_COLUMNS)} fields)")
@@ -278,23 +271,21 @@ def _read_adult_cached(key) -> tuple[dict[str, np.ndarray], np.ndarray]:
             try:
                 arr = np.array(values, dtype=np.float64)
             except ValueError:
-                line, _ = _first_non_number((r[0], [r[1][j]]) for r in rows)
-                raise DataError(f"{path}: line {line}, field {j + 1} ({name!r}) is not a number") from None
+                raise DataError(f"{path}: field {j + 1} ({name!r}) of some line is not a number") from None
             if not np.isfinite(arr).all():
-                line = rows[int(np.flatnonzero(~np.isfinite(arr))[0])][0]
-                raise DataError(f"{path}: non-finite {name!r} on line {line}")
+                raise DataError(f"{path}: field {j + 1} ({name!r}) of some line is not finite (NaN/inf)")
             cols[name] = arr
         else:
             cols[name] = np.array(values, dtype=object)
     label = np.empty(len(rows), dtype=np.int64)
-    for k, (line, fields) in enumerate(rows):
+    for k, (_line, fields) in enumerate(rows):
         inc = fields[-1].rstrip(".")
         if inc == ">50K":
             label[k] = 1
         elif inc == "<=50K":
             label[k] = 0
         else:
-            raise DataError(f"{path}: line {line}, field 15 (income) is neither '<=50K' nor '>50K'")
+            raise DataError(f"{path}: field 15 (income) of some line is neither '<=50K' nor '>50K'")
     return cols, label
 
 
@@ -310,7 +301,7 @@ def read_celeba_attributes(path: str | os.PathLike) -> tuple[list[str], np.ndarr
 
     Raises:
         DataError: count line not an integer or not matching the rows, a row of the wrong length,
-            or a value other than ``1``/``-1``.
+            an image with more than one row, or a value other than ``1``/``-1``.
     """
     names, ids, attrs = _read_celeba_attributes_cached(_cache_key(Path(path)))
     return list(names), ids.copy(), attrs.copy()
@@ -332,17 +323,20 @@ def _read_celeba_attributes_cached(key):
         raise DataError(f"{path}: header says {count} rows but the file has {len(body)} (truncated?)")
     width = len(names) + 1
     tokens = " ".join(body).split()
-    if len(tokens) != count * width:
-        for i, ln in enumerate(body):
-            if len(ln.split()) != width:
-                raise DataError(f"{path}: row {i + 3} has {len(ln.split())} fields, expected {width}")
+    if len(tokens) != count * width:  # never which row, nor its content: a record's data
+        raise DataError(f"{path}: some row does not have {width} fields (image id + {len(names)} attributes)")
     table = np.array(tokens, dtype=object).reshape(count, width)
     ids = table[:, 0].astype(str)
+    uniq, counts = np.unique(ids, return_counts=True)
+    if counts.size and counts.max() > 1:  # one person's record would count twice: the privacy unit breaks
+        raise DataError(
+            f"{path}: image {str(uniq[counts > 1][0])!r} has more than one row; each image must appear once"
+        )
     vals = table[:, 1:]
     pos, neg = vals == "1", vals == "-1"
     if not np.all(pos | neg):
-        r, c = np.argwhere(~(pos | neg))[0]
-        raise DataError(f"{path}: line {r + 3}, field {c + 2} (attribute {names[c]!r}) is neither 1 nor -1")
+        c = int(np.argwhere(~(pos | neg))[0][1])  # the attribute is public; the row is a record
+        raise DataError(f"{path}: field {c + 2} (attribute {names[c]!r}) of some row is neither 1 nor -1")
     attrs = pos.astype(np.int8)
     ids.setflags(write=False)
     attrs.setflags(write=False)
@@ -350,7 +344,11 @@ def _read_celeba_attributes_cached(key):
 
 
 def read_celeba_partition(path: str | os.PathLike) -> dict[str, int]:
-    """Parse ``list_eval_partition.txt`` (``<image> <0|1|2>`` per line) into ``{image: partition}``."""
+    """Parse ``list_eval_partition.txt`` (``<image> <0|1|2>`` per line) into ``{image: partition}``.
+
+    Raises:
+        DataError: a line of the wrong length, a partition other than 0/1/2, an image listed twice.
+    """
     path = Path(path)
     out: dict[str, int] = {}
     for i, ln in enumerate(read_text(path).splitlines()):
@@ -358,9 +356,11 @@ def read_celeba_partition(path: str | os.PathLike) -> dict[str, int]:
             continue
         parts = ln.split()
         if len(parts) != 2:
-            raise DataError(f"{path}: line {i + 1} has {len(parts)} fields, expected 2 ('<image> <0|1|2>')")
+            raise DataError(f"{path}: line {i + 1} does not have 2 fields ('<image> <0|1|2>')")
         if parts[1] not in ("0", "1", "2"):
             raise DataError(f"{path}: line {i + 1}, field 2 (partition) is not 0, 1 or 2")
+        if parts[0] in out:  # a second entry would silently override the first (or place it twice)
+            raise DataError(f"{path}: image {parts[0]!r} is listed more than once (line {i + 1})")
         out[parts[0]] = int(parts[1])
     if not out:
         raise DataError(f"{path}: empty partition list")

@@ -68,7 +68,7 @@ def idx_source(
         if len(x) != len(y):
             raise DataError(f"{img} holds {len(x)} images but {lab} holds {len(y)} labels")
         if y.size and (y.min() < 0 or y.max() >= len(class_names)):
-            raise DataError(f"{lab}: labels must be in 0..{len(class_names) - 1}, found {y.min()}..{y.max()}")
+            raise DataError(f"{lab}: some label is outside 0..{len(class_names) - 1}")  # not which, nor its value
         files[str(img)], files[str(lab)] = len(x), len(y)
         parts[split] = Part(x[:, None, :, :], y)
     if not parts:

@@ -37,7 +37,8 @@ def _labels(y: ArrayLike, n: int, num_classes: int) -> np.ndarray:
     if yy.shape[0] != n:
         raise DataError(f"y has {yy.shape[0]} entries but logits have {n} rows")
     if yy.size and (yy.min() < 0 or yy.max() >= num_classes or not np.all(np.equal(np.mod(yy, 1), 0))):
-        raise DataError(f"labels must be integers in [0, {num_classes - 1}], got range [{yy.min()}, {yy.max()}]")
+        # Not the range found: these may be training labels (diagnostics).
+        raise DataError(f"labels must be integers in [0, {num_classes - 1}]: some label is not")
     return yy.astype(np.int64)
 
 

@@ -70,6 +70,8 @@ def _train(cfg: dict[str, Any], out: Path, launcher: str) -> dict[str, Any]:
            "--config", str(cfg_path), "--out", str(out), "--quiet"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
+        if not (out / "record.json").exists():  # the run never started: its config file is not an output
+            cfg_path.unlink(missing_ok=True)
         raise ConfigError(f"torchrun run failed ({out}): {proc.stderr.strip().splitlines()[-1:]}")
     return json.loads((out / "record.json").read_text())
 
@@ -157,7 +159,30 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def _check_grid(*, clients, epsilons, seeds, methods, split, trust) -> None:
+    from privopt.algorithms.federation import TRUST_MODES
+    from privopt.data.splits import CLIENT_SPLITS
+    from privopt.validation import positive, positive_int
+
+    positive_int("seeds", seeds)
+    for name, values, check in (("clients", clients, positive_int), ("epsilons", epsilons, positive)):
+        if not isinstance(values, (list, tuple)) or not values:
+            raise ConfigError(f"{name} must be a non-empty list, got {values!r}")
+        for v in values:
+            check(name, v)
+    if not isinstance(methods, (list, tuple)) or not methods:
+        raise ConfigError(f"methods must be a non-empty list of algorithm names, got {methods!r}")
+    if split not in CLIENT_SPLITS:
+        raise ConfigError(f"split must be one of {CLIENT_SPLITS}, got {split!r}")
+    if trust not in TRUST_MODES:
+        raise ConfigError(f"trust must be one of {TRUST_MODES}, got {trust!r}")
+
+
 def _jobs(*, dataset, data_dir, clients, epsilons, seeds, methods, budget, out, launcher, split, trust, insecure_seed):
+    """One job per run; every config is checked here (nothing is written yet)."""
+    from privopt.config import RunConfig
+
+    _check_grid(clients=clients, epsilons=epsilons, seeds=seeds, methods=methods, split=split, trust=trust)
     jobs = []
     for m in sorted(clients, reverse=True):  # the slowest first, for the worker pool
         for eps in epsilons:
@@ -168,6 +193,7 @@ def _jobs(*, dataset, data_dir, clients, epsilons, seeds, methods, budget, out, 
                         split=split, trust=trust, insecure_seed=None if insecure_seed is None else insecure_seed + s,
                         n_train=budget.n_train,
                     )  # fmt: skip
+                    RunConfig.from_dict(cfg)
                     run_dir = out / "runs" / method / f"m{m}" / f"eps{eps:g}" / f"seed{s}"
                     jobs.append({"config": cfg, "out": str(run_dir), "launcher": launcher,
                                  "diag_records": budget.diag_records, "diag_tol": budget.diag_tol})  # fmt: skip
@@ -191,28 +217,28 @@ def run_sosp(
     insecure_seed: int | None = None,
     log=print,
 ) -> dict[str, Any]:
-    """The reproduction; returns ``{"rows", "summary", "markdown", "out_dir"}``."""
-    if dataset not in DATASETS:
-        raise ConfigError(f"dataset must be one of {DATASETS}, got {dataset!r}")
-    if launcher not in ("simulate", "torchrun"):
-        raise ConfigError(f"launcher must be 'simulate' or 'torchrun', got {launcher!r}")
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"output directory {out} is not empty")
-    out.mkdir(parents=True, exist_ok=True)
-    plan = budget if isinstance(budget, Budget) else BUDGETS[budget]
+    """The reproduction; returns ``{"rows", "summary", "markdown", "out_dir"}``.
+
+    Every argument is checked, and every run's config built, before ``out_dir`` is created; an error
+    of a run before any result (e.g. a wrong ``data_dir``) removes what was created and is empty.
+    """
+    from privopt.experiments.outdir import reproduction_output
+
+    out, plan = _check_args(dataset=dataset, launcher=launcher, out_dir=out_dir, budget=budget, workers=workers)
     grid = dict(clients=clients, epsilons=epsilons, seeds=seeds, methods=methods, split=split, trust=trust)
     jobs = _jobs(dataset=dataset, data_dir=data_dir, budget=plan, out=out, launcher=launcher,
                  insecure_seed=insecure_seed, **grid)  # fmt: skip
     t0, cpu0 = time.perf_counter(), _cpu_seconds()
     rows: list[dict[str, Any]] = []
-    with _LoadSampler() as load, (out / "results.jsonl").open("w") as sink:
-        pool_size = 1 if launcher == "torchrun" else max(1, workers)
-        for row in _execute(jobs, pool_size):
-            rows.append(row)
-            sink.write(json.dumps(row) + "\n")
-            sink.flush()
-            log(_progress_line(row))
+    pool_size = 1 if launcher == "torchrun" else workers
+    with reproduction_output(out):
+        out.mkdir(parents=True, exist_ok=True)
+        with _LoadSampler() as load, (out / "results.jsonl").open("w") as sink:
+            for row in _execute(jobs, pool_size):
+                rows.append(row)
+                sink.write(json.dumps(row) + "\n")
+                sink.flush()
+                log(_progress_line(row))
     timing = {
         "wall_s": time.perf_counter() - t0,
         "cpu_s": _cpu_seconds() - cpu0,
@@ -221,6 +247,25 @@ def run_sosp(
         "workers": pool_size,
     }
     return _report(rows, out=out, dataset=dataset, plan=plan, timing=timing, launcher=launcher)
+
+
+def _check_args(*, dataset, launcher, out_dir, budget, workers) -> tuple[Path, Budget]:
+    """The output folder and the budget, once the arguments that shape the jobs are valid."""
+    from privopt.experiments.outdir import check_output_path
+    from privopt.validation import positive_int
+
+    if dataset not in DATASETS:
+        raise ConfigError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+    if launcher not in ("simulate", "torchrun"):
+        raise ConfigError(f"launcher must be 'simulate' or 'torchrun', got {launcher!r}")
+    if not isinstance(budget, Budget) and budget not in BUDGETS:
+        raise ConfigError(f"budget must be one of {sorted(BUDGETS)} or a Budget, got {budget!r}")
+    positive_int("workers", workers)
+    out = Path(out_dir)
+    check_output_path(out)
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"output directory {out} is not empty")
+    return out, budget if isinstance(budget, Budget) else BUDGETS[budget]
 
 
 def _execute(jobs: list[dict[str, Any]], workers: int):

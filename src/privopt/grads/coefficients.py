@@ -87,7 +87,7 @@ def resolve_weights(weights: Weights, losses: torch.Tensor) -> torch.Tensor | No
     w = weights(losses.detach()) if callable(weights) else weights
     w = torch.as_tensor(w, dtype=losses.dtype, device=losses.device)
     if w.shape != losses.shape:
-        raise ConfigError(f"per-sample weights have shape {tuple(w.shape)}, expected {tuple(losses.shape)}")
+        raise ConfigError("per-sample weights must have the losses' shape (one per example of the batch)")
     return w
 
 
@@ -97,7 +97,7 @@ def resolve_scale(scale: ScaleFn, losses: torch.Tensor, norms: torch.Tensor) -> 
         raise ConfigError(f"scale must be a function of (losses, norms), got {type(scale).__name__}")
     s = torch.as_tensor(scale(losses.detach(), norms), device=norms.device).to(torch.float64)
     if s.shape != norms.shape:
-        raise ConfigError(f"scale returned shape {tuple(s.shape)}, expected {tuple(norms.shape)}")
+        raise ConfigError("scale must return one value per example of the batch (the norms' shape)")
     return torch.where(torch.isfinite(norms) & torch.isfinite(s), s, 0.0)
 
 

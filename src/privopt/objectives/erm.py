@@ -120,7 +120,9 @@ class LogisticERM:
             raise DataError("features contain NaN or inf")
         vals = set(np.unique(y).tolist())
         if not vals <= {-1.0, 1.0, 0.0} or (0.0 in vals and -1.0 in vals):
-            raise DataError(f"labels must be in {{-1, +1}} (or {{0, 1}}), got values {sorted(vals)[:5]}")
+            # The problem, never the values: a label outside the set is one record's data.
+            what = "both 0 and -1 occur" if vals <= {-1.0, 1.0, 0.0} else "some label is outside {-1, 0, +1}"
+            raise DataError(f"labels must be in {{-1, +1}} (or {{0, 1}}): {what}")
         if not (math.isfinite(l2) and l2 >= 0):
             raise ConfigError(f"l2 must be a finite number >= 0, got {l2!r}")
         self.x = x

@@ -78,7 +78,7 @@ def report_noisy_max(values, *, scale: float, rng: np.random.Generator) -> int:
     if v.ndim != 1 or v.size == 0:
         raise ConfigError(f"report_noisy_max needs a non-empty 1-D vector, got shape {v.shape}")
     if not np.all(np.isfinite(v)):
-        raise ConfigError(f"report_noisy_max values must be finite, got {v.tolist()}")
+        raise ConfigError("report_noisy_max values must be finite: some value is NaN or inf")  # never the values
     noisy = v + laplace_noise(scale=scale, size=v.shape, rng=rng)
     return int(np.argmax(noisy))
 

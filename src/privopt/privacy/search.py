@@ -19,7 +19,15 @@ from scipy import optimize
 
 from privopt.privacy.accountant import EpsilonResult
 
-__all__ = ["CalibrationProgress", "ScaleSearch", "SearchTimeout", "NoFeasibleScale", "SCALE_MIN", "SCALE_MAX"]
+__all__ = [
+    "CalibrationProgress",
+    "ProgressLine",
+    "ScaleSearch",
+    "SearchTimeout",
+    "NoFeasibleScale",
+    "SCALE_MIN",
+    "SCALE_MAX",
+]
 
 SCALE_MIN = 1e-4
 SCALE_MAX = 1e8
@@ -62,6 +70,42 @@ class CalibrationProgress:
             f"calibrating ({self.stage}): {self.evaluations} evaluations, {self.elapsed:.1f} s; "
             f"scale {self.scale:.6g} gives epsilon {self.epsilon:.6g}; best so far {best}"
         )
+
+
+class ProgressLine:
+    """A calibration's progress on ``stream`` (``privopt account``): a live line on a terminal; in
+    a log, the first evaluation, then a line every 2 s, and the last state at the end, so a log
+    never stops on a stale line (it used to stop on the first evaluation's "best so far none yet"
+    when the search ended within 2 s). Silent when ``quiet``. Call it with each
+    :class:`CalibrationProgress`, then :meth:`finish`."""
+
+    def __init__(self, stream, *, quiet: bool, every: float = 2.0):
+        self._stream, self.quiet, self._every = stream, quiet, every
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self._last, self._pending, self._printed = -math.inf, None, False
+
+    def __call__(self, p: CalibrationProgress) -> None:
+        if self.quiet:
+            return
+        if self.tty:
+            print("\r\033[K" + p.describe(), end="", file=self._stream, flush=True)
+        elif time.monotonic() - self._last >= self._every:
+            self._write(p)
+        else:
+            self._pending = p
+
+    def _write(self, p: CalibrationProgress) -> None:
+        self._last, self._pending, self._printed = time.monotonic(), None, True
+        print(p.describe(), file=self._stream, flush=True)
+
+    def finish(self) -> None:
+        """Clear the live line, or write the last state if the log shows an earlier one."""
+        if self.quiet:
+            return
+        if self.tty:
+            print("\r\033[K", end="", file=self._stream, flush=True)
+        elif self._printed and self._pending is not None:
+            self._write(self._pending)
 
 
 class SearchTimeout(Exception):

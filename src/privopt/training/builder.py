@@ -234,33 +234,30 @@ def check_model_fits(
         privopt.errors.ModelError: the loss must return one value per example (reduction='none'), got shape ()
     """
     x, y = x[:2], y[:2]
-    was_training = model.training
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            model.eval()
-            out = model(x)
-    except _PROBE_ERRORS as e:
+    out, problem = _forward_probe(model, x)
+    if problem:
         raise ModelError(
-            f"the model cannot take {what} (one example: shape {tuple(x.shape[1:])}, {x.dtype}): {_first_line(e)}"
-        ) from None
-    finally:
-        model.train(was_training)
+            f"the model cannot take {what} (one example: shape {tuple(x.shape[1:])}, {x.dtype}): {problem}"
+        )
     width = out.shape[1] if isinstance(out, torch.Tensor) and out.dim() == 2 else num_classes
     # A binary model may output the logit of class 1 only (loss: logistic).
     if num_classes is not None and width != num_classes and not (num_classes == 2 and width == 1):
         raise ModelError(f"the model outputs {width} values per example but the dataset has {num_classes} classes")
-    try:
+
+    def losses_of(o, t):
         with torch.no_grad():
-            losses = loss_fn(out, y)
-            if num_classes is not None and y.shape[0] == 2:  # both extreme class ids, whatever the data's two are
-                loss_fn(out, torch.tensor([0, num_classes - 1], dtype=y.dtype, device=y.device))
-    except _PROBE_ERRORS as e:  # the model ran: the targets (dtype, range, shape) or the loss are what to fix
+            if num_classes is not None and t.shape[0] == 2:  # both extreme class ids, whatever the data's two are
+                loss_fn(o, torch.tensor([0, num_classes - 1], dtype=t.dtype, device=t.device))
+            return loss_fn(o, t)
+
+    losses, problem = _probe(losses_of, (out, y), (_public_like(out), _public_like(y)))
+    if problem:  # the model ran: the targets (dtype, range, shape) or the loss are what to fix
         got = tuple(out.shape[1:]) if isinstance(out, torch.Tensor) else type(out).__name__
         hint = "; one logit per example needs loss: logistic" if got == (1,) else ""
         raise ModelError(
             f"the loss cannot take the model's outputs on {what} (shape {got} per example) and their targets "
-            f"(shape {tuple(y.shape[1:])} per example, {y.dtype}){hint}: {_first_line(e)}"
-        ) from None
+            f"(shape {tuple(y.shape[1:])} per example, {y.dtype}){hint}: {problem}"
+        )
     if not isinstance(losses, torch.Tensor) or tuple(losses.shape) != (x.shape[0],):
         shape = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
         raise ModelError(f"the loss must return one value per example (reduction='none'), got shape {shape}")
@@ -283,14 +280,58 @@ def check_engine_fits(engine: Any, model: nn.Module, loss_fn: Any, x: torch.Tens
         >>> x, y = torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)
         >>> check_engine_fits(get_engine("vmap"), nn.Linear(3, 2), loss, x, y, what="x")  # fits: returns None
     """
-    try:
+
+    def clipped(xs, ys):
         with torch.random.fork_rng(devices=[]):
-            engine.clipped_sum(model, loss_fn, x[:2], y[:2], clip=1.0)
-    except _PROBE_ERRORS as e:
+            engine.clipped_sum(model, loss_fn, xs, ys, clip=1.0)
+
+    _, problem = _probe(clipped, (x[:2], y[:2]), (_public_like(x[:2]), _public_like(y[:2])))
+    if problem:
         raise ModelError(
             f"the gradient engine ({type(engine).__name__}) cannot compute per-example gradients of the model on "
-            f"{what} (a layer it cannot differentiate example by example?): {_first_line(e)}"
-        ) from None
+            f"{what} (a layer it cannot differentiate example by example?): {problem}"
+        )
+
+
+def _forward_probe(model: nn.Module, x: torch.Tensor) -> tuple[Any, str | None]:
+    """:func:`_probe` of the model in eval mode on ``x`` (its mode restored, its randomness unused)."""
+
+    def forward(inputs):
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            return model(inputs)
+
+    was_training = model.training
+    model.eval()
+    try:
+        return _probe(forward, (x,), (_public_like(x),))
+    finally:
+        model.train(was_training)
+
+
+_VALUE_DEPENDENT = (
+    "it fails on these records but not on zeros of the same shape and dtype; the error's text is withheld "
+    "(it could quote a private record): check the records' values (e.g. labels out of range)"
+)
+
+
+def _probe(fn: Any, private: tuple, public: tuple) -> tuple[Any, str | None]:
+    """``(fn(*private), None)``, or ``(None, problem)`` when it fails. The problem is the first line
+    of the error ``fn`` raises on ``public`` placeholders of the same shapes and dtypes, never of
+    the error on the private records (it may quote them: "Target 12 is out of bounds")."""
+    try:
+        return fn(*private), None
+    except _PROBE_ERRORS:
+        pass
+    try:
+        fn(*public)
+    except _PROBE_ERRORS as e:
+        return None, _first_line(e)
+    return None, _VALUE_DEPENDENT
+
+
+def _public_like(t: Any) -> Any:
+    """Zeros shaped like ``t`` (a placeholder that carries no record); non-tensors pass through."""
+    return torch.zeros_like(t) if isinstance(t, torch.Tensor) else t
 
 
 def _first_line(e: BaseException) -> str:

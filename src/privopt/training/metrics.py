@@ -54,7 +54,8 @@ def build_loss(name: str) -> LossFn:
 
 def _logistic_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if out.dim() > 2 or (out.dim() == 2 and out.shape[1] != 1):
-        raise ValueError(f"the logistic loss needs one logit per example, got outputs of shape {tuple(out.shape)}")
+        # The shape per example only: the batch's size is the secret sampling's.
+        raise ValueError(f"the logistic loss needs one logit per example, got {tuple(out.shape[1:])} per example")
     if y.is_floating_point() or bool(((y != 0) & (y != 1)).any()):
         raise ValueError("the logistic loss needs integer labels 0 or 1")
     return nn.functional.softplus(-(2 * y - 1).to(out.dtype) * out.reshape(-1))

@@ -306,8 +306,9 @@ class Capture:
             for h in handles:
                 h.remove()
         if not isinstance(losses, torch.Tensor) or losses.shape != (B,):
-            got = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
-            raise ConfigError(f"loss_fn must return per-sample losses of shape ({B},), got {got}")
+            # Not the shapes: the batch's size is the secret sampling's.
+            got = f"{losses.dim()}-D tensor" if isinstance(losses, torch.Tensor) else type(losses).__name__
+            raise ConfigError(f"loss_fn must return per-sample losses (1-D, one per example of the batch), got {got}")
         if layouts is not None and len(calls) != len(layouts):
             raise Unsupported("the model's layer calls differ from those of the layout probe")
         _check_forward_side_effects(self.st, calls, buffers)
