@@ -139,19 +139,27 @@ def _from_exec(body: str) -> nn.Module:
     return space["Net"]()
 
 
+def _hooked(factor: float) -> nn.Module:
+    model = Scaled(1.0)
+    model.lin.register_forward_hook(lambda module, args, out: out * factor)
+    return model
+
+
 @pytest.mark.parametrize(
     ("first", "other"),
     [
         (lambda: Scaled(1.0), lambda: Scaled(3.0)),
+        (lambda: Scaled(1.0), lambda: _hooked(2.0)),
+        (lambda: _hooked(1.0), lambda: _hooked(2.0)),
         (lambda: _twin(False), lambda: _twin(True)),
         (lambda: _from_exec("self.lin(x.flatten(1))"), lambda: _from_exec("torch.relu(self.lin(x.flatten(1)))")),
     ],
-    ids=["plain-attribute", "forward", "forward-without-source"],
+    ids=["plain-attribute", "hook-added", "hook-changed", "forward", "forward-without-source"],
 )
 def test_a_model_with_other_code_or_settings_is_refused(tmp_path, first, other):
     run = tmp_path / "r"
     _paused(run, model=first())
-    with pytest.raises(ModelError, match=r"code \(forward, its class\) or settings \(plain attributes\)"):
+    with pytest.raises(ModelError, match=r"code \(forward, its class, hooks\) or settings \(plain attributes\)"):
         _resume(run, model=other())
     assert _resume(run, model=first())["status"] == "finished"  # the same model is still accepted
 

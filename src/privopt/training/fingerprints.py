@@ -25,6 +25,8 @@ _SPLITS = ("x_train", "y_train", "g_train", "x_val", "y_val", "g_val", "x_test",
 # nn.Module's own bookkeeping (parameters, buffers, submodules, hooks) and the train/eval flag,
 # which the run sets itself: every other instance attribute is the user's setting.
 _MODULE_INTERNALS = frozenset(vars(nn.Module())) | {"training"}
+# The hooks a user may leave on a module (privopt's engines remove theirs after each use).
+_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 _LIBRARY_MODULES = ("torch", "typing", "abc", "collections", "numpy")  # their code: the versions checked
 
 
@@ -155,8 +157,8 @@ def model_fingerprint(model: nn.Module) -> str:
     """Hash of a model's architecture: class, its modules' printed structure and settings (layer
     kinds, activations, strides: ReLU and Tanh between the same layers have the same parameters),
     parameter and buffer names, shapes and dtypes; every module's code (forward and the rest of
-    its class: :func:`code_fingerprint`) and plain attributes (e.g. ``self.scale = 3.0``, read
-    by ``forward`` but not printed)."""
+    its class: :func:`code_fingerprint`), plain attributes (e.g. ``self.scale = 3.0``, read by
+    ``forward`` but not printed) and hooks (their code and captured values)."""
     items: list[Any] = [type(model).__module__ + "." + type(model).__qualname__, repr(model)]
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         items.append(f"{name}:{tuple(t.shape)}:{t.dtype}")
@@ -168,4 +170,7 @@ def model_fingerprint(model: nn.Module) -> str:
         for key, v in sorted(vars(m).items()):
             if key not in _MODULE_INTERNALS:
                 items += [name, key, *_value_parts(v)]
+        for key in _HOOKS:
+            for hook in getattr(m, key, {}).values():
+                items += [name, key, *_callable_parts(hook)]
     return _digest(items)

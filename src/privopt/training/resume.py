@@ -85,10 +85,11 @@ def resume_config(ckpt: dict[str, Any], cfg: RunConfig | None) -> RunConfig:
     if ckpt.get("format") != CHECKPOINT_FORMAT or "record" not in ckpt:
         record = ckpt.get("record") if isinstance(ckpt.get("record"), dict) else {}
         wrote = f"privopt {record['privopt_version']}, " if "privopt_version" in record else ""
+        fmt = f"checkpoint format {ckpt['format']!r}" if "format" in ckpt else "an unnumbered checkpoint format"
         raise DataError(
-            f"this checkpoint was written by another version of privopt ({wrote}checkpoint format "
-            f"{ckpt.get('format', 1)!r}; privopt {privopt.__version__} resumes format {CHECKPOINT_FORMAT} only) and "
-            "cannot be resumed: its fingerprints do not cover what this version checks; start a new run"
+            f"this checkpoint was written by another version of privopt ({wrote}{fmt}; privopt "
+            f"{privopt.__version__} resumes checkpoint format {CHECKPOINT_FORMAT} only) and cannot be resumed: "
+            "its fingerprints do not cover what this version checks; start a new run"
         )
     saved = RunConfig.from_dict(ckpt["config"])
     if cfg is not None:
@@ -167,7 +168,7 @@ def verify(ckpt: dict[str, Any], run: Run) -> None:
     if model_fingerprint(run.model) != prov["model"]["fingerprint"]:
         raise ModelError(
             f"the model's architecture differs from the one this run trained ({prov['model']['class']}): its "
-            "structure, code (forward, its class) or settings (plain attributes) changed; pass the same architecture"
+            "structure, code (forward, its class, hooks) or settings (plain attributes) changed; pass the same one"
         )
     saved = prov.get("loss", {}).get("fingerprint")
     if saved is not None and loss_fingerprint(run.loss_fn) != saved:
