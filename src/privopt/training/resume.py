@@ -1,12 +1,15 @@
 """Resuming a run: what must match, and restoring the state.
 
-A resumed run keeps the config it started with; data and model are rebuilt and checked against
-fingerprints kept in the (secret) checkpoint, so a resume never silently continues on other data.
-A run made through the Python API with its own ``Dataset``, ``nn.Module`` or loss cannot be rebuilt
-from its config: resuming it requires passing the same objects again (a custom loss is checked
-too: a resume replays the run's noise, which must fall on the same sums). Fingerprints are hashes of
-the training data, so they live only in the checkpoint, never in public outputs (a hash lets
-anyone test a guess of the whole dataset).
+A resumed run keeps the config it started with and replays the interrupted run's noise, which must
+fall on the same sums: data, model (structure, code, attributes, hooks), a custom loss, the
+algorithm's and engine's code are rebuilt and checked against fingerprints kept in the (secret)
+checkpoint (:mod:`privopt.training.fingerprints`), the public facts its record states (calibration,
+plan) against the checkpointed record, and the privopt, torch and Python versions against those that
+wrote it (``allow_version_change`` continues under others, from a paused or interrupted checkpoint
+only, and the record says so). A run made through the Python API with its own ``Dataset``,
+``nn.Module`` or loss cannot be rebuilt from its config: resuming it requires passing the same
+objects again. Fingerprints are hashes of the training data, so they live only in the checkpoint,
+never in public outputs (a hash lets anyone test a guess of the whole dataset).
 """
 
 from __future__ import annotations
