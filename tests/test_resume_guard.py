@@ -4,6 +4,10 @@ run whose record would state another calibration, and checkpoints of an older fo
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -202,3 +206,33 @@ def test_a_rebuilt_run_with_another_calibration_is_refused(tmp_path, monkeypatch
     with pytest.raises(ConfigError, match=r"differs from the checkpointed one .*calibration\.noise_multipliers"):
         _resume(run)
     assert "version_changes" not in json.loads((run / "record.json").read_text())
+
+
+# ------------------------------------------------------------------------- across processes
+_SET_LITERALS = """
+import torch
+from torch import nn
+from privopt.training.fingerprints import loss_fingerprint, model_fingerprint
+
+def loss(out, y, kind="ce"):
+    if kind in {"ce", "cross_entropy", "xent", "nll", "softmax", "logits"}:
+        return nn.functional.cross_entropy(out, y, reduction="none")
+
+class Net(nn.Linear):
+    def forward(self, x, mode="a"):
+        return super().forward(x) if mode in {"a", "b", "c", "d", "e", "f"} else x
+
+print(loss_fingerprint(loss), model_fingerprint(Net(3, 2)))
+"""
+
+
+def test_fingerprints_of_code_with_set_literals_are_the_same_in_every_process():
+    """A resume runs in another process, whose string hash seed orders a frozenset constant otherwise."""
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    outs = set()
+    for seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=src)
+        done = subprocess.run([sys.executable, "-c", _SET_LITERALS], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        outs.add(done.stdout.strip())
+    assert len(outs) == 1, outs

@@ -60,8 +60,18 @@ def _code_parts(code: Any) -> list[Any]:
     """A code object's bytecode, names and constants, nested code objects included."""
     parts: list[Any] = [code.co_code, code.co_names, code.co_varnames]
     for c in code.co_consts:
-        parts += _code_parts(c) if hasattr(c, "co_code") else [repr(c)]
+        parts += _code_parts(c) if hasattr(c, "co_code") else [_const_repr(c)]
     return parts
+
+
+def _const_repr(c: Any) -> str:
+    """A constant's repr, the same in every process: ``x in {"a", "b"}`` compiles to a frozenset,
+    whose order (and repr) depends on the process's string hash seed."""
+    if isinstance(c, frozenset):
+        return "frozenset(" + repr(sorted(_const_repr(x) for x in c)) + ")"
+    if isinstance(c, tuple):
+        return "(" + ", ".join(_const_repr(x) for x in c) + ")"
+    return repr(c)
 
 
 def _value_parts(v: Any, depth: int = 0) -> list[Any]:
