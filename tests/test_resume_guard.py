@@ -168,6 +168,18 @@ def test_a_model_with_other_code_or_settings_is_refused(tmp_path, first, other):
     assert _resume(run, model=first())["status"] == "finished"  # the same model is still accepted
 
 
+def test_an_object_for_a_part_the_config_built_is_refused(tmp_path):
+    from privopt.data import load_dataset
+
+    run = tmp_path / "r"
+    _paused(run)  # digits and logreg from the config
+    with pytest.raises(ConfigError, match=r"built its model from its config.*without model="):
+        _resume(run, model=Scaled())
+    with pytest.raises(ConfigError, match=r"built its dataset from its config.*without dataset="):
+        _resume(run, dataset=load_dataset("digits", seed=0))
+    assert _resume(run)["status"] == "finished"
+
+
 # ------------------------------------------------------------------------- code and calibration
 @register_algorithm
 class GuardTestSGD(DPSGD):

@@ -107,8 +107,15 @@ def resume_config(ckpt: dict[str, Any], cfg: RunConfig | None) -> RunConfig:
 
 
 def require_objects(ckpt: dict[str, Any], *, dataset: Any, model: Any, loss: Any = None) -> None:
-    """A run made with its own dataset/model/loss through the Python API needs them again."""
+    """A run made with its own dataset/model/loss through the Python API needs them again; one that
+    built them from its config rebuilds them (another object passed in would replace them)."""
     prov = ckpt.get("provenance", {})
+    for part, given in (("dataset", dataset), ("model", model), ("loss", loss)):
+        if given is not None and prov.get(part, {}).get("source") == "config":
+            raise ConfigError(
+                f"this run built its {part} from its config, and a resume rebuilds it from there (checked against "
+                f"the checkpoint): resume it without {part}=..."
+            )
     if prov.get("loss", {}).get("source") == "api" and loss is None:
         raise ConfigError(
             "this run was trained with its own loss function passed through the Python API, which its config "
