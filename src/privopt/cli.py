@@ -61,13 +61,16 @@ def _cmd_train(args) -> int:
     else:
         if args.out is None:
             raise PrivoptError("privopt train needs --out DIR (or --resume RUN_DIR)")
+        if args.allow_version_change:
+            raise PrivoptError("--allow-version-change applies only to --resume RUN_DIR")
         overrides = list(args.set)
         if args.device is not None:
             overrides.append(f"device={args.device}")
         if args.insecure_seed is not None:
             overrides.append(f"insecure_seed={args.insecure_seed}")
         cfg, out = load_config(args.config, overrides), args.out
-    record = train(cfg, out_dir=out, resume=bool(args.resume), progress=not args.quiet)
+    allow = args.allow_version_change
+    record = train(cfg, out_dir=out, resume=bool(args.resume), progress=not args.quiet, allow_version_change=allow)
     if record.get("role") == "client":  # a torchrun process other than rank 0: rank 0 reports
         return 0
     _print_train_result(args, record, out)
@@ -264,6 +267,12 @@ def _add_train_parser(sub) -> None:
         choices=DEVICES,
         default=None,
         help="run on cpu or cuda (config key `device`; default: the config's)",
+    )
+    t.add_argument(
+        "--allow-version-change",
+        action="store_true",
+        help="with --resume: continue a run checkpointed under another privopt, torch or Python version "
+        "(refused by default: it may compute other sums or draw other noise; the record states the change)",
     )
     t.add_argument("--quiet", action="store_true", help="no progress output and no summary line")
     t.add_argument("--json", action="store_true", help="print the result as JSON")

@@ -6,7 +6,8 @@
 * :mod:`privopt.training.callbacks`: progress, signals, divergence;
 * :mod:`privopt.training.outputs`: what is written (public record vs secret checkpoint vs
   non-private diagnostics) and in which order;
-* :mod:`privopt.training.resume` and :mod:`privopt.training.rundir`: resume checks, the lock;
+* :mod:`privopt.training.resume`, :mod:`privopt.training.fingerprints` and
+  :mod:`privopt.training.rundir`: resume checks (what a resume must reproduce), the lock;
 * :mod:`privopt.training.run`: :func:`train`.
 
 What a run publishes and why it is private end to end: ``docs/privacy.md``.

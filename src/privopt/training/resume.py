@@ -1,126 +1,58 @@
 """Resuming a run: what must match, and restoring the state.
 
-A resumed run keeps the config it started with; data and model are rebuilt and checked against
-fingerprints kept in the (secret) checkpoint, so a resume never silently continues on other data.
-A run made through the Python API with its own ``Dataset``, ``nn.Module`` or loss cannot be rebuilt
-from its config: resuming it requires passing the same objects again (a custom loss is checked
-too: a resume replays the run's noise, which must fall on the same sums). Fingerprints are hashes of
-the training data, so they live only in the checkpoint, never in public outputs (a hash lets
-anyone test a guess of the whole dataset).
+A resumed run keeps the config it started with and replays the interrupted run's noise, which must
+fall on the same sums: data, model (structure, code, attributes, hooks), a custom loss, the
+algorithm's and engine's code are rebuilt and checked against fingerprints kept in the (secret)
+checkpoint (:mod:`privopt.training.fingerprints`), the public facts its record states (calibration,
+plan) against the checkpointed record, and the privopt, torch and Python versions against those that
+wrote it (``allow_version_change`` continues under others, from a paused or interrupted checkpoint
+only, and the record says so). A run made through the Python API with its own ``Dataset``,
+``nn.Module`` or loss cannot be rebuilt from its config: resuming it requires passing the same
+objects again. Fingerprints are hashes of the training data, so they live only in the checkpoint,
+never in public outputs (a hash lets anyone test a guess of the whole dataset).
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
+import sys
 from typing import Any
 
 import torch
-from torch import nn
 
+import privopt
 from privopt.config import RunConfig
 from privopt.errors import ConfigError, DataError, ModelError
 from privopt.training.builder import Run
+from privopt.training.fingerprints import code_fingerprint, data_fingerprint, loss_fingerprint, model_fingerprint
 
 __all__ = [
     "CHECKPOINT_FORMAT",
     "data_fingerprint",
     "loss_fingerprint",
     "model_fingerprint",
+    "check_versions",
+    "code_fingerprint",
     "provenance",
+    "require_objects",
     "resume_config",
     "restore",
+    "verify",
+    "versions",
 ]
 
-CHECKPOINT_FORMAT = 2
-_SPLITS = ("x_train", "y_train", "g_train", "x_val", "y_val", "g_val", "x_test", "y_test", "g_test")
+# 3: the provenance holds the versions and the code fingerprints; the model's covers its code and attributes.
+CHECKPOINT_FORMAT = 3
 
 
-def data_fingerprint(data: Any) -> str:
-    """Hash of every split's values, shapes and dtypes (SECRET: identifies the training data), and
-    of the number of groups: the worst-group algorithms size their draws and weights by it."""
-    h = hashlib.blake2b(digest_size=20)
-    h.update(repr((data.num_classes, tuple(data.input_shape))).encode())
-    groups = int(getattr(data, "num_groups", 0) or 0)
-    if groups:  # only for data with groups: the fingerprints of other data are unchanged
-        h.update(repr(("num_groups", groups)).encode())
-    for name in _SPLITS:
-        t = getattr(data, name, None)
-        h.update(name.encode())
-        if t is not None:
-            h.update(repr((tuple(t.shape), str(t.dtype))).encode())
-        if t is not None and t.numel():
-            h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def model_fingerprint(model: nn.Module) -> str:
-    """Hash of a model's architecture: class, its modules' printed structure and settings (layer
-    kinds, activations, strides: ReLU and Tanh between the same layers have the same parameters),
-    parameter and buffer names, shapes and dtypes."""
-    items = [type(model).__module__ + "." + type(model).__qualname__, repr(model)]
-    for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        items.append(f"{name}:{tuple(t.shape)}:{t.dtype}")
-    return hashlib.blake2b("\n".join(items).encode(), digest_size=20).hexdigest()
-
-
-def _code_parts(code: Any) -> list[Any]:
-    """A code object's bytecode, names and constants, nested code objects included."""
-    parts: list[Any] = [code.co_code, code.co_names, code.co_varnames]
-    for c in code.co_consts:
-        parts += _code_parts(c) if hasattr(c, "co_code") else [repr(c)]
-    return parts
-
-
-def _value_parts(v: Any, depth: int = 0) -> list[Any]:
-    if isinstance(v, torch.Tensor):
-        t = v.detach().cpu().contiguous()
-        return [str(t.dtype), tuple(t.shape), t.reshape(-1).view(torch.uint8).numpy().tobytes()]
-    if isinstance(v, (str, int, float, bool, bytes, type(None))):
-        return [repr(v)]
-    if hasattr(v, "tobytes") and hasattr(v, "dtype") and hasattr(v, "shape"):  # a NumPy array
-        return [str(v.dtype), tuple(v.shape), v.tobytes()]
-    if depth < 3 and isinstance(v, (list, tuple)):
-        return [len(v), *(x for item in v for x in _value_parts(item, depth + 1))]
-    if isinstance(v, nn.Module):  # e.g. the trained model itself: its architecture, not its weights
-        return [type(v).__qualname__, repr(v)]
-    if depth < 3 and callable(v):
-        return _callable_parts(v, depth + 1)
-    return [type(v).__module__ + "." + type(v).__qualname__]
-
-
-def _callable_parts(fn: Any, depth: int = 0) -> list[Any]:
-    if isinstance(fn, nn.Module):
-        state = [x for t in fn.state_dict().values() for x in _value_parts(t)]
-        return [type(fn).__qualname__, repr(fn), *state]
-    if isinstance(fn, functools.partial):
-        return [
-            "partial",
-            *_callable_parts(fn.func, depth),
-            *_value_parts((fn.args, tuple(sorted(fn.keywords.items())))),
-        ]
-    code = getattr(fn, "__code__", None)
-    if code is None:  # a builtin or another callable: its name
-        return [getattr(fn, "__module__", ""), getattr(fn, "__qualname__", type(fn).__qualname__)]
-    cells = [c.cell_contents for c in (fn.__closure__ or ()) if c.cell_contents is not fn]
-    return [*_code_parts(code), *_value_parts(tuple(fn.__defaults__ or ()), depth), *_value_parts(tuple(cells), depth)]
-
-
-def loss_fingerprint(loss: Any) -> str:
-    """Hash of a loss function's code (bytecode, names, constants, nested functions), defaults and
-    captured values, or of a loss module's class, settings and state: a resumed run replays the
-    interrupted run's noise, so it must compute the same sums (best effort: what a function
-    reads from global variables is not covered)."""
-    parts = _callable_parts(loss)
-    h = hashlib.blake2b(digest_size=20)
-    for part in parts:
-        h.update(part if isinstance(part, bytes) else repr(part).encode())
-    return h.hexdigest()
+def versions() -> dict[str, str]:
+    """What computes a run's sums and draws its noise: privopt, torch, and the Python minor version
+    (the code fingerprints read bytecode, which another minor version compiles differently)."""
+    return {"privopt": privopt.__version__, "torch": torch.__version__, "python": "{}.{}".format(*sys.version_info[:2])}
 
 
 def provenance(run: Run) -> dict[str, Any]:
     """Where the run's data, model and loss came from, with fingerprints (kept in the checkpoint only;
-    a loss named in the config is checked with the config)."""
+    a loss named in the config is checked with the config), the versions and the code that computes it."""
     source = run.provenance.get("loss", "config")
     return {
         "dataset": {
@@ -134,6 +66,11 @@ def provenance(run: Run) -> dict[str, Any]:
             "fingerprint": model_fingerprint(run.model),
         },
         "loss": {"source": source, "fingerprint": loss_fingerprint(run.loss_fn) if source == "api" else None},
+        "versions": versions(),
+        "code": {
+            "algorithm": code_fingerprint(run.algo),
+            "engine": code_fingerprint(run.ctx.engine),
+        },
     }
 
 
@@ -149,8 +86,13 @@ def _diff(saved: Any, given: Any, prefix: str = "") -> list[str]:
 def resume_config(ckpt: dict[str, Any], cfg: RunConfig | None) -> RunConfig:
     """The run's own config; a different ``cfg`` is refused, naming every key it would change."""
     if ckpt.get("format") != CHECKPOINT_FORMAT or "record" not in ckpt:
+        record = ckpt.get("record") if isinstance(ckpt.get("record"), dict) else {}
+        wrote = f"privopt {record['privopt_version']}, " if "privopt_version" in record else ""
+        fmt = f"checkpoint format {ckpt['format']!r}" if "format" in ckpt else "an unnumbered checkpoint format"
         raise DataError(
-            "this checkpoint was written by another version of privopt and cannot be resumed; start a new run"
+            f"this checkpoint was written by another version of privopt ({wrote}{fmt}; privopt "
+            f"{privopt.__version__} resumes checkpoint format {CHECKPOINT_FORMAT} only) and cannot be resumed: "
+            "its fingerprints do not cover what this version checks; start a new run"
         )
     saved = RunConfig.from_dict(ckpt["config"])
     if cfg is not None:
@@ -165,8 +107,15 @@ def resume_config(ckpt: dict[str, Any], cfg: RunConfig | None) -> RunConfig:
 
 
 def require_objects(ckpt: dict[str, Any], *, dataset: Any, model: Any, loss: Any = None) -> None:
-    """A run made with its own dataset/model/loss through the Python API needs them again."""
+    """A run made with its own dataset/model/loss through the Python API needs them again; one that
+    built them from its config rebuilds them (another object passed in would replace them)."""
     prov = ckpt.get("provenance", {})
+    for part, given in (("dataset", dataset), ("model", model), ("loss", loss)):
+        if given is not None and prov.get(part, {}).get("source") == "config":
+            raise ConfigError(
+                f"this run built its {part} from its config, and a resume rebuilds it from there (checked against "
+                f"the checkpoint): resume it without {part}=..."
+            )
     if prov.get("loss", {}).get("source") == "api" and loss is None:
         raise ConfigError(
             "this run was trained with its own loss function passed through the Python API, which its config "
@@ -187,8 +136,39 @@ def require_objects(ckpt: dict[str, Any], *, dataset: Any, model: Any, loss: Any
         )
 
 
+def check_versions(ckpt: dict[str, Any], *, published: dict[str, Any] | None, allow_change: bool) -> list[dict]:
+    """The record's ``version_changes``: those of the run so far, and this resume's, if it changes
+    versions. Refused unless ``allow_change``, and then still refused when the run may have published
+    what it computed after its last checkpoint (``published``: the record on disk)."""
+    changes = list(ckpt["record"].get("version_changes", []))
+    saved, now = ckpt["provenance"]["versions"], versions()
+    if saved == now:
+        return changes
+    diff = "; ".join(f"{k} {saved.get(k)} in the checkpoint, {now[k]} here" for k in now if saved.get(k) != now[k])
+    if not allow_change:
+        raise ConfigError(
+            f"this run was checkpointed under other versions ({diff}): a resume replays the run's noise, which "
+            "must fall on the same sums, and another version may compute other sums or draw other noise; resume "
+            "it where it started, or pass allow_version_change=True (CLI: --allow-version-change) to continue "
+            "anyway, which the record then states"
+        )
+    stale = published is not None and (published.get("status"), published.get("steps_done")) != (
+        ckpt["status"],
+        ckpt["step"],
+    )
+    if ckpt["status"] not in ("paused", "interrupted") or stale:
+        raise ConfigError(
+            f"allow_version_change cannot be honoured ({diff}): this run's last checkpoint (status "
+            f"{ckpt['status']!r}, step {ckpt['step']}) is older than what the run may have published after it "
+            "(a crash or a failure), and re-computing those steps under another version would publish other "
+            "values with the same noise, not accounted in epsilon; resume it under the versions it started with"
+        )
+    return [*changes, {"at_step": ckpt["step"], "from": saved, "to": now}]
+
+
 def verify(ckpt: dict[str, Any], run: Run) -> None:
-    """The rebuilt data and model must be the ones the run was trained on."""
+    """The rebuilt data, model, loss and code must be the ones the run was trained with, and the run
+    must state what its checkpointed record states (calibration, plan, hyper-parameters)."""
     prov = ckpt["provenance"]
     if data_fingerprint(run.data) != prov["dataset"]["fingerprint"]:
         raise DataError(
@@ -197,14 +177,39 @@ def verify(ckpt: dict[str, Any], run: Run) -> None:
         )
     if model_fingerprint(run.model) != prov["model"]["fingerprint"]:
         raise ModelError(
-            f"the model's architecture differs from the one this run trained ({prov['model']['class']}); "
-            "pass the same architecture to resume"
+            f"the model's architecture differs from the one this run trained ({prov['model']['class']}): its "
+            "structure, code (forward, its class, hooks) or settings (plain attributes) changed; pass the same one"
         )
     saved = prov.get("loss", {}).get("fingerprint")
     if saved is not None and loss_fingerprint(run.loss_fn) != saved:
         raise ConfigError(
             "the loss function differs from the one this run was trained with (its code, settings or captured "
             "values changed): a resume replays the run's noise, so it must compute the same sums; pass the same loss"
+        )
+    for part, obj in (("algorithm", run.algo), ("engine", run.ctx.engine)):
+        if code_fingerprint(obj) != prov["code"][part]:
+            raise ConfigError(
+                f"the code of the {part} ({type(obj).__qualname__}) differs from the one this run was trained "
+                "with: a resume replays the run's noise, so it must compute the same sums; resume with the same code"
+            )
+    _check_record(ckpt["record"], run)
+
+
+# The public facts of a record that a resume must reproduce (not the environment it runs in).
+_STATIC = ("config", "hyperparameters", "dataset", "model", "engine", "total_steps", "randomness")
+_STATIC += ("privacy_inventory", "calibration", "released", "prediction")
+
+
+def _check_record(saved: dict[str, Any], run: Run) -> None:
+    from privopt.training.outputs import base_record
+
+    now = base_record(run)
+    changes = _diff({k: saved.get(k) for k in _STATIC}, {k: now.get(k) for k in _STATIC})
+    if changes:
+        raise ConfigError(
+            "the rebuilt run differs from the checkpointed one in what its record states: "
+            + "; ".join(changes)
+            + " (the code that computes them changed?); resume it with the code it started with"
         )
 
 

@@ -9,6 +9,7 @@ file and hidden ``.tmp`` files, and the same directory can simply be used again.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -28,8 +29,17 @@ from privopt.training.callbacks import AlgorithmDone, DivergenceGuard, ProgressC
 from privopt.training.loop import Every, LoopState, StepLimit, run_loop
 from privopt.training.metrics import compute_run_metrics, evaluate
 from privopt.training.outputs import base_record, diagnostics_header, privacy_section, write_outputs
-from privopt.training.resume import CHECKPOINT_FORMAT, provenance, require_objects, restore, resume_config, verify
-from privopt.training.rundir import RunDirLock, check_new_run_dir, check_resume_dir
+from privopt.training.resume import (
+    CHECKPOINT_FORMAT,
+    check_versions,
+    provenance,
+    require_objects,
+    restore,
+    resume_config,
+    verify,
+    versions,
+)
+from privopt.training.rundir import RECORD_NAME, RunDirLock, check_new_run_dir, check_resume_dir
 
 __all__ = ["RunInterrupted", "train"]
 
@@ -48,7 +58,15 @@ class RunInterrupted(KeyboardInterrupt):
 class _Session:
     """One call of :func:`train` on a built run: evaluation rows, commits, the loop."""
 
-    def __init__(self, run: Run, out: Path, *, ckpt: dict[str, Any] | None = None, checkpoints: bool = True):
+    def __init__(
+        self,
+        run: Run,
+        out: Path,
+        *,
+        ckpt: dict[str, Any] | None = None,
+        checkpoints: bool = True,
+        version_changes: list[dict[str, Any]] | None = None,
+    ):
         self.run, self.out = run, out
         # Under torchrun this process holds one client's secrets only: no resumable checkpoint.
         self.checkpoints = checkpoints
@@ -58,7 +76,11 @@ class _Session:
         self.elapsed_before = float(ckpt["elapsed_s"]) if ckpt else 0.0
         self.t0 = time.perf_counter()
         self.base = base_record(run)
-        self.provenance = provenance(run)
+        if version_changes:  # a resume under other versions, allowed explicitly: the record says where
+            self.base["version_changes"] = version_changes
+        # A resume keeps the fingerprints it verified (taken before the state was restored), under this
+        # process's versions.
+        self.provenance = dict(ckpt["provenance"], versions=versions()) if ckpt else provenance(run)
         self.diag_header = diagnostics_header(run) if run.cfg.non_private_diagnostics else None
 
     # ------------------------------------------------------------------ measuring
@@ -281,6 +303,7 @@ def train(
     dataset: Any = None,
     model: Any = None,
     loss: Any = None,
+    allow_version_change: bool = False,
 ) -> dict[str, Any]:
     """Run one configured training job and write its outputs to ``out_dir``.
 
@@ -304,6 +327,8 @@ def train(
         model: your own ``nn.Module`` instead of building ``cfg.model`` (likewise on resume; no ``model_params``).
         loss: your own per-sample loss ``(outputs, targets) -> [B]`` instead of ``cfg.loss`` (the
             record then says ``loss: custom``; pass it again on resume).
+        allow_version_change: resume a run checkpointed under another privopt, torch or Python version
+            (refused otherwise); only from a paused or interrupted checkpoint; the record states it.
 
     Returns:
         The record (as written to ``record.json``).
@@ -319,7 +344,14 @@ def train(
     if resume:
         if comm is not None:
             raise ConfigError("runs launched by torchrun are not resumable (each process holds one client's secrets)")
-        return _resume(cfg, out, dataset=dataset, model=model, loss=loss, progress=progress, max_steps=max_steps)
+        kw = dict(dataset=dataset, model=model, loss=loss, allow_version_change=allow_version_change)
+        return _resume(cfg, out, progress=progress, max_steps=max_steps, **kw)
+    if allow_version_change:
+        raise ConfigError("allow_version_change applies only to a resume (resume=True)")
+    return _fresh(cfg, out, comm, dataset=dataset, model=model, loss=loss, progress=progress, max_steps=max_steps)
+
+
+def _fresh(cfg, out: Path, comm, *, dataset, model, loss, progress: bool, max_steps: int | None) -> dict[str, Any]:
     if cfg is None:
         raise ConfigError("train() needs a RunConfig (cfg=None is only for resume=True)")
     if comm is not None and not comm.is_server:
@@ -341,7 +373,15 @@ def _follow(cfg: RunConfig, comm, *, dataset, model, loss) -> dict[str, Any]:
     return {"role": "client", "rank": comm.rank, "algorithm": cfg.algorithm, "status": "finished"}
 
 
-def _resume(cfg, out: Path, *, dataset, model, loss, progress: bool, max_steps: int | None) -> dict[str, Any]:
+def _published(out: Path) -> dict[str, Any] | None:
+    """The record on disk (``None`` when missing or unreadable): newer than the checkpoint after a failure."""
+    try:
+        return json.loads((out / RECORD_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _resume(cfg, out: Path, *, dataset, model, loss, allow_version_change, progress, max_steps) -> dict[str, Any]:
     check_resume_dir(out)
     with RunDirLock(out):
         try:
@@ -365,6 +405,7 @@ def _resume(cfg, out: Path, *, dataset, model, loss, progress: bool, max_steps: 
             )
             return ckpt["record"]
         require_objects(ckpt, dataset=dataset, model=model, loss=loss)
+        changes = check_versions(ckpt, published=_published(out), allow_change=allow_version_change)
         state = dict(ledger_state=ckpt["ledger"], released=ckpt["record"].get("released"))
         run = build_run(run_cfg, dataset=dataset, model=model, loss=loss, **state)
         verify(ckpt, run)
@@ -372,4 +413,5 @@ def _resume(cfg, out: Path, *, dataset, model, loss, progress: bool, max_steps: 
         write_outputs(
             out, record=ckpt["record"], diagnostics=ckpt["diagnostics"], model_state=None, plots=run_cfg.plots
         )
-        return _Session(run, out, ckpt=ckpt).execute(fresh=False, progress=progress, max_steps=max_steps)
+        session = _Session(run, out, ckpt=ckpt, version_changes=changes)
+        return session.execute(fresh=False, progress=progress, max_steps=max_steps)
