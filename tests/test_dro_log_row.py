@@ -30,3 +30,30 @@ def test_a_metric_that_was_not_asked_for_is_not_printed_as_nan():
 def test_a_measured_gradient_norm_is_printed_and_a_nan_one_says_so():
     assert "grad norm 0.123" in _line(grad_norm=0.123)
     assert "grad norm nan" in _line(grad_norm=float("nan"))
+
+
+def test_a_failed_runs_row_keeps_the_type_of_a_foreign_error_not_its_text(tmp_path, monkeypatch):
+    import privopt.experiments.dro_runner as runner
+    from privopt.experiments.dro_protocol import BUDGETS
+    from privopt.experiments.dro_runner import RunSpec
+
+    def failing(*args, **kwargs):
+        raise ValueError("label 7.25 of record 12 is odd")  # as torch or a user's loss might word it
+
+    monkeypatch.setattr(runner, "run_one", failing)
+    spec = RunSpec("digits-st", BUDGETS["quick"], insecure_seed=0)
+    row = runner._final_run(
+        "dp-sgd",
+        spec,
+        data=None,
+        private=True,
+        hp={"lr": 1.0, "clip": 0.1},
+        eps=1.0,
+        seed=0,
+        run_dir=tmp_path,
+        metrics=[],
+    )
+    assert row["error"].startswith("ValueError") and "7.25" not in row["error"]
+    lines = []
+    log_row(lines.append, "final", {**row, "epsilon": 1.0})
+    assert "FAILED (ValueError" in lines[0] and "7.25" not in lines[0]

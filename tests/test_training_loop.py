@@ -311,7 +311,8 @@ def test_an_unexpected_error_after_the_first_release_is_recorded(tmp_path, monke
     with pytest.raises(RuntimeError, match="disk on fire"):
         train(cfg(), out_dir=tmp_path / "run", progress=False)
     rec = read_record(tmp_path / "run")
-    assert rec["status"] == "failed" and rec["reason"] == "RuntimeError: disk on fire" and rec["steps_done"] == 7
+    assert rec["status"] == "failed" and rec["reason"].startswith("RuntimeError (its message is not recorded")
+    assert "disk on fire" not in json.dumps(rec) and rec["steps_done"] == 7  # the text could quote a record
     assert len(rec["privacy"]["ledger"]["counts"]) == 1 and rec["privacy"]["ledger"]["counts"][0]["count"] == 7
 
 

@@ -22,7 +22,7 @@ from typing import Any, Union
 from torch import nn
 
 from privopt.checkpoint import atomic_write_json
-from privopt.errors import ConfigError, PrivoptError
+from privopt.errors import ConfigError, PrivoptError, public_reason
 from privopt.experiments.dro_protocol import (
     BUDGETS,
     LAM0,
@@ -351,7 +351,7 @@ def _final_run(method: str, spec: RunSpec, *, data, private: bool, hp: dict, eps
         point = dict(hp=hp, epochs=spec.budget.epochs, epsilon=eps, seed=seed)
         return run_one(method, spec, data=data, **point, out_dir=run_dir, eval_split="test", metrics=metrics)
     except (ArithmeticError, ValueError) as e:
-        err = f"{type(e).__name__}: {e}"
+        err = public_reason(e)
         return failed_row(method, spec, private=private, eps=eps, seed=seed, hp=hp, error=err, run_dir=run_dir)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privopt.errors import PrivoptError
+from privopt.errors import PrivoptError, public_reason
 from privopt.experiments.jobs import Call, DataRef, Workers
 from privopt.experiments.privacy_notes import TUNED_ON_TRAINING
 from privopt.experiments.worst_group_protocol import (
@@ -94,7 +94,7 @@ def run_one(method: str, spec: Spec, *, data, point: dict, epsilon, seed: int, t
         x, y, g = evaluation_split(data, tuning=tuning)
         m = evaluate_groups(run.model, x, y, g, num_groups=data.num_groups, group_names=data.group_names)
     except _FAILURES as e:
-        return {**base, **_failed(), "error": f"{type(e).__name__}: {e}", "wall_s": time.perf_counter() - t0}
+        return {**base, **_failed(), "error": public_reason(e), "wall_s": time.perf_counter() - t0}
     spent = run.ledger.epsilon() if run.ledger is not None else None
     return {
         **base,

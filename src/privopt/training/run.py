@@ -22,7 +22,7 @@ import torch
 from privopt.checkpoint import load_checkpoint, save_checkpoint
 from privopt.config import RunConfig
 from privopt.distributed import torchrun_comm
-from privopt.errors import ConfigError, DataError, PrivacyBudgetExceeded, PrivoptError
+from privopt.errors import ConfigError, DataError, PrivacyBudgetExceeded, PrivoptError, public_reason
 from privopt.privacy import EpsilonResult, PrivacyLedger, epsilon_of
 from privopt.training.builder import Run, build_run, stated_config
 from privopt.training.callbacks import AlgorithmDone, DivergenceGuard, ProgressCallback, RunDiverged, SignalGuard
@@ -225,10 +225,8 @@ class _Session:
             reason = f"privacy budget exhausted: {err}"
         elif isinstance(err, PrivoptError):
             reason = str(err)
-        else:
-            reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}".rstrip(
-                ": "
-            )
+        else:  # raised by code privopt does not control (a model, a loss): its text may quote private values
+            reason = public_reason(err)
         try:
             self.commit("failed", reason=reason, checkpoint=False)
         except Exception as write_error:  # the original error matters more; say why the record is missing
