@@ -266,3 +266,26 @@ def test_fit_and_make_private_refuse_a_model_the_other_made_private():
     with pytest.raises(ConfigError, match="already made private"):
         privopt.fit(model=model, **fit)
     assert record["status"] == "finished"
+
+
+def test_a_fit_that_fails_after_training_began_marks_the_model_whatever_the_error(monkeypatch):
+    from privopt.algorithms.dpsgd import DPSGD
+    from privopt.data import Dataset
+    from privopt.errors import ModelError
+
+    x, y = toy(500)
+    data = Dataset.from_tensors(x[:400], y[:400], x_test=x[400:], y_test=y[400:], num_classes=2)
+    fit = dict(dataset=data, epsilon=1.0, delta=1e-4, accountant="rdp", insecure_seed=0, epochs=1, batch_size=100)
+    real_step = DPSGD.step
+
+    def fails_late(self, t):
+        if t == 2:
+            raise ModelError("a privopt error type, raised after two private updates")
+        return real_step(self, t)
+
+    monkeypatch.setattr(DPSGD, "step", fails_late)
+    model = mlp()
+    with pytest.raises(ModelError):
+        privopt.fit(model=model, **fit)
+    with pytest.raises(ConfigError, match="failed or was interrupted after training began"):
+        private(model)

@@ -17,7 +17,7 @@ from torch import nn
 
 from privopt.api.guards import check_unclaimed, claim
 from privopt.api.losses import per_sample_loss
-from privopt.errors import ConfigError, DataError, ModelError
+from privopt.errors import ConfigError
 
 __all__ = ["fit"]
 
@@ -61,12 +61,12 @@ def _claimed_run(cfg, private: bool, model: Any, **train: Any) -> dict[str, Any]
     check_unclaimed(model, None)
     if not private:
         return _train(cfg, model=model, **train)
+    before = [p._version for p in model.parameters()]  # bumped by every in-place update: "was it trained?"
     try:
         record = _train(cfg, model=model, **train)
-    except (ConfigError, DataError, ModelError):
-        raise  # refused before training
     except BaseException:
-        claim(model, None, lambda: "by an interrupted privopt.fit")
+        if [p._version for p in model.parameters()] != before:  # trained, then failed: its updates spent ε
+            claim(model, None, lambda: "by a privopt.fit that failed or was interrupted after training began")
         raise
     spent = record["privacy"]["epsilon_spent"]
     claim(model, None, lambda: f"by privopt.fit, which spent epsilon={spent:.4g}")
