@@ -185,7 +185,23 @@ class PrivacyEngine:
         args = {k: v for k, v in locals().items() if k != "self"}  # first statement: the arguments only
         return self._build(**args)
 
-    def _build(self, *, module, optimizer, epsilon, delta, epochs, max_grad_norm, dataset, data_loader, **rest):
+    def _build(
+        self,
+        *,
+        module,
+        optimizer,
+        epsilon,
+        delta,
+        epochs,
+        max_grad_norm,
+        dataset,
+        data_loader,
+        batch_size,
+        sample_rate,
+        criterion,
+        allow_large_delta,
+        max_physical_batch_size,
+    ):
         """:meth:`make_private`'s checks (in the documented order, nothing computed on the data
         before they pass), calibration, ledger, optimizer and loader."""
         if self._ledger is not None:
@@ -196,14 +212,13 @@ class PrivacyEngine:
         optimizer = check_optimizer(optimizer, module)
         epsilon, clip = check_epsilon(epsilon), check_epsilon(max_grad_norm, name="max_grad_norm")
         epochs = check_epsilon(epochs, name="epochs")
-        chunk = rest["max_physical_batch_size"]
+        chunk = max_physical_batch_size
         if chunk is not None:
             chunk = check_count(chunk, name="max_physical_batch_size (None or a positive int)", minimum=1)
         data = training_data(dataset=dataset, data_loader=data_loader)
-        delta = check_delta_for_size(delta, dataset_size=data.n, allow_large=rest["allow_large_delta"])
-        size, rate = rest["batch_size"], rest["sample_rate"]
-        rate, expected, steps = _schedule(batch_size=size, sample_rate=rate, epochs=epochs, n=data.n)
-        loss_fn = per_sample_loss(rest["criterion"])
+        delta = check_delta_for_size(delta, dataset_size=data.n, allow_large=allow_large_delta)
+        rate, expected, steps = _schedule(batch_size=batch_size, sample_rate=sample_rate, epochs=epochs, n=data.n)
+        loss_fn = per_sample_loss(criterion)
         two = data.batch(data.probe_indices())  # per-example gradients too: fail here, not at a step
         check_model_fits(module, loss_fn, *two, what="the training inputs", engine=self._engine)
         dp_optimizer = self._attach(module, optimizer, loss_fn, (epsilon, delta, clip), (rate, expected, steps), chunk)
