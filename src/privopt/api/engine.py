@@ -140,6 +140,7 @@ class PrivacyEngine:
         sample_rate: float | None = None,
         criterion: Any = None,
         allow_large_delta: bool = False,
+        max_physical_batch_size: int | None = None,
     ) -> tuple[nn.Module, DPOptimizer, PoissonLoader]:
         """Calibrate, open the ledger, and return ``(module, optimizer, data_loader)`` for your loop.
 
@@ -148,8 +149,7 @@ class PrivacyEngine:
             optimizer: a torch optimizer over ``module``'s trainable parameters (SGD, Adam, ...).
             epsilon: target ε (> 0). The noise is calibrated so that ``epochs`` passes spend at most it.
             delta: target δ, below 1/n (``allow_large_delta=True`` to override).
-            epochs: planned passes over the data (may be fractional): the run takes
-                ``ceil(epochs / q)`` steps, ``q`` the sampling rate.
+            epochs: planned passes (may be fractional): ``ceil(epochs / q)`` steps, ``q`` the sampling rate.
             max_grad_norm: per-example clipping threshold C (the L2 sensitivity of each step's sum).
             dataset: the training records: a :class:`privopt.data.Dataset`, an ``(inputs, targets)``
                 pair of tensors, or a map-style torch dataset of ``(input, target)`` items.
@@ -161,11 +161,49 @@ class PrivacyEngine:
                 a torch loss module (``reduction`` is set to ``"none"`` on a copy) or a callable
                 returning one loss per example. ``step()`` uses it, not the loss of your loop.
             allow_large_delta: accept δ ≥ 1/n (such a δ lets a mechanism publish a record).
+            max_physical_batch_size: ``None`` (default) or a positive int: ``step()`` computes the
+                clipped sum of each Poisson batch in chunks of at most this many records, to bound
+                memory. Same batch, one noise draw, one ledger charge: only the summation order changes.
 
-        Returns ``(module, optimizer, data_loader)``: iterate ``data_loader`` and call ``optimizer.step()``
-        once per batch. Raises ConfigError, DataError or ModelError for an invalid argument (named),
-        before anything is computed on the data.
+        Returns ``(module, optimizer, data_loader)``: call ``optimizer.step()`` once per batch. Raises
+        ConfigError, DataError or ModelError for an invalid argument (named), before anything is
+        computed on the data.
+
+        Example:
+            >>> import torch, privopt
+            >>> x = torch.rand(1000, 4, generator=torch.Generator().manual_seed(0))
+            >>> model, y = torch.nn.Linear(4, 2), (x[:, 0] > 0.5).long()
+            >>> engine = privopt.PrivacyEngine()
+            >>> model, optimizer, loader = engine.make_private(
+            ...     module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), dataset=(x, y),
+            ...     batch_size=500, epochs=1, epsilon=1.0, delta=1e-4, max_grad_norm=1.0, max_physical_batch_size=64)
+            >>> for xb, yb in loader:  # ~500 records per batch, clipped and summed 64 at a time
+            ...     optimizer.step()
+            >>> engine.steps_taken, engine.accountant.num_steps
+            (2, 2)
         """
+        args = {k: v for k, v in locals().items() if k != "self"}  # first statement: the arguments only
+        return self._build(**args)
+
+    def _build(
+        self,
+        *,
+        module,
+        optimizer,
+        epsilon,
+        delta,
+        epochs,
+        max_grad_norm,
+        dataset,
+        data_loader,
+        batch_size,
+        sample_rate,
+        criterion,
+        allow_large_delta,
+        max_physical_batch_size,
+    ):
+        """:meth:`make_private`'s checks (in the documented order, nothing computed on the data
+        before they pass), calibration, ledger, optimizer and loader."""
         if self._ledger is not None:
             raise ConfigError("this PrivacyEngine already made a training private; use a new engine for another")
         if not isinstance(module, nn.Module):
@@ -174,22 +212,25 @@ class PrivacyEngine:
         optimizer = check_optimizer(optimizer, module)
         epsilon, clip = check_epsilon(epsilon), check_epsilon(max_grad_norm, name="max_grad_norm")
         epochs = check_epsilon(epochs, name="epochs")
+        chunk = max_physical_batch_size
+        if chunk is not None:
+            chunk = check_count(chunk, name="max_physical_batch_size (None or a positive int)", minimum=1)
         data = training_data(dataset=dataset, data_loader=data_loader)
         delta = check_delta_for_size(delta, dataset_size=data.n, allow_large=allow_large_delta)
         rate, expected, steps = _schedule(batch_size=batch_size, sample_rate=sample_rate, epochs=epochs, n=data.n)
         loss_fn = per_sample_loss(criterion)
         two = data.batch(data.probe_indices())  # per-example gradients too: fail here, not at a step
         check_model_fits(module, loss_fn, *two, what="the training inputs", engine=self._engine)
-        dp_optimizer = self._attach(module, optimizer, loss_fn, epsilon, delta, clip, (rate, expected, steps))
+        dp_optimizer = self._attach(module, optimizer, loss_fn, (epsilon, delta, clip), (rate, expected, steps), chunk)
         loader = PoissonLoader(
             data, rate=rate, steps=steps, epochs=epochs, rng=self._sources["sampler"], on_batch=dp_optimizer._set_batch
         )
         return module, dp_optimizer, loader
 
-    def _attach(self, module, optimizer, loss_fn, epsilon, delta, clip, schedule) -> DPOptimizer:
-        """Calibrate the noise for the ``(rate, expected batch size, steps)`` Poisson schedule, open
-        the ledger, wrap the optimizer."""
-        rate, expected, steps = schedule
+    def _attach(self, module, optimizer, loss_fn, target, schedule, chunk) -> DPOptimizer:
+        """Calibrate the noise for the ``(rate, expected batch size, steps)`` Poisson schedule and the
+        ``(epsilon, delta, clip)`` target, open the ledger, wrap the optimizer."""
+        (epsilon, delta, clip), (rate, expected, steps) = target, schedule
         inventory = Inventory((PlannedStep(Poisson(rate), (("grad", 1.0),), steps),))
         cal = calibrate(inventory, epsilon=epsilon, delta=delta, accountant=self._accountant)
         ledger = PrivacyLedger(
@@ -206,6 +247,7 @@ class PrivacyEngine:
             max_grad_norm=clip,
             expected_batch_size=expected,
             noise_rng=self._sources["noise"],
+            max_physical_batch_size=chunk,
         )
         self._ledger, self._calibration, self._optimizer, self._planned_steps = ledger, cal, dp_optimizer, steps
         claim(module, optimizer, lambda: f"by a PrivacyEngine that spent epsilon={ledger.epsilon():.4g} so far")

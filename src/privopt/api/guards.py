@@ -31,7 +31,8 @@ ACCUMULATION = (
     "optimizer.step() or optimizer.zero_grad() in between): gradient accumulation over several batches is not "
     "supported. step() releases the clipped gradient of the last batch only, and each Poisson batch is a separate "
     "sampled query the noise was calibrated for. For a larger effective batch pass a larger batch_size= to "
-    "make_private (the noise is calibrated for it), and call optimizer.step() once per batch"
+    "make_private (the noise is calibrated for it), with max_physical_batch_size= if memory is the limit (the "
+    "clipped sum of each batch is then computed in chunks), and call optimizer.step() once per batch"
 )
 
 

@@ -5,7 +5,9 @@
 1. records the step in the privacy ledger (the budget guard refuses it, before anything is
    computed, if it would push ε above the target);
 2. computes the sum of per-example gradients of ``criterion(module(x), y)``, each clipped to
-   ``max_grad_norm``, with a privopt gradient engine (:func:`privopt.grads.get_engine`);
+   ``max_grad_norm``, with a privopt gradient engine (:func:`privopt.grads.get_engine`),
+   in chunks of at most ``max_physical_batch_size`` records when one was given: the same sum,
+   up to the order of the float additions, with bounded memory;
 3. adds Gaussian noise of std ``z·max_grad_norm`` from the engine's noise source and divides by
    the EXPECTED batch size (never the realised one, which is private);
 4. writes that gradient into ``.grad`` and steps the wrapped torch optimizer (any optimizer:
@@ -30,7 +32,7 @@ from privopt.api.guards import ACCUMULATION, AGAIN, AccumulationGuard, ModelFing
 from privopt.errors import ConfigError
 from privopt.grads.flat import set_flat_grad, trainable_parameters, zero_flat
 from privopt.grads.release import PrivateBatch
-from privopt.grads.sums import BoundedSum
+from privopt.grads.sums import BoundedSum, chunked_clipped_sum
 
 __all__ = ["DPOptimizer"]
 
@@ -80,6 +82,7 @@ class DPOptimizer(torch.optim.Optimizer):
         max_grad_norm: float,
         expected_batch_size: float,
         noise_rng: Any,
+        max_physical_batch_size: int | None = None,
     ):
         # No Optimizer.__init__: it would build new param groups; these are the wrapped optimizer's.
         self.original_optimizer = optimizer
@@ -87,6 +90,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self._module, self._loss_fn, self._engine, self._ledger = module, loss_fn, engine, ledger
         self._sampling, self._z, self._clip = sampling, float(noise_multiplier), float(max_grad_norm)
         self._normalizer, self._noise_rng = float(expected_batch_size), noise_rng
+        self._chunk = max_physical_batch_size
         self._pending: tuple[Any, Any] | None = None
         self._fingerprint = ModelFingerprint(module)
         # Accumulation guard: batches drawn, and the draw of the user's last backward() since step/zero_grad.
@@ -155,6 +159,8 @@ class DPOptimizer(torch.optim.Optimizer):
             # In the parameters' dtype, as a non-empty batch's sum: float32 noise in a float64
             # release would show that the (private) batch size was 0.
             clipped: Any = BoundedSum(zero_flat(m), bound=self._clip)
+        elif self._chunk is not None:  # one logical batch, one noise draw; only the memory is bounded
+            clipped = chunked_clipped_sum(self._engine, m, self._loss_fn, x, y, clip=self._clip, chunk=self._chunk)
         else:
             clipped = self._engine.clipped_sum(m, self._loss_fn, x, y, clip=self._clip)
         set_flat_grad(m, batch.gaussian("grad", clipped, normalizer=self._normalizer))
@@ -202,5 +208,7 @@ class DPOptimizer(torch.optim.Optimizer):
     def __repr__(self) -> str:
         return (
             f"DPOptimizer({type(self.original_optimizer).__name__}, noise_multiplier={self._z:.4g}, "
-            f"max_grad_norm={self._clip:g}, expected_batch_size={self._normalizer:g})"
+            f"max_grad_norm={self._clip:g}, expected_batch_size={self._normalizer:g}"
+            + ("" if self._chunk is None else f", max_physical_batch_size={self._chunk}")
+            + ")"
         )
