@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from privopt.algorithms.base import Algorithm, RunContext, register_algorithm
-from privopt.algorithms.config import momentum_value, non_negative, param, positive, positive_int
+from privopt.algorithms.config import momentum_value, non_negative, optional_int, param, positive, positive_int
 from privopt.algorithms.releases import BatchPlan, Fixed, Phase, PoissonBatch, Query, ReleasePlan
 from privopt.algorithms.step_schedules import ScheduledStepConfig
 from privopt.grads.flat import set_flat_grad, zero_flat
@@ -45,9 +45,12 @@ class SGDConfig(StepConfig):
 
 @dataclass(frozen=True)
 class DPSGDConfig(SGDConfig):
-    """DP-SGD: SGD plus the per-sample clip threshold ``clip``."""
+    """DP-SGD: SGD plus the per-sample clip threshold ``clip``; ``chunk_size`` (``None``: the whole
+    batch at once) bounds how many records' per-sample gradients are computed together, to bound
+    memory: the same batch, one noise draw, one charge."""
 
     clip: float = param(1.0, positive, role="clip")
+    chunk_size: int | None = param(None, optional_int)
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,10 @@ class DPSGD(_BatchAlgorithm):
         def grad_sum(idx: torch.Tensor, clip: float):
             if idx.numel() == 0:  # an empty Poisson batch still releases noise
                 return BoundedSum(zero_flat(ctx.model), bound=clip)
-            return ctx.engine.clipped_sum(ctx.model, ctx.loss_fn, ctx.x_train[idx], ctx.y_train[idx], clip=clip)
+            x, y, chunk = ctx.x_train[idx], ctx.y_train[idx], self.config.chunk_size
+            if chunk is not None:
+                return chunked_clipped_sum(ctx.engine, ctx.model, ctx.loss_fn, x, y, clip=clip, chunk=chunk)
+            return ctx.engine.clipped_sum(ctx.model, ctx.loss_fn, x, y, clip=clip)
 
         self._apply(self.releases.phase("step").release("grad", grad_sum), t)
         return {}
