@@ -126,3 +126,24 @@ def test_progress_line_ends_a_log_on_the_last_state(monkeypatch):
     silent(CalibrationProgress("pld", 1, 1.0, 1.1, None, 0.0))
     silent.finish()
     assert quiet.getvalue() == ""
+
+
+# ----------------------------------------------------------------------------- reproductions called from Python
+
+
+@pytest.mark.parametrize("entry", ["run_dro_table3", "run_dro_mia"])
+def test_a_dro_reproduction_that_fails_before_any_result_leaves_no_folder(tmp_path, entry):
+    import privopt.experiments.dro_report as report
+
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match="does not exist"):
+        getattr(report, entry)(dataset="mnist-st", data_dir=tmp_path / "missing", out_dir=out, log=lambda s: None)
+    assert not out.exists()
+
+
+def test_sosp_tuning_names_an_unknown_budget(tmp_path):
+    from privopt.experiments.sosp_tuning import run_tuning
+
+    with pytest.raises(ConfigError, match="unknown budget 'nope'"):
+        run_tuning(data_dir=tmp_path, budget="nope", out_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -38,6 +38,7 @@ from privopt.experiments.dro_protocol import (
 )
 from privopt.experiments.dro_rows import failed_row, finite, log_row, result_row
 from privopt.experiments.jobs import SHARED, Call, DataRef, Workers, picklable, single_threaded
+from privopt.experiments.outdir import reproduction_output
 from privopt.experiments.privacy_notes import TRAINING_MEASUREMENTS, hyperparameter_note
 
 __all__ = ["GridRequest", "ModelSpec", "RunSpec", "randomness_note", "run_grid", "run_one", "single_threaded", "tune"]
@@ -458,21 +459,23 @@ def run_grid(req: GridRequest) -> tuple[list[dict], dict[str, Any], Path]:
     jobs = workers.jobs
     if jobs > 1 and callable(req.model):
         picklable(req.model, "a model factory")  # before any run, not in the first worker
-    out.mkdir(parents=True, exist_ok=True)
-    say = req.log or (lambda s: print(s, flush=True))
-    label = req.dataset if isinstance(req.dataset, str) else getattr(req.dataset, "name", "custom")
-    from privopt.config import resolve_device
+    with reproduction_output(out):  # a failure before any result leaves no empty folder behind (CLI or Python)
+        out.mkdir(parents=True, exist_ok=True)
+        say = req.log or (lambda s: print(s, flush=True))
+        label = req.dataset if isinstance(req.dataset, str) else getattr(req.dataset, "name", "custom")
+        from privopt.config import resolve_device
 
-    resolve_device(req.device)  # a missing GPU fails before any tuning run
-    progress = req.progress and jobs == 1  # the bars of parallel runs would interleave; one line per run instead
-    spec = RunSpec(label, b, model=req.model, progress=progress, insecure_seed=req.insecure_seed, device=req.device)
-    t_start = time.perf_counter()
-    runs = dict(dataset=req.dataset, data_dir=req.data_dir, methods=methods, eps_list=eps_list, seeds=req.seeds)
-    with workers:  # one pool for tuning and the final runs: workers start (import torch, warm up) once
-        best, tuning = _choose_hyperparameters(req, spec, methods, eps_list, out, say, workers)
-        spec = replace(spec, tuning_note=hyperparameter_note(tuning))
-        atomic_write_json(out / "tuning.json", tuning)
-        rows = _final_runs(req.kind, spec, **runs, best=best, metrics=req.metrics, out=out, say=say, workers=workers)
+        resolve_device(req.device)  # a missing GPU fails before any tuning run
+        progress = req.progress and jobs == 1  # the bars of parallel runs would interleave; one line per run instead
+        spec = RunSpec(label, b, model=req.model, progress=progress, insecure_seed=req.insecure_seed, device=req.device)
+        t_start = time.perf_counter()
+        runs = dict(dataset=req.dataset, data_dir=req.data_dir, methods=methods, eps_list=eps_list, seeds=req.seeds)
+        with workers:  # one pool for tuning and the final runs: workers start (import torch, warm up) once
+            best, tuning = _choose_hyperparameters(req, spec, methods, eps_list, out, say, workers)
+            spec = replace(spec, tuning_note=hyperparameter_note(tuning))
+            atomic_write_json(out / "tuning.json", tuning)
+            finals = dict(best=best, metrics=req.metrics, out=out, say=say, workers=workers)
+            rows = _final_runs(req.kind, spec, **runs, **finals)
     meta = {
         "kind": req.kind,
         "dataset": label,

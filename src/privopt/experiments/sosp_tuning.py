@@ -16,6 +16,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from privopt.errors import ConfigError
 from privopt.experiments.sosp_protocol import BUDGETS, DELTA, METHODS, N_TRAIN, tuning_grid
 
 __all__ = ["tuning_data", "run_tuning"]
@@ -62,6 +63,8 @@ def _score(job: dict[str, Any]) -> dict[str, Any]:
 
 def run_tuning(*, data_dir, budget: str, methods=METHODS, out_dir, workers: int = 2, log=print) -> dict[str, Any]:
     """Run every method's grid; returns ``{"best": {method: params}, "rows": [...]}`` (also in ``tuning.json``)."""
+    if budget not in BUDGETS:
+        raise ConfigError(f"unknown budget {budget!r}; choose from {', '.join(sorted(BUDGETS))}")
     plan, out = BUDGETS[budget], Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [
