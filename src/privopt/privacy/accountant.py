@@ -47,7 +47,6 @@ from privopt.privacy.checks import (
 from privopt.privacy.events import ADD_REMOVE, Step, check_neighbouring
 from privopt.privacy.pld_compose import TooCostly
 from privopt.privacy.pld_compose import fast_pld as _pld_accountant
-from privopt.privacy.pld_compose import subsampled_gaussian_pld as _subsampled_gaussian_pld  # noqa: F401
 from privopt.privacy.translate import dp_relation_for, pld_coin_epsilons, pld_event, rdp_parts, to_dp_event
 
 __all__ = [
@@ -281,8 +280,9 @@ def _pld_run(event, interval: float, delta: float, rdp_tail: float, coins: froze
     tail = float(acc.get_epsilon(_TAIL_DELTA))
     finer = coarsen * _interval(float(acc.get_epsilon(delta)), tail if math.isfinite(tail) else rdp_tail)
     if finer * _PLD_REFINE_GAIN <= interval:
+        fine = _snap(finer, coins)
         with contextlib.suppress(TooCostly):  # keep the first answer if the finer grid costs too much
-            acc, grid = _pld_accountant(event, _snap(finer, coins)), _snap(finer, coins)
+            acc, grid = _pld_accountant(event, fine), fine
     return acc, grid
 
 
