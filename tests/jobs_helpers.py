@@ -26,3 +26,19 @@ def defer_sigterm_or_fail(seconds, delay: float = 0.0):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     time.sleep(seconds)
     return seconds
+
+
+SECRET = "SECRET-record-4711"  # what a failing or warning worker quotes (tests/test_cli_tracebacks.py)
+
+
+def leak_in_worker():
+    """Fails, quoting a "record" in its message, as a user's model might."""
+    raise RuntimeError(f"bad value in {SECRET}")
+
+
+def warn_in_worker():
+    """Warns, quoting a "record" in its text, as torch or a user's code might; returns 1."""
+    import warnings
+
+    warnings.warn(f"odd value in {SECRET}", UserWarning, stacklevel=1)
+    return 1

@@ -39,6 +39,7 @@ import time
 from collections.abc import Sequence
 
 from privopt.errors import ConfigError
+from privopt.quiet import public_tail
 
 __all__ = ["ACCOUNTING_CACHES", "E2E_METHODS", "run_end_to_end", "format_e2e"]
 
@@ -116,7 +117,7 @@ def _spawn(spec: dict, env: dict | None = None) -> dict:
         env=env,
     )
     if out.returncode != 0:
-        tail = (out.stderr.strip().splitlines() or ["?"])[-1]
+        tail = public_tail(out.stderr)  # the child's traceback may quote a record
         raise ConfigError(f"end-to-end run {spec['algorithm']} on {spec['model']} failed: {tail}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 

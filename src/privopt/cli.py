@@ -9,10 +9,13 @@ import os
 import signal
 import sys
 import threading
+import traceback
 
+from privopt.cli_audit import add_audit_parser
 from privopt.cli_bench import add_bench_parser
 from privopt.cliargs import DEVICES, non_negative_int, positive_int
-from privopt.errors import PrivacyBudgetExceeded, PrivoptError
+from privopt.errors import PrivacyBudgetExceeded, PrivoptError, debug_enabled
+from privopt.quiet import debug_mode, foreign_error_line, quiet_warnings
 
 __all__ = ["main", "build_parser"]
 
@@ -157,42 +160,6 @@ def _cmd_demo(args) -> int:
     return 0
 
 
-AUDIT_FAILED = 5  # an empirical lower bound exceeds the accounted epsilon
-
-
-def _cmd_audit(args) -> int:
-    from privopt.audit import format_report, run_audit, write_report
-    from privopt.audit.report import check_report_dir
-    from privopt.config import load_config
-
-    overrides = list(args.set)
-    if args.algorithm is not None:
-        overrides.append(f"algorithm={args.algorithm}")
-    if args.epsilon is not None:
-        overrides.append(f"privacy.epsilon={args.epsilon}")
-    cfg = load_config(args.config, overrides)
-    if args.out is not None:  # before minutes of training, not when the report is written
-        check_report_dir(args.out)
-    say = None if (args.quiet or args.json) else (lambda line: print(line, file=sys.stderr, flush=True))
-    report = run_audit(
-        cfg,
-        mode=args.mode,
-        method=args.method,
-        canaries=args.canaries,
-        runs=args.runs,
-        confidence=args.confidence,
-        progress=say,
-    )
-    written = write_report(report, args.out) if args.out is not None else []
-    if args.json:
-        print(json.dumps(report.to_dict(), default=str))
-    elif not args.quiet:
-        print(format_report(report))
-        for path in written:
-            print(f"wrote {path}")
-    return 0 if report.passed else AUDIT_FAILED
-
-
 def _add_account_parser(sub) -> None:
     a = sub.add_parser(
         "account",
@@ -279,47 +246,16 @@ def _add_train_parser(sub) -> None:
     t.set_defaults(func=_cmd_train)
 
 
-def _add_audit_parser(sub) -> None:
-    a = sub.add_parser(
-        "audit",
-        help="empirical privacy audit: a lower bound on epsilon from canaries (docs/audit.md)",
-        description="Insert canaries (each with probability 1/2, secretly), train with the real pipeline, score "
-        "every canary from what the run releases (white-box: the noisy gradients; black-box: the released model) "
-        "and report a lower bound on epsilon, with confidence, beside the epsilon the run accounted. "
-        "See docs/audit.md.",
-        epilog="exit codes: 0 every lower bound is at most the accounted epsilon; 5 a lower bound exceeds it (the "
-        "privacy claim is refuted); 2 a user error.",
-    )
-    a.add_argument("--config", help="YAML config of the run to audit (privopt train's; defaults for missing keys)")
-    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
-    a.add_argument("--algorithm", help="shorthand for --set algorithm=NAME")
-    a.add_argument("--epsilon", type=float, help="shorthand for --set privacy.epsilon=EPSILON (the claim audited)")
-    a.add_argument(
-        "--mode", choices=["white-box", "black-box", "both"], default="both", help="which scores (default both)"
-    )
-    a.add_argument(
-        "--method",
-        choices=["one-run", "many-run"],
-        default="one-run",
-        help="one-run: many canaries in one training run (Steinke et al. 2023; default); many-run: one canary "
-        "per run, --runs runs (Clopper-Pearson)",
-    )
-    a.add_argument("--canaries", type=int, default=1000, help="canaries of a one-run audit (default 1000)")
-    a.add_argument("--runs", type=int, default=100, help="training runs of a many-run audit (default 100)")
-    a.add_argument("--confidence", type=float, default=0.95, help="confidence of the lower bound (default 0.95)")
-    a.add_argument(
-        "--out",
-        help="directory for audit.json and audit.png (score distributions and the bound); "
-        "one that holds an earlier audit is refused",
-    )
-    a.add_argument("--quiet", action="store_true", help="no progress and no summary")
-    a.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    a.set_defaults(func=_cmd_audit)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="privopt", description=DESCRIPTION, epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="print what privopt hides because it may quote PRIVATE DATA: the message and traceback of an "
+        "unexpected error (from torch or your code), the text of other libraries' warnings, the line of a data "
+        "file an error is about. Only on your own data; never publish that output. Same as PRIVOPT_DEBUG=1",
     )
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -327,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_account_parser(sub)
 
-    _add_audit_parser(sub)
+    add_audit_parser(sub)
 
     li = sub.add_parser("list", help="list algorithms, datasets, models, engines and experiments")
     li.add_argument("--json", action="store_true", help="print the lists as one JSON object")
@@ -406,8 +342,9 @@ def _add_reproduce_parser(sub) -> None:
 
 DESCRIPTION = "Differentially private optimisation on PyTorch: train, account, audit, list, demo, bench, reproduce."
 EXIT_CODES = """exit codes: 0 done; 2 a user error (one-line message, nothing half-written); 3 privacy budget
-exhausted; 4 the run failed (e.g. diverged; its record holds the epsilon spent); 130 interrupted (resumable);
-141 the reader of the output closed it (e.g. `| head`)."""
+exhausted; 4 the run failed (e.g. diverged, or an error raised by torch or your code: only its type and
+where are printed, --debug prints its message and traceback; a run's record holds the epsilon spent);
+130 interrupted (resumable); 141 the reader of the output closed it (e.g. `| head`)."""
 
 
 def _inside_import(frame) -> bool:
@@ -438,8 +375,10 @@ def main(argv: list[str] | None = None) -> int:
             previous[sig] = signal.signal(sig, _on_signal)
     except ValueError:  # not the main thread
         pass
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        return _run(argv)
+        with debug_mode(_debug_flag(argv)), quiet_warnings():
+            return _run(argv)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -472,6 +411,23 @@ def _run(argv: list[str] | None) -> int:
         else:
             print(f"privopt: {e}" if str(e) else "privopt: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # raised by torch, numpy, the user's code (or a privopt bug): its text may quote data
+        if debug_enabled():
+            traceback.print_exception(e, file=sys.stderr)
+        else:
+            print(f"privopt: failed: {foreign_error_line(e)}", file=sys.stderr)
+        return 4
+
+
+def _debug_flag(argv: list[str]) -> bool:
+    """``--debug`` among the options before the command (where argparse takes it), known before
+    parsing: an error while building or parsing is shown in full too."""
+    for token in argv:
+        if token == "--debug":
+            return True
+        if not token.startswith("-"):
+            return False
+    return False
 
 
 def _silence_stdout() -> None:

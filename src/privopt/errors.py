@@ -1,4 +1,8 @@
-"""Exceptions raised by privopt. Each names the problem so a user can fix the input."""
+"""Exceptions and warnings raised by privopt. Each names the problem so a user can fix the input."""
+
+import os
+
+DEBUG_ENV = "PRIVOPT_DEBUG"  # set (not "" or "0"): errors and warnings may quote private data
 
 
 class PrivoptError(Exception):
@@ -27,6 +31,39 @@ class RunDiverged(PrivoptError, ArithmeticError):
     exit_code = 4  # the CLI's exit code for a run that failed
 
 
+class PrivoptWarning(UserWarning):
+    """Base class of privopt's own warnings: like its errors, they never quote private values (the
+    CLI shows them in full; any other warning's text is hidden unless debugging, see ``privopt.quiet``)."""
+
+
+class PrivoptRuntimeWarning(PrivoptWarning, RuntimeWarning):
+    """A privopt warning about something that happens while running (e.g. a slower fallback)."""
+
+
+class PrivoptDeprecationWarning(PrivoptWarning, DeprecationWarning):
+    """A privopt option that will be removed."""
+
+
+def debug_enabled() -> bool:
+    """Whether ``$PRIVOPT_DEBUG`` asks for the details that may quote private data (``privopt --debug``
+    sets it): the messages and tracebacks of foreign exceptions, the text of foreign warnings, the
+    line of a data file an error is about. Only for debugging on your own data."""
+    return os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
+
+
+def some(noun: str, index: int | None = None) -> str:
+    """``"some line"``: which record an error is about is that record's data; under
+    :func:`debug_enabled` ``"line 3"`` (``index`` 0-based), for a user debugging their own file.
+
+    Example:
+        >>> some("line", 2) if not debug_enabled() else "some line"
+        'some line'
+    """
+    if index is not None and debug_enabled():
+        return f"{noun} {index + 1}"
+    return f"some {noun}"
+
+
 def public_reason(err: BaseException) -> str:
     """What a public output (a record, a results row) may say of ``err``.
 
@@ -38,8 +75,8 @@ def public_reason(err: BaseException) -> str:
         >>> public_reason(ConfigError("lr must be > 0"))
         'ConfigError: lr must be > 0'
         >>> public_reason(RuntimeError("Target 7 is out of bounds"))
-        'RuntimeError (its message is not recorded: it may quote private values; see the traceback)'
+        'RuntimeError (its message is not recorded: it may quote private values; privopt --debug shows it)'
     """
     if isinstance(err, PrivoptError):
         return f"{type(err).__name__}: {err}"
-    return f"{type(err).__name__} (its message is not recorded: it may quote private values; see the traceback)"
+    return f"{type(err).__name__} (its message is not recorded: it may quote private values; privopt --debug shows it)"

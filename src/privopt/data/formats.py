@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from privopt.errors import DataError
+from privopt.errors import DataError, some
 
 __all__ = [
     "read_bytes",
@@ -157,8 +157,9 @@ def read_cifar_bin(path: str | os.PathLike, *, num_classes: int = 10) -> tuple[n
         )
     rec = np.frombuffer(raw, dtype=np.uint8).reshape(-1, CIFAR_RECORD)
     labels = rec[:, 0].astype(np.int64)
-    if bool((labels >= num_classes).any()):  # neither which record nor its label: both are its data
-        raise DataError(f"{path}: some record has a label byte outside 0..{num_classes - 1}")
+    bad = labels >= num_classes
+    if bool(bad.any()):  # neither which record (unless debugging) nor its label: both are its data
+        raise DataError(f"{path}: {some('record', _first(bad))} has a label byte outside 0..{num_classes - 1}")
     images = rec[:, 1:].reshape(-1, 3, 32, 32).copy()
     return images, labels
 
@@ -188,39 +189,55 @@ def read_covtype(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
 @functools.lru_cache(maxsize=4)
 def _read_covtype_cached(key) -> tuple[np.ndarray, np.ndarray]:
     path = Path(key[0])
-    lines = [ln for ln in read_text(path).splitlines() if ln.strip()]
+    numbered = [(i, ln) for i, ln in enumerate(read_text(path).splitlines()) if ln.strip()]
+    lines = [ln for _, ln in numbered]
     if not lines:
         raise DataError(f"{path}: no data rows (expected comma-separated covtype rows of 55 integers)")
+
     # Errors name the file and the field, never the line, its value or how many lines are bad:
-    # which line holds a bad record, and what it holds, are that record's data.
+    # which line holds a bad record, and what it holds, are that record's data (a user debugging
+    # their own file gets the line under PRIVOPT_DEBUG: errors.some).
+    def line(bad) -> str:
+        return some("line", numbered[_first(bad)][0])
+
     if any(ln.count(",") != 54 for ln in lines):
-        raise DataError(f"{path}: some line does not have 55 fields (54 features + label)")
+        raise DataError(
+            f"{path}: {line([ln.count(',') != 54 for ln in lines])} does not have 55 fields (54 features + label)"
+        )
     try:
         data = np.array([ln.split(",") for ln in lines], dtype=np.float64)
     except ValueError:
-        field = _first_non_number(ln.split(",") for ln in lines)
-        raise DataError(f"{path}: field {field} of some line is not a number") from None
+        k, field = _first_non_number(ln.split(",") for ln in lines)
+        raise DataError(f"{path}: field {field} of {line(np.arange(len(lines)) == k)} is not a number") from None
     if not np.isfinite(data).all():
-        raise DataError(f"{path}: some line has a non-finite value (NaN/inf)")
+        raise DataError(f"{path}: {line(~np.isfinite(data).all(axis=1))} has a non-finite value (NaN/inf)")
     labels = data[:, 54]
-    if not bool(((labels >= 1) & (labels <= 7) & (labels == np.round(labels))).all()):
-        raise DataError(f"{path}: field 55 (Cover_Type) of some line is not an integer 1..7")
+    ok = (labels >= 1) & (labels <= 7) & (labels == np.round(labels))
+    if not bool(ok.all()):
+        raise DataError(f"{path}: field 55 (Cover_Type) of {line(~ok)} is not an integer 1..7")
     x, y = data[:, :54], labels.astype(np.int64)
     x.setflags(write=False)
     y.setflags(write=False)
     return x, y
 
 
-def _first_non_number(rows) -> int:
-    """The field (1-based) of the first value of ``rows`` (lists of fields) that does not parse as a
-    number. Error messages name the field, never the line or the value: both are a record's data."""
-    for fields in rows:
+def _first(mask) -> int | None:
+    """The index of the first true entry of ``mask`` (for :func:`privopt.errors.some`)."""
+    hits = np.flatnonzero(np.asarray(mask))
+    return int(hits[0]) if hits.size else None
+
+
+def _first_non_number(rows) -> tuple[int | None, int]:
+    """(row index, 1-based field) of the first value of ``rows`` (lists of fields) that does not parse
+    as a number. Error messages name the field, never the line (unless debugging) or the value: both
+    are a record's data."""
+    for i, fields in enumerate(rows):
         for j, f in enumerate(fields):
             try:
                 float(f)
             except ValueError:
-                return j + 1
-    return 0  # unreachable when numpy's parse failed on the same fields
+                return i, j + 1
+    return None, 0  # unreachable when numpy's parse failed on the same fields
 
 
 # ---------------------------------------------------------------------------------------- Adult
@@ -259,8 +276,8 @@ def _read_adult_cached(key) -> tuple[dict[str, np.ndarray], np.ndarray]:
         if not ln.strip() or ln.startswith("|"):
             continue
         fields = [f.strip() for f in ln.split(",")]
-        if len(fields) != len(ADULT_COLUMNS):  # never which line, nor its content: a record's data
-            raise DataError(f"{path}: some line does not have {len(ADULT_COLUMNS)} fields")
+        if len(fields) != len(ADULT_COLUMNS):  # never which line (unless debugging), nor its content
+            raise DataError(f"{path}: {some('line', i)} does not have {len(ADULT_COLUMNS)} fields")
         rows.append((i + 1, fields))
     if not rows:
         raise DataError(f"{path}: no data rows (expected UCI Adult rows of {len(ADULT_COLUMNS)} fields)")
@@ -271,21 +288,24 @@ def _read_adult_cached(key) -> tuple[dict[str, np.ndarray], np.ndarray]:
             try:
                 arr = np.array(values, dtype=np.float64)
             except ValueError:
-                raise DataError(f"{path}: field {j + 1} ({name!r}) of some line is not a number") from None
+                k, _ = _first_non_number([v] for v in values)
+                line = some("line", None if k is None else rows[k][0] - 1)
+                raise DataError(f"{path}: field {j + 1} ({name!r}) of {line} is not a number") from None
             if not np.isfinite(arr).all():
-                raise DataError(f"{path}: field {j + 1} ({name!r}) of some line is not finite (NaN/inf)")
+                line = some("line", rows[_first(~np.isfinite(arr))][0] - 1)
+                raise DataError(f"{path}: field {j + 1} ({name!r}) of {line} is not finite (NaN/inf)")
             cols[name] = arr
         else:
             cols[name] = np.array(values, dtype=object)
     label = np.empty(len(rows), dtype=np.int64)
-    for k, (_line, fields) in enumerate(rows):
+    for k, (line, fields) in enumerate(rows):
         inc = fields[-1].rstrip(".")
         if inc == ">50K":
             label[k] = 1
         elif inc == "<=50K":
             label[k] = 0
         else:
-            raise DataError(f"{path}: field 15 (income) of some line is neither '<=50K' nor '>50K'")
+            raise DataError(f"{path}: field 15 (income) of {some('line', line - 1)} is neither '<=50K' nor '>50K'")
     return cols, label
 
 
@@ -318,13 +338,17 @@ def _read_celeba_attributes_cached(key):
     except ValueError:
         raise DataError(f"{path}: line 1 is not the row count (an integer)") from None
     names = tuple(lines[1].split())
-    body = [ln for ln in lines[2:] if ln.strip()]
+    numbered = [(i, ln) for i, ln in enumerate(lines) if i >= 2 and ln.strip()]
+    body = [ln for _, ln in numbered]
     if len(body) != count:
         raise DataError(f"{path}: header says {count} rows but the file has {len(body)} (truncated?)")
     width = len(names) + 1
     tokens = " ".join(body).split()
-    if len(tokens) != count * width:  # never which row, nor its content: a record's data
-        raise DataError(f"{path}: some row does not have {width} fields (image id + {len(names)} attributes)")
+    if len(tokens) != count * width:  # never which row (unless debugging), nor its content: a record's data
+        bad = numbered[_first([len(ln.split()) != width for ln in body])][0]
+        raise DataError(
+            f"{path}: {some('line', bad)} does not have {width} fields (image id + {len(names)} attributes)"
+        )
     table = np.array(tokens, dtype=object).reshape(count, width)
     ids = table[:, 0].astype(str)
     uniq, counts = np.unique(ids, return_counts=True)
@@ -335,8 +359,10 @@ def _read_celeba_attributes_cached(key):
     vals = table[:, 1:]
     pos, neg = vals == "1", vals == "-1"
     if not np.all(pos | neg):
-        c = int(np.argwhere(~(pos | neg))[0][1])  # the attribute is public; the row is a record
-        raise DataError(f"{path}: field {c + 2} (attribute {names[c]!r}) of some row is neither 1 nor -1")
+        r, c = (int(v) for v in np.argwhere(~(pos | neg))[0])  # the attribute is public; the row is a record
+        raise DataError(
+            f"{path}: field {c + 2} (attribute {names[c]!r}) of {some('line', numbered[r][0])} is neither 1 nor -1"
+        )
     attrs = pos.astype(np.int8)
     ids.setflags(write=False)
     attrs.setflags(write=False)

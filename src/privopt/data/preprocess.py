@@ -21,12 +21,12 @@ import warnings
 import numpy as np
 
 from privopt.data.public import SCALING_MODES, PublicScaling
-from privopt.errors import ConfigError
+from privopt.errors import ConfigError, PrivoptWarning
 
 __all__ = ["PrivatePreprocessingWarning", "scale_splits", "unit_norm_rows", "check_mode"]
 
 
-class PrivatePreprocessingWarning(UserWarning):
+class PrivatePreprocessingWarning(PrivoptWarning):
     """A pipeline step looked at private statistics (e.g. the training split's mean/std)."""
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from privopt.data.dataset import Dataset, Part, RawData
 from privopt.data.preprocess import check_mode
 from privopt.data.splits import carve
-from privopt.errors import ConfigError, DataError
+from privopt.errors import ConfigError, DataError, PrivoptDeprecationWarning, PrivoptWarning
 from privopt.registry import Registry
 
 __all__ = [
@@ -180,6 +180,7 @@ class BuildContext:
                 warnings.warn(
                     f"dataset {self.name!r} has an official test split; "
                     f"test_fraction={self.test_fraction} is not applied",
+                    PrivoptWarning,
                     stacklevel=3,
                 )
                 raw.meta["test_fraction_ignored"] = self.test_fraction
@@ -241,7 +242,7 @@ def _scaling_mode(scaling: Any, standardize: Any) -> str:
     warnings.warn(
         "load_dataset(standardize=...) is deprecated: use scaling='public' (standardize=True; public "
         "constants, no longer training statistics) or scaling='unit' (standardize=False)",
-        DeprecationWarning,
+        PrivoptDeprecationWarning,
         stacklevel=3,
     )
     return "public" if standardize else "unit"

@@ -17,7 +17,7 @@ from privopt.data import formats
 from privopt.data.dataset import Part, RawData
 from privopt.data.public import PublicScaling, breast_cancer_scaling, image_scaling
 from privopt.data.registry import BuildContext
-from privopt.errors import ConfigError, DataError
+from privopt.errors import ConfigError, DataError, some
 
 __all__ = ["idx_source", "cifar10_source", "covtype_source", "celeba_source", "sklearn_source"]
 
@@ -67,8 +67,9 @@ def idx_source(
         y = formats.read_idx(lab, expect_ndim=1).astype(np.int64)
         if len(x) != len(y):
             raise DataError(f"{img} holds {len(x)} images but {lab} holds {len(y)} labels")
-        if y.size and (y.min() < 0 or y.max() >= len(class_names)):
-            raise DataError(f"{lab}: some label is outside 0..{len(class_names) - 1}")  # not which, nor its value
+        bad = np.flatnonzero((y < 0) | (y >= len(class_names)))
+        if bad.size:  # not which (unless debugging: errors.some), nor its value
+            raise DataError(f"{lab}: {some('label', int(bad[0]))} is outside 0..{len(class_names) - 1}")
         files[str(img)], files[str(lab)] = len(x), len(y)
         parts[split] = Part(x[:, None, :, :], y)
     if not parts:

@@ -88,15 +88,19 @@ _WORKER_SLOT = _Slot()  # a worker process's own dataset
 
 
 def _init_worker(shared_blob: bytes | None) -> None:
-    """Every worker: one torch intra-op thread (one run per core), the shared object, and no
-    SIGINT of its own: on Ctrl-C the parent cancels the pool (an active run still turns the
-    signal into a checkpoint through its own handler)."""
+    """Every worker: one torch intra-op thread (one run per core), the shared object, foreign
+    warnings without their text (``privopt.quiet``), and no SIGINT of its own: on Ctrl-C the
+    parent cancels the pool (an active run still turns the signal into a checkpoint through its
+    own handler)."""
     import signal
 
     import torch
 
+    from privopt.quiet import hide_foreign_warnings
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
+    hide_foreign_warnings()  # its stderr is the CLI's: another library's warning text may quote a record
     _WORKER_SLOT.shared = None if shared_blob is None else pickle.loads(shared_blob)
 
 

@@ -38,6 +38,7 @@ from privopt.experiments.sosp_protocol import (
     run_config,
 )
 from privopt.experiments.sosp_report import check_claims, format_claims, format_table, plot_curves
+from privopt.quiet import hide_foreign_warnings, public_tail
 
 __all__ = ["add_arguments", "main", "run_sosp", "run_one"]
 
@@ -72,7 +73,7 @@ def _train(cfg: dict[str, Any], out: Path, launcher: str) -> dict[str, Any]:
     if proc.returncode != 0:
         if not (out / "record.json").exists():  # the run never started: its config file is not an output
             cfg_path.unlink(missing_ok=True)
-        raise ConfigError(f"torchrun run failed ({out}): {proc.stderr.strip().splitlines()[-1:]}")
+        raise ConfigError(f"torchrun run failed ({out}): {public_tail(proc.stderr)}")  # its text may quote data
     return json.loads((out / "record.json").read_text())
 
 
@@ -273,7 +274,9 @@ def _execute(jobs: list[dict[str, Any]], workers: int):
     if workers == 1:
         yield from map(run_one, jobs)
         return
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=get_context("spawn"), initializer=hide_foreign_warnings
+    ) as pool:
         yield from pool.map(run_one, jobs)
 
 

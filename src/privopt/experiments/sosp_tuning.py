@@ -18,6 +18,7 @@ from typing import Any
 
 from privopt.errors import ConfigError
 from privopt.experiments.sosp_protocol import BUDGETS, DELTA, METHODS, N_TRAIN, tuning_grid
+from privopt.quiet import hide_foreign_warnings
 
 __all__ = ["tuning_data", "run_tuning"]
 
@@ -73,7 +74,9 @@ def run_tuning(*, data_dir, budget: str, methods=METHODS, out_dir, workers: int 
         for m in methods for i, p in enumerate(tuning_grid(m, plan))
     ]  # fmt: skip
     rows = []
-    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn")) as pool:
+    with ProcessPoolExecutor(
+        max_workers=max(1, workers), mp_context=get_context("spawn"), initializer=hide_foreign_warnings
+    ) as pool:
         for row in pool.map(_score, jobs):
             rows.append(row)
             log(f"{row['method']:15s} {json.dumps(row['params'])} val_acc={row['val_accuracy']:.4f}")

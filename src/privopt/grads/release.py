@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from privopt.errors import ConfigError
+from privopt.errors import ConfigError, PrivoptRuntimeWarning
 from privopt.grads.sums import as_bounded
 from privopt.privacy.events import Gaussian, Sampling, Step
 from privopt.rng import RandomSource, as_source
@@ -122,7 +122,7 @@ def insecure_scale_noise_for_testing(factor: float) -> Iterator[None]:
     if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor >= 0):
         raise ConfigError(f"noise scale must be a finite number >= 0, got {factor!r}")
     warnings.warn(
-        f"privacy noise scaled by {factor:g} for testing: releases made now are NOT private", RuntimeWarning, 2
+        f"privacy noise scaled by {factor:g} for testing: releases made now are NOT private", PrivoptRuntimeWarning, 2
     )
     token = _NOISE_SCALE.set(float(factor))
     try:

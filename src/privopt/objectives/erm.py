@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from scipy.special import expit
 
-from privopt.errors import ConfigError, DataError
+from privopt.errors import ConfigError, DataError, PrivoptWarning
 
 __all__ = [
     "LogisticERM",
@@ -70,7 +70,7 @@ def minmax_scale(
         warnings.warn(
             "minmax_scale without lower/upper scales with the data's own min/max: not private; "
             "pass public bounds (docs/data.md)",
-            UserWarning,
+            PrivoptWarning,
             stacklevel=2,
         )
     lo = x.min(axis=0) if lower is None else np.asarray(lower, dtype=np.float64)

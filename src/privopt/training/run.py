@@ -22,7 +22,7 @@ import torch
 from privopt.checkpoint import load_checkpoint, save_checkpoint
 from privopt.config import RunConfig
 from privopt.distributed import torchrun_comm
-from privopt.errors import ConfigError, DataError, PrivacyBudgetExceeded, PrivoptError, public_reason
+from privopt.errors import ConfigError, DataError, PrivacyBudgetExceeded, public_reason
 from privopt.privacy import EpsilonResult, PrivacyLedger, epsilon_of
 from privopt.training.builder import Run, build_run, stated_config
 from privopt.training.callbacks import AlgorithmDone, DivergenceGuard, ProgressCallback, RunDiverged, SignalGuard
@@ -223,14 +223,13 @@ class _Session:
         the last good one stays, so a resume replays the same releases and spends nothing new)."""
         if isinstance(err, PrivacyBudgetExceeded):
             reason = f"privacy budget exhausted: {err}"
-        elif isinstance(err, PrivoptError):
-            reason = str(err)
-        else:  # raised by code privopt does not control (a model, a loss): its text may quote private values
+        else:  # "RunDiverged: ..." as in a reproduction's failed rows; a foreign error's text may quote data
             reason = public_reason(err)
         try:
             self.commit("failed", reason=reason, checkpoint=False)
         except Exception as write_error:  # the original error matters more; say why the record is missing
-            print(f"privopt: could not write the failure record: {write_error}", file=sys.stderr)
+            why = str(write_error) if isinstance(write_error, OSError) else public_reason(write_error)  # a path
+            print(f"privopt: could not write the failure record: {why}", file=sys.stderr)
 
     # ------------------------------------------------------------------ running
     def execute(self, *, fresh: bool, progress: bool, max_steps: int | None) -> dict[str, Any]:

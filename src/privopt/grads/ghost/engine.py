@@ -7,7 +7,7 @@ import warnings
 
 import torch
 
-from privopt.errors import ConfigError
+from privopt.errors import ConfigError, PrivoptRuntimeWarning
 from privopt.grads.engine import (
     ClippedSum,
     GradEngine,
@@ -268,4 +268,4 @@ def _difference_term(name: str, sides, keep: Keep, B: int, built: dict[str, Term
 
 
 def _warn(e: Exception) -> None:
-    warnings.warn(f"ghost engine: {e}; answering with the vmap engine instead", RuntimeWarning, stacklevel=3)
+    warnings.warn(f"ghost engine: {e}; answering with the vmap engine instead", PrivoptRuntimeWarning, stacklevel=3)
