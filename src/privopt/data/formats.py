@@ -338,17 +338,14 @@ def _read_celeba_attributes_cached(key):
     except ValueError:
         raise DataError(f"{path}: line 1 is not the row count (an integer)") from None
     names = tuple(lines[1].split())
-    numbered = [(i, ln) for i, ln in enumerate(lines) if i >= 2 and ln.strip()]
-    body = [ln for _, ln in numbered]
+    body = [ln for ln in lines[2:] if ln.strip()]  # "row 3" (debugging only): the third of these
     if len(body) != count:
         raise DataError(f"{path}: header says {count} rows but the file has {len(body)} (truncated?)")
     width = len(names) + 1
     tokens = " ".join(body).split()
     if len(tokens) != count * width:  # never which row (unless debugging), nor its content: a record's data
-        bad = numbered[_first([len(ln.split()) != width for ln in body])][0]
-        raise DataError(
-            f"{path}: {some('line', bad)} does not have {width} fields (image id + {len(names)} attributes)"
-        )
+        bad = _first([len(ln.split()) != width for ln in body])
+        raise DataError(f"{path}: {some('row', bad)} does not have {width} fields (image id + {len(names)} attributes)")
     table = np.array(tokens, dtype=object).reshape(count, width)
     ids = table[:, 0].astype(str)
     uniq, counts = np.unique(ids, return_counts=True)
@@ -360,9 +357,7 @@ def _read_celeba_attributes_cached(key):
     pos, neg = vals == "1", vals == "-1"
     if not np.all(pos | neg):
         r, c = (int(v) for v in np.argwhere(~(pos | neg))[0])  # the attribute is public; the row is a record
-        raise DataError(
-            f"{path}: field {c + 2} (attribute {names[c]!r}) of {some('line', numbered[r][0])} is neither 1 nor -1"
-        )
+        raise DataError(f"{path}: field {c + 2} (attribute {names[c]!r}) of {some('row', r)} is neither 1 nor -1")
     attrs = pos.astype(np.int8)
     ids.setflags(write=False)
     attrs.setflags(write=False)
