@@ -83,6 +83,7 @@ def test_debug_prints_the_traceback_and_message(capsys, tmp_path, monkeypatch, h
 
 def _patch_command(monkeypatch, name: str, fn) -> None:
     """Make ``privopt list`` (the cheapest command) run ``fn`` instead."""
+
     def command(args) -> int:
         fn()
         return 0
