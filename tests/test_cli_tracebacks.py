@@ -20,7 +20,7 @@ from jobs_helpers import SECRET, leak_in_worker, warn_in_worker
 from privopt.cli import main
 from privopt.errors import DEBUG_ENV, DataError, PrivoptWarning, public_reason
 from privopt.experiments.jobs import Call, run_ordered
-from privopt.models.registry import register_model
+from privopt.models.registry import _MODELS
 from privopt.quiet import foreign_error_line, public_tail
 
 
@@ -39,7 +39,6 @@ class _LeakyNet(nn.Module):
         return self.lin(x.flatten(1))
 
 
-@register_model("leaky-test-net")
 def _leaky(*, input_shape, num_classes):
     d = 1
     for s in input_shape:
@@ -55,8 +54,9 @@ def _train(capsys, tmp_path, *pre):
 
 
 @pytest.fixture(autouse=True)
-def _no_debug_env(monkeypatch):
+def _no_debug_env_and_a_leaky_model(monkeypatch):
     monkeypatch.delenv(DEBUG_ENV, raising=False)
+    monkeypatch.setitem(_MODELS._entries, "leaky-test-net", _leaky)  # removed after each test
 
 
 def test_a_user_model_error_is_one_line_without_its_message(capsys, tmp_path):
