@@ -1,14 +1,17 @@
-"""A resume continues the same run beyond its data, model and code: the module-level values the
-user's code reads (or it refuses)."""
+"""A resume continues the same run beyond its data, model and code: on the CPU thread count the run
+recorded, with a GPU's generator, the module-level values the user's code reads, and the code of its
+run metrics (or it refuses)."""
 
 import pytest
 import torch
 from torch import nn
 
 from _run_helpers import cfg
-from privopt.errors import ModelError
+from privopt.checkpoint import load_checkpoint, save_checkpoint
+from privopt.errors import ConfigError, ModelError
 from privopt.training import train
 from privopt.training.fingerprints import loss_fingerprint, model_fingerprint
+from privopt.training.metrics import _RUN_METRICS, RunMetric
 
 
 def _paused(run, **kw):
@@ -65,3 +68,34 @@ def test_a_resume_refuses_a_model_or_loss_whose_module_level_value_changed(tmp_p
         _resume(run, model=_Global(), loss=_loss)
     monkeypatch.setattr(f"{__name__}.SCALE", 1.0)
     assert _resume(run, model=_Global(), loss=_loss)["status"] == "finished"
+
+
+# ------------------------------------------------------------------------- run metrics
+@pytest.fixture
+def metric(monkeypatch):
+    """Register the run metric ``env-test`` with the given function (as one process, then another,
+    would); unregistered afterwards."""
+    return lambda fn: monkeypatch.setitem(_RUN_METRICS._entries, "env-test", RunMetric("env-test", fn, "eval", False))
+
+
+def test_a_resume_refuses_a_run_metric_whose_code_changed(tmp_path, metric):
+    run = tmp_path / "r"
+    metric(lambda *, data, **kw: {"n_test": len(data.y_test)})
+    _paused(run, over={"metrics": ["env-test"]})
+    metric(lambda *, data, **kw: {"n_test": 2 * len(data.y_test)})  # another process registered another one
+    with pytest.raises(ConfigError, match=r"the code of the run metrics \['env-test'\] differs"):
+        _resume(run)
+    metric(lambda *, data, **kw: {"n_test": len(data.y_test)})
+    assert _resume(run)["status"] == "finished"
+
+
+def test_a_checkpoint_without_the_metrics_fingerprint_resumes_only_a_run_without_metrics(tmp_path, metric):
+    for name, over in (("plain", {}), ("metric", {"metrics": ["env-test"]})):
+        metric(lambda *, data, **kw: {"n_test": len(data.y_test)})
+        _paused(tmp_path / name, over=over)
+        ckpt = load_checkpoint(tmp_path / name)
+        del ckpt["provenance"]["code"]["metrics"]  # as an earlier privopt wrote it
+        save_checkpoint(tmp_path / name, ckpt)
+    assert _resume(tmp_path / "plain")["status"] == "finished"
+    with pytest.raises(ConfigError, match="does not record it"):
+        _resume(tmp_path / "metric")

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["code_fingerprint", "data_fingerprint", "loss_fingerprint", "model_fingerprint"]
+__all__ = ["code_fingerprint", "data_fingerprint", "loss_fingerprint", "metrics_fingerprint", "model_fingerprint"]
 
 _SPLITS = ("x_train", "y_train", "g_train", "x_val", "y_val", "g_val", "x_test", "y_test", "g_test")
 # nn.Module's own bookkeeping (parameters, buffers, submodules, hooks) and the train/eval flag,
@@ -158,6 +158,13 @@ def loss_fingerprint(loss: Any) -> str:
     interrupted run's noise, so it must compute the same sums (with the module-level values it
     reads by name: :func:`_global_parts`)."""
     return _digest(_callable_parts(loss))
+
+
+def metrics_fingerprint(metrics: Any) -> str:
+    """Hash of the run metrics' names, timing, declarations and code (:func:`loss_fingerprint`'s
+    coverage): a resumed run publishes their values beside those computed before the checkpoint,
+    and a metric may draw from the generator a model's dropout draws from."""
+    return _digest([x for m in metrics for x in (m.name, m.when, m.reads_private_data, *_callable_parts(m.fn))])
 
 
 @functools.lru_cache(maxsize=512)

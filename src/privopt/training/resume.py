@@ -2,8 +2,8 @@
 
 A resumed run keeps the config it started with and replays the interrupted run's noise, which must
 fall on the same sums: data, model (structure, code, attributes, hooks), a custom loss, the
-algorithm's and engine's code are rebuilt and checked against fingerprints kept in the (secret)
-checkpoint (:mod:`privopt.training.fingerprints`), the public facts its record states (calibration,
+algorithm's, engine's and run metrics' code are rebuilt and checked against fingerprints kept in the
+(secret) checkpoint (:mod:`privopt.training.fingerprints`), the public facts its record states (calibration,
 plan) against the checkpointed record, and the privopt, torch and Python versions against those that
 wrote it (``allow_version_change`` continues under others, from a paused or interrupted checkpoint
 only, and the record says so). A run made through the Python API with its own ``Dataset``,
@@ -23,7 +23,13 @@ import privopt
 from privopt.config import RunConfig
 from privopt.errors import ConfigError, DataError, ModelError
 from privopt.training.builder import Run
-from privopt.training.fingerprints import code_fingerprint, data_fingerprint, loss_fingerprint, model_fingerprint
+from privopt.training.fingerprints import (
+    code_fingerprint,
+    data_fingerprint,
+    loss_fingerprint,
+    metrics_fingerprint,
+    model_fingerprint,
+)
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -70,6 +76,7 @@ def provenance(run: Run) -> dict[str, Any]:
         "code": {
             "algorithm": code_fingerprint(run.algo),
             "engine": code_fingerprint(run.ctx.engine),
+            "metrics": metrics_fingerprint(run.metrics),
         },
     }
 
@@ -192,6 +199,13 @@ def verify(ckpt: dict[str, Any], run: Run) -> None:
                 f"the code of the {part} ({type(obj).__qualname__}) differs from the one this run was trained "
                 "with: a resume replays the run's noise, so it must compute the same sums; resume with the same code"
             )
+    saved = prov["code"].get("metrics")  # absent from checkpoints written before metrics were checked
+    if (saved is None and run.metrics) or (saved is not None and metrics_fingerprint(run.metrics) != saved):
+        raise ConfigError(
+            f"the code of the run metrics {[m.name for m in run.metrics]} differs from the one this run was trained "
+            "with (or its checkpoint, written by an earlier privopt, does not record it): a resumed run publishes "
+            "their values beside the earlier ones; resume with the same code, or start a new run"
+        )
     _check_record(ckpt["record"], run)
 
 
