@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+import privopt.training.run as run_module
 from _run_helpers import cfg
 from privopt.checkpoint import load_checkpoint, save_checkpoint
 from privopt.errors import ConfigError, ModelError
@@ -20,6 +21,43 @@ def _paused(run, **kw):
 
 def _resume(run, **kw):
     return train(None, out_dir=run, resume=True, progress=False, **kw)
+
+
+@pytest.fixture
+def threads():
+    """Set torch's thread count in a test; the count it had is back afterwards."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+# ------------------------------------------------------------------------- CPU threads
+def test_a_resume_runs_on_the_thread_count_the_run_recorded(tmp_path, monkeypatch, threads):
+    threads(2)
+    train(cfg(insecure_seed=0), out_dir=tmp_path / "whole", progress=False)
+    _paused(tmp_path / "r")
+    threads(1)  # e.g. resumed from a shell with OMP_NUM_THREADS=1
+    seen, real_loop = [], run_module.run_loop
+
+    def counting_loop(step, state, callbacks):
+        seen.append(torch.get_num_threads())
+        return real_loop(step, state, callbacks)
+
+    monkeypatch.setattr(run_module, "run_loop", counting_loop)
+    rec = _resume(tmp_path / "r")
+    assert seen == [2] and rec["environment"]["threads"] == 2
+    assert torch.get_num_threads() == 1  # the caller's count is back
+    whole, resumed = torch.load(tmp_path / "whole" / "model.pt"), torch.load(tmp_path / "r" / "model.pt")
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)  # as if never interrupted
+
+
+def test_the_callers_thread_count_is_back_after_a_refused_resume(tmp_path, threads):
+    threads(2)
+    _paused(tmp_path / "r", model=_Global())
+    threads(1)
+    with pytest.raises(ModelError):
+        _resume(tmp_path / "r", model=nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
+    assert torch.get_num_threads() == 1
 
 
 # ------------------------------------------------------------------------- module-level values

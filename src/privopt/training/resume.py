@@ -3,7 +3,8 @@
 A resumed run keeps the config it started with and replays the interrupted run's noise, which must
 fall on the same sums: data, model (structure, code, attributes, hooks), a custom loss, the
 algorithm's, engine's and run metrics' code are rebuilt and checked against fingerprints kept in the
-(secret) checkpoint (:mod:`privopt.training.fingerprints`), the public facts its record states (calibration,
+(secret) checkpoint (:mod:`privopt.training.fingerprints`), and it runs on the CPU thread count the
+run recorded (:func:`recorded_threads`); the public facts its record states (calibration,
 plan) against the checkpointed record, and the privopt, torch and Python versions against those that
 wrote it (``allow_version_change`` continues under others, from a paused or interrupted checkpoint
 only, and the record says so). A run made through the Python API with its own ``Dataset``,
@@ -14,7 +15,9 @@ never in public outputs (a hash lets anyone test a guess of the whole dataset).
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -39,6 +42,7 @@ __all__ = [
     "check_versions",
     "code_fingerprint",
     "provenance",
+    "recorded_threads",
     "require_objects",
     "resume_config",
     "restore",
@@ -237,3 +241,20 @@ def restore(run: Run, ckpt: dict[str, Any]) -> None:
     run.sources["noise"].load_state_dict(ckpt["rng"]["noise"])
     run.sources["sampler"].load_state_dict(ckpt["rng"]["sampler"])
     torch.set_rng_state(ckpt["rng"]["torch"])  # the ledger was restored by build_run(ledger_state=...)
+
+
+@contextlib.contextmanager
+def recorded_threads(ckpt: dict[str, Any]) -> Iterator[None]:
+    """Run the resumed steps on the torch CPU thread count the run recorded (the caller's count is
+    back afterwards): CPU kernels split their sums by thread count, so another count rounds them
+    otherwise, and a re-computed release would differ from the published one under the same noise."""
+    threads = ckpt["record"].get("environment", {}).get("threads")
+    before = torch.get_num_threads()
+    if not isinstance(threads, int) or threads < 1 or threads == before:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

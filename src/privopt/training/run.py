@@ -33,6 +33,7 @@ from privopt.training.resume import (
     CHECKPOINT_FORMAT,
     check_versions,
     provenance,
+    recorded_threads,
     require_objects,
     restore,
     resume_config,
@@ -405,11 +406,12 @@ def _resume(cfg, out: Path, *, dataset, model, loss, allow_version_change, progr
         require_objects(ckpt, dataset=dataset, model=model, loss=loss)
         changes = check_versions(ckpt, published=_published(out), allow_change=allow_version_change)
         state = dict(ledger_state=ckpt["ledger"], released=ckpt["record"].get("released"))
-        run = build_run(run_cfg, dataset=dataset, model=model, loss=loss, **state)
-        verify(ckpt, run)
-        restore(run, ckpt)
-        write_outputs(
-            out, record=ckpt["record"], diagnostics=ckpt["diagnostics"], model_state=None, plots=run_cfg.plots
-        )
-        session = _Session(run, out, ckpt=ckpt, version_changes=changes)
-        return session.execute(fresh=False, progress=progress, max_steps=max_steps)
+        with recorded_threads(ckpt):  # before the run is built: its noise thread takes the count too
+            run = build_run(run_cfg, dataset=dataset, model=model, loss=loss, **state)
+            verify(ckpt, run)
+            restore(run, ckpt)
+            write_outputs(
+                out, record=ckpt["record"], diagnostics=ckpt["diagnostics"], model_state=None, plots=run_cfg.plots
+            )
+            session = _Session(run, out, ckpt=ckpt, version_changes=changes)
+            return session.execute(fresh=False, progress=progress, max_steps=max_steps)
