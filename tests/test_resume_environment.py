@@ -2,6 +2,8 @@
 recorded, with a GPU's generator, the module-level values the user's code reads, and the code of its
 run metrics (or it refuses)."""
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -11,8 +13,10 @@ from _run_helpers import cfg
 from privopt.checkpoint import load_checkpoint, save_checkpoint
 from privopt.errors import ConfigError, ModelError
 from privopt.training import train
+from privopt.training.builder import build_run
 from privopt.training.fingerprints import loss_fingerprint, model_fingerprint
 from privopt.training.metrics import _RUN_METRICS, RunMetric
+from privopt.training.resume import restore, rng_state, verify
 
 
 def _paused(run, **kw):
@@ -58,6 +62,45 @@ def test_the_callers_thread_count_is_back_after_a_refused_resume(tmp_path, threa
     with pytest.raises(ModelError):
         _resume(tmp_path / "r", model=nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
     assert torch.get_num_threads() == 1
+
+
+# ------------------------------------------------------------------------- generators
+def test_a_cpu_run_never_reads_a_gpu_generator(tmp_path, monkeypatch):
+    def no_cuda(*a, **kw):
+        raise AssertionError("a CPU run read a CUDA generator")
+
+    monkeypatch.setattr(torch.cuda, "get_rng_state", no_cuda)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", no_cuda)
+    _paused(tmp_path / "r")
+    assert sorted(load_checkpoint(tmp_path / "r")["rng"]) == ["noise", "sampler", "torch"]
+    assert _resume(tmp_path / "r")["status"] == "finished"
+
+
+def _on_gpu(run):
+    """The run as it would be configured on a GPU (its tensors stay on the CPU: only the rng code reads it)."""
+    return dataclasses.replace(run, cfg=dataclasses.replace(run.cfg, device="cuda:0"))
+
+
+def test_a_gpu_run_checkpoints_and_restores_its_device_generator(tmp_path, monkeypatch):
+    device_state = torch.arange(8, dtype=torch.uint8)
+    restored = []
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": device_state.clone())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append((state, device)))
+    _paused(tmp_path / "r")
+    ckpt = load_checkpoint(tmp_path / "r")
+    run = _on_gpu(build_run(cfg(insecure_seed=0)))
+    state = rng_state(run)
+    assert torch.equal(state["cuda"], device_state) and set(state) == {"noise", "sampler", "torch", "cuda"}
+    restore(run, dict(ckpt, rng=state))
+    assert len(restored) == 1 and torch.equal(restored[0][0], device_state)
+    assert restored[0][1] == torch.device("cuda:0")
+
+
+def test_a_gpu_run_whose_checkpoint_lacks_the_device_generator_is_refused(tmp_path):
+    _paused(tmp_path / "r")
+    ckpt = load_checkpoint(tmp_path / "r")  # as an earlier privopt wrote it: no "cuda" state
+    with pytest.raises(ConfigError, match=r"trains on 'cuda:0' but its checkpoint.*holds no state"):
+        verify(ckpt, _on_gpu(build_run(cfg(insecure_seed=0))))
 
 
 # ------------------------------------------------------------------------- module-level values

@@ -46,6 +46,7 @@ __all__ = [
     "require_objects",
     "resume_config",
     "restore",
+    "rng_state",
     "verify",
     "versions",
 ]
@@ -210,6 +211,12 @@ def verify(ckpt: dict[str, Any], run: Run) -> None:
             "with (or its checkpoint, written by an earlier privopt, does not record it): a resumed run publishes "
             "their values beside the earlier ones; resume with the same code, or start a new run"
         )
+    if torch.device(run.cfg.device).type == "cuda" and "cuda" not in ckpt["rng"]:
+        raise ConfigError(
+            f"this run trains on {run.cfg.device!r} but its checkpoint, written by an earlier privopt, holds no state "
+            "of that device's generator (a model's dropout draws from it): it cannot continue the same run; start "
+            "a new run"
+        )
     _check_record(ckpt["record"], run)
 
 
@@ -231,6 +238,16 @@ def _check_record(saved: dict[str, Any], run: Run) -> None:
         )
 
 
+def rng_state(run: Run) -> dict[str, Any]:
+    """The generators' states (SECRET: the secure sources' keys): noise, sampler, torch's CPU
+    generator (public randomness) and, for a run on a GPU, that device's (a model's dropout there)."""
+    state = {k: run.sources[k].state_dict() for k in ("noise", "sampler")} | {"torch": torch.get_rng_state()}
+    device = torch.device(run.cfg.device)
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
 def restore(run: Run, ckpt: dict[str, Any]) -> None:
     """Load the model, the algorithm's state and the generators from a checkpoint."""
     try:
@@ -238,9 +255,12 @@ def restore(run: Run, ckpt: dict[str, Any]) -> None:
     except RuntimeError as e:
         raise ModelError(f"cannot load the checkpoint's parameters into the model: {str(e).splitlines()[0]}") from None
     run.algo.load_state_dict(ckpt["algorithm"])
-    run.sources["noise"].load_state_dict(ckpt["rng"]["noise"])
-    run.sources["sampler"].load_state_dict(ckpt["rng"]["sampler"])
-    torch.set_rng_state(ckpt["rng"]["torch"])  # the ledger was restored by build_run(ledger_state=...)
+    rng = ckpt["rng"]
+    run.sources["noise"].load_state_dict(rng["noise"])
+    run.sources["sampler"].load_state_dict(rng["sampler"])
+    torch.set_rng_state(rng["torch"])  # the ledger was restored by build_run(ledger_state=...)
+    if "cuda" in rng:  # only on a GPU (verify refused a GPU run's checkpoint without it)
+        torch.cuda.set_rng_state(rng["cuda"], torch.device(run.cfg.device))
 
 
 @contextlib.contextmanager

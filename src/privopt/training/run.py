@@ -17,8 +17,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from privopt.checkpoint import load_checkpoint, save_checkpoint
 from privopt.config import RunConfig
 from privopt.distributed import torchrun_comm
@@ -37,6 +35,7 @@ from privopt.training.resume import (
     require_objects,
     restore,
     resume_config,
+    rng_state,
     verify,
     versions,
 )
@@ -197,7 +196,7 @@ class _Session:
             "model": run.model.state_dict(),
             "algorithm": run.algo.state_dict(),
             # SECRET: the secure sources' keys (the checkpoint is as sensitive as the data).
-            "rng": {k: run.sources[k].state_dict() for k in ("noise", "sampler")} | {"torch": torch.get_rng_state()},
+            "rng": rng_state(run),
             "ledger": run.ledger.to_dict() if run.ledger is not None else None,
             "history": self.history,
             "diag_history": self.diag_history,
