@@ -134,6 +134,25 @@ def test_fingerprints_cover_the_module_level_values_user_code_reads(monkeypatch)
     assert model_fingerprint(_Global()) == model and loss_fingerprint(_loss) == loss
 
 
+SHARED = nn.Parameter(torch.ones(10))  # a trained tensor the forward reads by its global name
+
+
+class _Shared(_Global):
+    def __init__(self):
+        super().__init__()
+        self.shared = SHARED
+
+    def forward(self, x):
+        return super().forward(x) * SHARED
+
+
+def test_a_trained_tensor_read_by_its_global_name_is_not_a_setting():
+    before = model_fingerprint(_Shared())
+    with torch.no_grad():
+        SHARED.add_(1.0)  # a step updated it (the checkpoint holds its values, as the model's)
+    assert model_fingerprint(_Shared()) == before
+
+
 def test_a_method_replaced_on_the_instance_is_covered():
     a, b = _Global(), _Global()
     a.forward = lambda x: a.lin(x.flatten(1))

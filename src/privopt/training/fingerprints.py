@@ -135,6 +135,8 @@ def _global_parts(fn: Any, code: Any, depth: int) -> list[Any]:
     parts: list[Any] = []
     for name in sorted(_names(code)):
         v = space.get(name, _MISSING)
+        if isinstance(v, torch.Tensor) and v.requires_grad:  # trained: the checkpoint holds its values
+            continue
         if isinstance(v, (str, int, float, bool, bytes, type(None), torch.dtype, torch.Tensor, tuple, frozenset)):
             parts += [name, *_value_parts(sorted(map(_const_repr, v)) if isinstance(v, frozenset) else v)]
         elif hasattr(v, "tobytes") and hasattr(v, "dtype") and hasattr(v, "shape"):  # a NumPy array
