@@ -7,7 +7,7 @@ is kept only in the checkpoint (:mod:`privopt.training.resume`). Code is read fr
 Python can find it, and always from its bytecode, names, constants, defaults and captured values,
 so the fingerprints of code are comparable within one Python minor version only (a resume checks
 it). A user's function (not privopt's, torch's or NumPy's) is covered with the module-level values
-it reads by name: numbers, strings, tuples, tensors, arrays and functions. Best effort: what it
+it reads by name: numbers, strings, tuples, untrained tensors, arrays and functions. Best effort: what it
 reads through a module or an object (``config.SCALE``, a dict's entries) is not covered.
 """
 
