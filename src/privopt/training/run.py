@@ -317,7 +317,8 @@ def train(
         out_dir: output directory; new, empty, or left by a run killed before its first
             checkpoint; locked while the run owns it.
         resume: continue from ``out_dir/checkpoint.pt`` (model, algorithm state, generator
-            states and the ledger are restored, so no budget is re-spent or forgotten).
+            states and the ledger are restored, so no budget is re-spent or forgotten), on the
+            torch CPU thread count the run recorded (the caller's is set back on return).
         progress: a progress bar on a terminal, periodic lines otherwise.
         max_steps: stop (checkpoint, status ``"paused"``) after this many steps in this call.
         dataset: your own :class:`privopt.data.Dataset` instead of loading ``cfg.dataset`` (pass it again on
