@@ -11,13 +11,14 @@ sampling, clipping and update); see ``docs/api.md``.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 from privopt.api.guards import claim
-from privopt.api.loader import PoissonLoader, training_data
-from privopt.api.losses import per_sample_loss
+from privopt.api.loader import PoissonLoader, TrainingData, training_data
+from privopt.api.losses import LossFn, per_sample_loss
 from privopt.api.optimizer import DPOptimizer, check_optimizer
 from privopt.errors import ConfigError, ModelError
 from privopt.grads import get_engine, validate_model
@@ -45,6 +46,62 @@ def _schedule(*, batch_size: Any, sample_rate: Any, epochs: float, n: int) -> tu
         raise ConfigError(f"sample_rate must be a number in (0, 1], got {sample_rate!r}")
     q = float(sample_rate)
     return q, q * n, max(1, math.ceil(round(epochs / q, 9)))
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What :meth:`PrivacyEngine.make_private` was asked for, checked and resolved once."""
+
+    module: nn.Module
+    optimizer: Any  # the user's torch optimizer, checked to cover ``module``'s trainable parameters
+    loss_fn: LossFn  # per example, from ``criterion``
+    data: TrainingData
+    epsilon: float
+    delta: float
+    clip: float  # max_grad_norm
+    epochs: float
+    rate: float  # Poisson sampling rate q
+    expected_batch_size: float
+    steps: int
+    chunk: int | None  # max_physical_batch_size
+
+    @classmethod
+    def checked(
+        cls,
+        engine: Any,
+        *,
+        module: Any,
+        optimizer: Any,
+        epsilon: Any,
+        delta: Any,
+        epochs: Any,
+        max_grad_norm: Any,
+        dataset: Any,
+        data_loader: Any,
+        batch_size: Any,
+        sample_rate: Any,
+        criterion: Any,
+        allow_large_delta: bool,
+        max_physical_batch_size: Any,
+    ) -> _Request:
+        """``make_private``'s arguments checked in the documented order, nothing computed on the data
+        before they pass; ``engine`` computes the per-example gradients of the probe."""
+        if not isinstance(module, nn.Module):
+            raise ModelError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        validate_model(module)
+        optimizer = check_optimizer(optimizer, module)
+        epsilon, clip = check_epsilon(epsilon), check_epsilon(max_grad_norm, name="max_grad_norm")
+        epochs = check_epsilon(epochs, name="epochs")
+        chunk = max_physical_batch_size
+        if chunk is not None:
+            chunk = check_count(chunk, name="max_physical_batch_size (None or a positive int)", minimum=1)
+        data = training_data(dataset=dataset, data_loader=data_loader)
+        delta = check_delta_for_size(delta, dataset_size=data.n, allow_large=allow_large_delta)
+        rate, expected, steps = _schedule(batch_size=batch_size, sample_rate=sample_rate, epochs=epochs, n=data.n)
+        loss_fn = per_sample_loss(criterion)
+        two = data.batch(data.probe_indices())  # per-example gradients too: fail here, not at a step
+        check_model_fits(module, loss_fn, *two, what="the training inputs", engine=engine)
+        return cls(module, optimizer, loss_fn, data, epsilon, delta, clip, epochs, rate, expected, steps, chunk)
 
 
 class PrivacyEngine:
@@ -125,21 +182,12 @@ class PrivacyEngine:
         return 0 if self._optimizer is None else self._optimizer.steps_taken
 
     # ------------------------------------------------------------------ building
+    # The signature and the call packed: the docstring alone takes 41 of the 60 lines a function may have.
+    # fmt: off
     def make_private(
-        self,
-        *,
-        module: nn.Module,
-        optimizer: Any,
-        epsilon: float,
-        delta: float,
-        epochs: float,
-        max_grad_norm: float,
-        dataset: Any = None,
-        data_loader: Any = None,
-        batch_size: int | None = None,
-        sample_rate: float | None = None,
-        criterion: Any = None,
-        allow_large_delta: bool = False,
+        self, *, module: nn.Module, optimizer: Any, epsilon: float, delta: float, epochs: float,
+        max_grad_norm: float, dataset: Any = None, data_loader: Any = None, batch_size: int | None = None,
+        sample_rate: float | None = None, criterion: Any = None, allow_large_delta: bool = False,
         max_physical_batch_size: int | None = None,
     ) -> tuple[nn.Module, DPOptimizer, PoissonLoader]:
         """Calibrate, open the ledger, and return ``(module, optimizer, data_loader)`` for your loop.
@@ -182,75 +230,53 @@ class PrivacyEngine:
             >>> engine.steps_taken, engine.accountant.num_steps
             (2, 2)
         """
-        args = {k: v for k, v in locals().items() if k != "self"}  # first statement: the arguments only
-        return self._build(**args)
-
-    def _build(
-        self,
-        *,
-        module,
-        optimizer,
-        epsilon,
-        delta,
-        epochs,
-        max_grad_norm,
-        dataset,
-        data_loader,
-        batch_size,
-        sample_rate,
-        criterion,
-        allow_large_delta,
-        max_physical_batch_size,
-    ):
-        """:meth:`make_private`'s checks (in the documented order, nothing computed on the data
-        before they pass), calibration, ledger, optimizer and loader."""
         if self._ledger is not None:
             raise ConfigError("this PrivacyEngine already made a training private; use a new engine for another")
-        if not isinstance(module, nn.Module):
-            raise ModelError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-        validate_model(module)
-        optimizer = check_optimizer(optimizer, module)
-        epsilon, clip = check_epsilon(epsilon), check_epsilon(max_grad_norm, name="max_grad_norm")
-        epochs = check_epsilon(epochs, name="epochs")
-        chunk = max_physical_batch_size
-        if chunk is not None:
-            chunk = check_count(chunk, name="max_physical_batch_size (None or a positive int)", minimum=1)
-        data = training_data(dataset=dataset, data_loader=data_loader)
-        delta = check_delta_for_size(delta, dataset_size=data.n, allow_large=allow_large_delta)
-        rate, expected, steps = _schedule(batch_size=batch_size, sample_rate=sample_rate, epochs=epochs, n=data.n)
-        loss_fn = per_sample_loss(criterion)
-        two = data.batch(data.probe_indices())  # per-example gradients too: fail here, not at a step
-        check_model_fits(module, loss_fn, *two, what="the training inputs", engine=self._engine)
-        dp_optimizer = self._attach(module, optimizer, loss_fn, (epsilon, delta, clip), (rate, expected, steps), chunk)
-        loader = PoissonLoader(
-            data, rate=rate, steps=steps, epochs=epochs, rng=self._sources["sampler"], on_batch=dp_optimizer._set_batch
+        request = _Request.checked(
+            self._engine, module=module, optimizer=optimizer, epsilon=epsilon, delta=delta, epochs=epochs,
+            max_grad_norm=max_grad_norm, dataset=dataset, data_loader=data_loader, batch_size=batch_size,
+            sample_rate=sample_rate, criterion=criterion, allow_large_delta=allow_large_delta,
+            max_physical_batch_size=max_physical_batch_size,
         )
-        return module, dp_optimizer, loader
+        dp_optimizer = self._attach(request)
+        loader = PoissonLoader(
+            request.data, rate=request.rate, steps=request.steps, epochs=request.epochs,
+            rng=self._sources["sampler"], on_batch=dp_optimizer._set_batch,
+        )
+        return request.module, dp_optimizer, loader
+    # fmt: on
 
-    def _attach(self, module, optimizer, loss_fn, target, schedule, chunk) -> DPOptimizer:
-        """Calibrate the noise for the ``(rate, expected batch size, steps)`` Poisson schedule and the
-        ``(epsilon, delta, clip)`` target, open the ledger, wrap the optimizer."""
-        (epsilon, delta, clip), (rate, expected, steps) = target, schedule
-        inventory = Inventory((PlannedStep(Poisson(rate), (("grad", 1.0),), steps),))
-        cal = calibrate(inventory, epsilon=epsilon, delta=delta, accountant=self._accountant)
+    def _attach(self, request: _Request) -> DPOptimizer:
+        """Calibrate the noise for the request's Poisson schedule and (ε, δ) target, open the ledger,
+        wrap the optimizer."""
+        inventory = Inventory((PlannedStep(Poisson(request.rate), (("grad", 1.0),), request.steps),))
+        cal = calibrate(inventory, epsilon=request.epsilon, delta=request.delta, accountant=self._accountant)
         ledger = PrivacyLedger(
-            delta=delta, accountant=self._accountant, target_epsilon=epsilon, planned=inventory.steps_for(cal.noise)
+            delta=request.delta,
+            accountant=self._accountant,
+            target_epsilon=request.epsilon,
+            planned=inventory.steps_for(cal.noise),
         )
         dp_optimizer = DPOptimizer(
-            optimizer,
-            module=module,
-            loss_fn=loss_fn,
+            request.optimizer,
+            module=request.module,
+            loss_fn=request.loss_fn,
             engine=self._engine,
             ledger=ledger,
-            sampling=Poisson(rate),
+            sampling=Poisson(request.rate),
             noise_multiplier=cal.noise["grad"],
-            max_grad_norm=clip,
-            expected_batch_size=expected,
+            max_grad_norm=request.clip,
+            expected_batch_size=request.expected_batch_size,
             noise_rng=self._sources["noise"],
-            max_physical_batch_size=chunk,
+            max_physical_batch_size=request.chunk,
         )
-        self._ledger, self._calibration, self._optimizer, self._planned_steps = ledger, cal, dp_optimizer, steps
-        claim(module, optimizer, lambda: f"by a PrivacyEngine that spent epsilon={ledger.epsilon():.4g} so far")
+        self._ledger, self._calibration, self._optimizer = ledger, cal, dp_optimizer
+        self._planned_steps = request.steps
+        claim(
+            request.module,
+            request.optimizer,
+            lambda: f"by a PrivacyEngine that spent epsilon={ledger.epsilon():.4g} so far",
+        )
         return dp_optimizer
 
     def __repr__(self) -> str:

@@ -55,7 +55,7 @@ def _param_change(old: tuple[nn.Parameter, tuple], new: tuple[nn.Parameter, tupl
 
 
 def _walk(module: nn.Module) -> tuple[list, list]:
-    """Every module and parameter object, in a fixed order (no names built: this runs every step)."""
+    """Every module and parameter object once, in a fixed order (no names built: this runs every step)."""
     modules, params, stack, seen = [], [], [module], set()
     while stack:
         m = stack.pop()
@@ -63,13 +63,17 @@ def _walk(module: nn.Module) -> tuple[list, list]:
             continue
         seen.add(id(m))
         modules.append(m)
-        params.extend(m._parameters.values())
+        for p in m._parameters.values():
+            if p is not None and id(p) not in seen:  # a parameter shared by two layers (tied weights)
+                seen.add(id(p))
+                params.append(p)
         stack.extend(reversed(m._modules.values()))
     return modules, params
 
 
 class ModelFingerprint:
-    """The module's layers and parameters (objects, shapes) at ``make_private``.
+    """The module's layers and parameters at ``make_private``: each one's name, the object itself,
+    and its type or shape, in :func:`_walk`'s order.
 
     Holds the objects themselves (the module holds them anyway), so a replaced one is never
     mistaken for its replacement by a reused ``id``. ``requires_grad`` is not part of it:
@@ -77,27 +81,29 @@ class ModelFingerprint:
     """
 
     def __init__(self, module: nn.Module):
-        self._objects = _walk(module)
-        self._shapes = [None if p is None else p.shape for p in self._objects[1]]
-        self._modules = [(name, type(m)) for name, m in module.named_modules()]
-        self._params = [(name, p, tuple(p.shape)) for name, p in module.named_parameters()]
+        modules, params = _walk(module)
+        module_names = {id(m): name for name, m in module.named_modules()}
+        param_names = {id(p): name for name, p in module.named_parameters()}
+        self._modules = [(module_names[id(m)], m, type(m)) for m in modules]
+        self._params = [(param_names[id(p)], p, tuple(p.shape)) for p in params]
 
     def _unchanged(self, module: nn.Module) -> bool:
         modules, params = _walk(module)
-        old_modules, old_params = self._objects
-        if len(modules) != len(old_modules) or len(params) != len(old_params):
+        if len(modules) != len(self._modules) or len(params) != len(self._params):
             return False
-        if not all(a is b for a, b in zip(modules, old_modules)) or not all(a is b for a, b in zip(params, old_params)):
-            return False
-        return all(p is None or p.shape == s for p, s in zip(params, self._shapes))
+        return all(m is old for m, (_, old, _) in zip(modules, self._modules)) and all(
+            p is old and p.shape == shape for p, (_, old, shape) in zip(params, self._params)
+        )
 
     def check(self, module: nn.Module) -> None:
         """Raise ``ModelError`` naming every change since ``make_private`` (cheap when there is none)."""
         if self._unchanged(module):
             return
-        modules = [(name, type(m)) for name, m in module.named_modules()]
-        changes = _changes(dict(self._modules), dict(modules), what="layer", same=_module_change)
-        old = {n: (p, s) for n, p, s in self._params}
+        old_modules = {name: cls for name, _, cls in self._modules}
+        changes = _changes(
+            old_modules, {n: type(m) for n, m in module.named_modules()}, what="layer", same=_module_change
+        )
+        old = {name: (p, shape) for name, p, shape in self._params}
         new = {n: (p, tuple(p.shape)) for n, p in module.named_parameters()}
         changes += _changes(old, new, what="parameter", same=_param_change)
         raise ModelError(

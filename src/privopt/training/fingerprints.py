@@ -6,7 +6,9 @@ here is SECRET when it covers data (a data hash lets anyone test a guess of the 
 is kept only in the checkpoint (:mod:`privopt.training.resume`). Code is read from its source when
 Python can find it, and always from its bytecode, names, constants, defaults and captured values,
 so the fingerprints of code are comparable within one Python minor version only (a resume checks
-it). Best effort: what a function reads from module-level globals is not covered.
+it). A user's function (not privopt's, torch's or NumPy's) is covered with the module-level values
+it reads by name: numbers, strings, tuples, untrained tensors, arrays and functions. Best effort: what it
+reads through a module or an object (``config.SCALE``, a dict's entries) is not covered.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["code_fingerprint", "data_fingerprint", "loss_fingerprint", "model_fingerprint"]
+__all__ = ["code_fingerprint", "data_fingerprint", "loss_fingerprint", "metrics_fingerprint", "model_fingerprint"]
 
 _SPLITS = ("x_train", "y_train", "g_train", "x_val", "y_val", "g_val", "x_test", "y_test", "g_test")
 # nn.Module's own bookkeeping (parameters, buffers, submodules, hooks) and the train/eval flag,
@@ -28,6 +30,8 @@ _MODULE_INTERNALS = frozenset(vars(nn.Module())) | {"training"}
 # The hooks a user may leave on a module (privopt's engines remove theirs after each use).
 _HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 _LIBRARY_MODULES = ("torch", "typing", "abc", "collections", "numpy")  # their code: the versions checked
+_NOT_USER_CODE = (*_LIBRARY_MODULES, "privopt")
+_MISSING = object()
 
 
 def _digest(parts: list[Any]) -> str:
@@ -107,7 +111,39 @@ def _callable_parts(fn: Any, depth: int = 0) -> list[Any]:
     if code is None:  # a builtin or another callable: its name
         return [getattr(fn, "__module__", ""), getattr(fn, "__qualname__", type(fn).__qualname__)]
     cells = [c.cell_contents for c in (fn.__closure__ or ()) if _filled(c) and c.cell_contents is not fn]
-    return [*_code_parts(code), *_value_parts(tuple(fn.__defaults__ or ()), depth), *_value_parts(tuple(cells), depth)]
+    parts = [*_code_parts(code), *_value_parts(tuple(fn.__defaults__ or ()), depth), *_value_parts(tuple(cells), depth)]
+    return parts + _global_parts(fn, code, depth)
+
+
+def _names(code: Any) -> set[str]:
+    """Every name a code object and the functions nested in it look up (globals among them)."""
+    out = set(code.co_names)
+    for c in code.co_consts:
+        if hasattr(c, "co_code"):
+            out |= _names(c)
+    return out
+
+
+def _global_parts(fn: Any, code: Any, depth: int) -> list[Any]:
+    """The module-level values a user's function reads: numbers, strings, tuples, tensors and arrays
+    by value, functions by their code (e.g. ``SCALE = 3.0`` edited in a script between two processes).
+    Modules, classes and other objects are left out (their state is not a value to compare), and so
+    is library code, whose versions a resume checks: its globals include per-process settings."""
+    space = getattr(fn, "__globals__", None)
+    if depth >= 3 or not isinstance(space, dict) or str(space.get("__name__")).split(".")[0] in _NOT_USER_CODE:
+        return []
+    parts: list[Any] = []
+    for name in sorted(_names(code)):
+        v = space.get(name, _MISSING)
+        if isinstance(v, torch.Tensor) and v.requires_grad:  # trained: the checkpoint holds its values
+            continue
+        if isinstance(v, (str, int, float, bool, bytes, type(None), torch.dtype, torch.Tensor, tuple, frozenset)):
+            parts += [name, *_value_parts(sorted(map(_const_repr, v)) if isinstance(v, frozenset) else v)]
+        elif hasattr(v, "tobytes") and hasattr(v, "dtype") and hasattr(v, "shape"):  # a NumPy array
+            parts += [name, *_value_parts(v)]
+        elif inspect.isfunction(v) or isinstance(v, functools.partial):
+            parts += [name, *_callable_parts(v, depth + 1)]
+    return parts
 
 
 def _filled(cell: Any) -> bool:
@@ -121,9 +157,16 @@ def _filled(cell: Any) -> bool:
 def loss_fingerprint(loss: Any) -> str:
     """Hash of a loss function's code (bytecode, names, constants, nested functions), defaults and
     captured values, or of a loss module's class, settings and state: a resumed run replays the
-    interrupted run's noise, so it must compute the same sums (best effort: what a function
-    reads from global variables is not covered)."""
+    interrupted run's noise, so it must compute the same sums (with the module-level values it
+    reads by name: :func:`_global_parts`)."""
     return _digest(_callable_parts(loss))
+
+
+def metrics_fingerprint(metrics: Any) -> str:
+    """Hash of the run metrics' names, timing, declarations and code (:func:`loss_fingerprint`'s
+    coverage): a resumed run publishes their values beside those computed before the checkpoint,
+    and a metric may draw from the generator a model's dropout draws from."""
+    return _digest([x for m in metrics for x in (m.name, m.when, m.reads_private_data, *_callable_parts(m.fn))])
 
 
 @functools.lru_cache(maxsize=512)

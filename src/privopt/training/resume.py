@@ -2,8 +2,9 @@
 
 A resumed run keeps the config it started with and replays the interrupted run's noise, which must
 fall on the same sums: data, model (structure, code, attributes, hooks), a custom loss, the
-algorithm's and engine's code are rebuilt and checked against fingerprints kept in the (secret)
-checkpoint (:mod:`privopt.training.fingerprints`), the public facts its record states (calibration,
+algorithm's, engine's and run metrics' code are rebuilt and checked against fingerprints kept in the
+(secret) checkpoint (:mod:`privopt.training.fingerprints`), and it runs on the CPU thread count the
+run recorded (:func:`recorded_threads`); the public facts its record states (calibration,
 plan) against the checkpointed record, and the privopt, torch and Python versions against those that
 wrote it (``allow_version_change`` continues under others, from a paused or interrupted checkpoint
 only, and the record says so). A run made through the Python API with its own ``Dataset``,
@@ -14,7 +15,9 @@ never in public outputs (a hash lets anyone test a guess of the whole dataset).
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -23,7 +26,13 @@ import privopt
 from privopt.config import RunConfig
 from privopt.errors import ConfigError, DataError, ModelError
 from privopt.training.builder import Run
-from privopt.training.fingerprints import code_fingerprint, data_fingerprint, loss_fingerprint, model_fingerprint
+from privopt.training.fingerprints import (
+    code_fingerprint,
+    data_fingerprint,
+    loss_fingerprint,
+    metrics_fingerprint,
+    model_fingerprint,
+)
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -33,9 +42,11 @@ __all__ = [
     "check_versions",
     "code_fingerprint",
     "provenance",
+    "recorded_threads",
     "require_objects",
     "resume_config",
     "restore",
+    "rng_state",
     "verify",
     "versions",
 ]
@@ -70,6 +81,7 @@ def provenance(run: Run) -> dict[str, Any]:
         "code": {
             "algorithm": code_fingerprint(run.algo),
             "engine": code_fingerprint(run.ctx.engine),
+            "metrics": metrics_fingerprint(run.metrics),
         },
     }
 
@@ -192,6 +204,19 @@ def verify(ckpt: dict[str, Any], run: Run) -> None:
                 f"the code of the {part} ({type(obj).__qualname__}) differs from the one this run was trained "
                 "with: a resume replays the run's noise, so it must compute the same sums; resume with the same code"
             )
+    saved = prov["code"].get("metrics")  # absent from checkpoints written before metrics were checked
+    if (saved is None and run.metrics) or (saved is not None and metrics_fingerprint(run.metrics) != saved):
+        raise ConfigError(
+            f"the code of the run metrics {[m.name for m in run.metrics]} differs from the one this run was trained "
+            "with (or its checkpoint, written by an earlier privopt, does not record it): a resumed run publishes "
+            "their values beside the earlier ones; resume with the same code, or start a new run"
+        )
+    if torch.device(run.cfg.device).type == "cuda" and "cuda" not in ckpt["rng"]:
+        raise ConfigError(
+            f"this run trains on {run.cfg.device!r} but its checkpoint, written by an earlier privopt, holds no state "
+            "of that device's generator (a model's dropout draws from it): it cannot continue the same run; start "
+            "a new run"
+        )
     _check_record(ckpt["record"], run)
 
 
@@ -213,6 +238,16 @@ def _check_record(saved: dict[str, Any], run: Run) -> None:
         )
 
 
+def rng_state(run: Run) -> dict[str, Any]:
+    """The generators' states (SECRET: the secure sources' keys): noise, sampler, torch's CPU
+    generator (public randomness) and, for a run on a GPU, that device's (a model's dropout there)."""
+    state = {k: run.sources[k].state_dict() for k in ("noise", "sampler")} | {"torch": torch.get_rng_state()}
+    device = torch.device(run.cfg.device)
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
 def restore(run: Run, ckpt: dict[str, Any]) -> None:
     """Load the model, the algorithm's state and the generators from a checkpoint."""
     try:
@@ -220,6 +255,26 @@ def restore(run: Run, ckpt: dict[str, Any]) -> None:
     except RuntimeError as e:
         raise ModelError(f"cannot load the checkpoint's parameters into the model: {str(e).splitlines()[0]}") from None
     run.algo.load_state_dict(ckpt["algorithm"])
-    run.sources["noise"].load_state_dict(ckpt["rng"]["noise"])
-    run.sources["sampler"].load_state_dict(ckpt["rng"]["sampler"])
-    torch.set_rng_state(ckpt["rng"]["torch"])  # the ledger was restored by build_run(ledger_state=...)
+    rng = ckpt["rng"]
+    run.sources["noise"].load_state_dict(rng["noise"])
+    run.sources["sampler"].load_state_dict(rng["sampler"])
+    torch.set_rng_state(rng["torch"])  # the ledger was restored by build_run(ledger_state=...)
+    if "cuda" in rng:  # only on a GPU (verify refused a GPU run's checkpoint without it)
+        torch.cuda.set_rng_state(rng["cuda"], torch.device(run.cfg.device))
+
+
+@contextlib.contextmanager
+def recorded_threads(ckpt: dict[str, Any]) -> Iterator[None]:
+    """Run the resumed steps on the torch CPU thread count the run recorded (the caller's count is
+    back afterwards): CPU kernels split their sums by thread count, so another count rounds them
+    otherwise, and a re-computed release would differ from the published one under the same noise."""
+    threads = ckpt["record"].get("environment", {}).get("threads")
+    before = torch.get_num_threads()
+    if not isinstance(threads, int) or threads < 1 or threads == before:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

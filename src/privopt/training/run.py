@@ -17,8 +17,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from privopt.checkpoint import load_checkpoint, save_checkpoint
 from privopt.config import RunConfig
 from privopt.distributed import torchrun_comm
@@ -33,9 +31,11 @@ from privopt.training.resume import (
     CHECKPOINT_FORMAT,
     check_versions,
     provenance,
+    recorded_threads,
     require_objects,
     restore,
     resume_config,
+    rng_state,
     verify,
     versions,
 )
@@ -196,7 +196,7 @@ class _Session:
             "model": run.model.state_dict(),
             "algorithm": run.algo.state_dict(),
             # SECRET: the secure sources' keys (the checkpoint is as sensitive as the data).
-            "rng": {k: run.sources[k].state_dict() for k in ("noise", "sampler")} | {"torch": torch.get_rng_state()},
+            "rng": rng_state(run),
             "ledger": run.ledger.to_dict() if run.ledger is not None else None,
             "history": self.history,
             "diag_history": self.diag_history,
@@ -316,7 +316,8 @@ def train(
         out_dir: output directory; new, empty, or left by a run killed before its first
             checkpoint; locked while the run owns it.
         resume: continue from ``out_dir/checkpoint.pt`` (model, algorithm state, generator
-            states and the ledger are restored, so no budget is re-spent or forgotten).
+            states and the ledger are restored, so no budget is re-spent or forgotten), on the
+            torch CPU thread count the run recorded (the caller's is set back on return).
         progress: a progress bar on a terminal, periodic lines otherwise.
         max_steps: stop (checkpoint, status ``"paused"``) after this many steps in this call.
         dataset: your own :class:`privopt.data.Dataset` instead of loading ``cfg.dataset`` (pass it again on
@@ -404,11 +405,12 @@ def _resume(cfg, out: Path, *, dataset, model, loss, allow_version_change, progr
         require_objects(ckpt, dataset=dataset, model=model, loss=loss)
         changes = check_versions(ckpt, published=_published(out), allow_change=allow_version_change)
         state = dict(ledger_state=ckpt["ledger"], released=ckpt["record"].get("released"))
-        run = build_run(run_cfg, dataset=dataset, model=model, loss=loss, **state)
-        verify(ckpt, run)
-        restore(run, ckpt)
-        write_outputs(
-            out, record=ckpt["record"], diagnostics=ckpt["diagnostics"], model_state=None, plots=run_cfg.plots
-        )
-        session = _Session(run, out, ckpt=ckpt, version_changes=changes)
-        return session.execute(fresh=False, progress=progress, max_steps=max_steps)
+        with recorded_threads(ckpt):  # before the run is built: its noise thread takes the count too
+            run = build_run(run_cfg, dataset=dataset, model=model, loss=loss, **state)
+            verify(ckpt, run)
+            restore(run, ckpt)
+            write_outputs(
+                out, record=ckpt["record"], diagnostics=ckpt["diagnostics"], model_state=None, plots=run_cfg.plots
+            )
+            session = _Session(run, out, ckpt=ckpt, version_changes=changes)
+            return session.execute(fresh=False, progress=progress, max_steps=max_steps)
