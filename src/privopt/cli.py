@@ -33,7 +33,8 @@ def _resume_conflicts(args) -> list[str]:
 
 def _print_train_result(args, record: dict, out: str) -> None:
     if args.json:
-        print(json.dumps({k: record[k] for k in ("algorithm", "status", "metrics", "privacy")}, default=str))
+        keys = ("algorithm", "status", "metrics", "privacy", "randomness")
+        print(json.dumps({k: record.get(k) for k in keys}, default=str))
     elif not args.quiet:
         priv = record["privacy"]
         eps = (
@@ -41,6 +42,9 @@ def _print_train_result(args, record: dict, out: str) -> None:
         )
         if priv.get("epsilon_spent_is_ex_post"):  # stopped early: the guarantee is the plan's
             eps += f"; ex-post eps of the releases made {priv['epsilon_spent']:.4g}"
+        seed = (record.get("randomness") or {}).get("insecure_seed")
+        if priv["private"] and seed is not None:  # the ε line alone would read as a private run
+            eps += f"; NOT private: noise and sampling seeded by --insecure-seed {seed}"
         acc = record["metrics"].get("test_accuracy")
         acc_text = "n/a" if acc is None else f"{acc:.4f}"
         print(f"{record['algorithm']}: test accuracy {acc_text} ({eps}); outputs in {out}")
