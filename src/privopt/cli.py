@@ -85,7 +85,9 @@ def _cmd_account(args) -> int:
     from privopt.privacy import check_delta_for_size, dp_sgd_noise
     from privopt.privacy.search import ProgressLine
 
-    check_delta_for_size(args.delta, dataset_size=args.dataset_size, allow_large=args.allow_large_delta)
+    check_delta_for_size(
+        args.delta, dataset_size=args.dataset_size, allow_large=args.allow_large_delta, override="--allow-large-delta"
+    )
     progress = ProgressLine(sys.stderr, quiet=args.quiet)  # on stderr: stdout holds the result (or its JSON)
     cal = dp_sgd_noise(
         dataset_size=args.dataset_size,
