@@ -323,6 +323,14 @@ def test_bad_arguments_are_refused_by_name(case):
         privopt.PrivacyEngine(accountant="rdp").make_private(**kwargs(**over))
 
 
+def test_a_large_delta_error_names_the_keyword_that_allows_it():
+    with pytest.raises(ConfigError, match=r"\(allow_large_delta=True\)") as info:
+        privopt.PrivacyEngine(accountant="rdp").make_private(**kwargs(delta=0.01))
+    # the keyword the message names is the one make_private takes
+    privopt.PrivacyEngine(accountant="rdp").make_private(**kwargs(delta=0.01, allow_large_delta=True))
+    assert "allow_large=" not in str(info.value)
+
+
 @pytest.mark.parametrize(
     "targets,torch_says",
     [

@@ -346,3 +346,12 @@ def test_demo_help_says_where_its_outputs_go(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
     assert "new time-stamped folder in it" in " ".join(capsys.readouterr().out.split())
+
+
+def test_train_with_an_insecure_seed_says_not_private_where_it_states_epsilon(capsys, tmp_path):
+    code, out, _ = run(capsys, "train", *QUICK, "--insecure-seed", "4", "--out", str(tmp_path / "r"))
+    assert code == 0 and "eps=" in out and "NOT private" in out and "--insecure-seed 4" in out
+    code, out, _ = run(capsys, "train", *QUICK, "--insecure-seed", "4", "--out", str(tmp_path / "j"), "--json")
+    assert code == 0 and json.loads(out.splitlines()[-1])["randomness"]["insecure_seed"] == 4
+    code, out, _ = run(capsys, "train", *QUICK, "--out", str(tmp_path / "s"))
+    assert code == 0 and "NOT private" not in out

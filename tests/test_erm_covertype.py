@@ -188,3 +188,18 @@ def test_tuning_extends_the_run_length_while_the_best_is_the_longest(monkeypatch
     rows.clear()
     sel = runner.tune(setting, method(None), problem, epsilon=1.0, runs=1)
     assert [p[0] for p in sel.profile] == [10, 20] and len(rows) == 4  # no cap: the grid only
+
+
+def test_the_summary_meta_holds_no_statistic_of_the_training_labels():
+    from privopt.experiments.erm_covertype import BUDGETS, _meta
+
+    x = np.ones((10, 3)) / np.sqrt(3.0)
+    y = np.array([1.0] * 4 + [-1.0] * 6)
+    y_neighbour = y.copy()
+    y_neighbour[0] = -1.0  # one record's label changed
+    meta = [
+        _meta(((x, labels), (x, y)), budget="quick", b=BUDGETS["quick"], runs=1, delta=1e-3, accountant="rdp",
+              insecure_seed=None)
+        for labels in (y, y_neighbour)
+    ]  # fmt: skip
+    assert meta[0] == meta[1]

@@ -49,3 +49,19 @@ def test_classes_inferred_from_private_labels_are_named_in_the_record(tmp_path):
         given = Dataset.from_tensors(x, y, x_test=x_test, y_test=y_test, num_classes=3)
     train(c, out_dir=tmp_path / "given", progress=False, dataset=given)
     assert "preprocessing" not in _not_accounted(tmp_path / "given")
+
+
+def test_a_count_based_selection_of_the_training_split_is_named_in_the_record(tmp_path):
+    """``max_train`` keeps the N lowest-ranked records: one added source record can push another out
+    (docs/data.md, 'Selection and the protected unit'), so the record must say whose guarantee ε is."""
+    train(
+        cfg(algorithm_params={"epochs": 1}, dataset_params={"max_train": 500}), out_dir=tmp_path / "cap", progress=False
+    )
+    note = _not_accounted(tmp_path / "cap")["preprocessing"]
+    assert "count-based selection" in note and "max_train" in note and "replace-one" in note
+    train(
+        cfg(algorithm_params={"epochs": 1}, dataset_params={"train_fraction": 0.5}),
+        out_dir=tmp_path / "per-record",
+        progress=False,
+    )
+    assert "preprocessing" not in _not_accounted(tmp_path / "per-record")

@@ -331,3 +331,18 @@ def test_non_private_run_has_null_epsilon_everywhere(tmp_path):
     assert first.split(",")[header.split(",").index("epsilon_spent")] == ""
     # a non-private algorithm's batch losses read the data: never in the public files
     assert "batch_loss" not in header and not math.isnan(saved["metrics"]["test_accuracy"])
+
+
+def test_the_documented_diagnostic_metrics_are_known_to_a_fresh_process():
+    """docs/privacy.md names the ``mia`` and ``grad_norm`` run metrics: a config selecting them must not
+    depend on an experiment module having been imported first (a fresh ``privopt train``)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from privopt.training import get_run_metrics; "
+        "print(sorted(m.name for m in get_run_metrics(['mia', 'grad_norm'])))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-500:]
+    assert out.stdout.strip() == "['grad_norm', 'mia']"

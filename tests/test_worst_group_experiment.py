@@ -102,6 +102,7 @@ def test_reproduction_writes_every_output(tmp_path, small_protocol):
     ref = res["minimax_reference"]
     # the minimax point minimises the worst training-group loss: never above ERM's (up to the certified gap)
     assert ref["train_worst_group_loss"]["minimax"] <= ref["train_worst_group_loss"]["erm"] + 1e-3
+    assert "train_worst_group_loss" in ref["note"] and "NOT private" in ref["note"]  # training-split values
     assert "worst-group minimax (certified)" in res["markdown"]
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert {r["method"] for r in rows} == set(methods) and len(rows) == 4
@@ -122,7 +123,7 @@ def test_bad_arguments_fail_before_writing(tmp_path):
         run_worst_group(dataset="mnist", out_dir=tmp_path / "a")
     with pytest.raises(ConfigError, match="epsilons"):
         run_worst_group(dataset="synthetic", epsilons=[0.0], out_dir=tmp_path / "b")
-    with pytest.raises(ConfigError, match="unknown method"):
+    with pytest.raises(ConfigError, match="unknown method.*registered algorithms: .*noisy-sgd-mgr"):
         run_worst_group(dataset="synthetic", methods=["nope"], out_dir=tmp_path / "c")
     assert not any(tmp_path.iterdir())
 

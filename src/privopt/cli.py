@@ -36,7 +36,8 @@ def _resume_conflicts(args) -> list[str]:
 
 def _print_train_result(args, record: dict, out: str) -> None:
     if args.json:
-        print(json.dumps({k: record[k] for k in ("algorithm", "status", "metrics", "privacy")}, default=str))
+        keys = ("algorithm", "status", "metrics", "privacy", "randomness")
+        print(json.dumps({k: record.get(k) for k in keys}, default=str))
     elif not args.quiet:
         priv = record["privacy"]
         eps = (
@@ -44,6 +45,9 @@ def _print_train_result(args, record: dict, out: str) -> None:
         )
         if priv.get("epsilon_spent_is_ex_post"):  # stopped early: the guarantee is the plan's
             eps += f"; ex-post eps of the releases made {priv['epsilon_spent']:.4g}"
+        seed = (record.get("randomness") or {}).get("insecure_seed")
+        if priv["private"] and seed is not None:  # the ε line alone would read as a private run
+            eps += f"; NOT private: noise and sampling seeded by --insecure-seed {seed}"
         acc = record["metrics"].get("test_accuracy")
         acc_text = "n/a" if acc is None else f"{acc:.4f}"
         print(f"{record['algorithm']}: test accuracy {acc_text} ({eps}); outputs in {out}")
@@ -84,7 +88,9 @@ def _cmd_account(args) -> int:
     from privopt.privacy import check_delta_for_size, dp_sgd_noise
     from privopt.privacy.search import ProgressLine
 
-    check_delta_for_size(args.delta, dataset_size=args.dataset_size, allow_large=args.allow_large_delta)
+    check_delta_for_size(
+        args.delta, dataset_size=args.dataset_size, allow_large=args.allow_large_delta, override="--allow-large-delta"
+    )
     progress = ProgressLine(sys.stderr, quiet=args.quiet)  # on stderr: stdout holds the result (or its JSON)
     cal = dp_sgd_noise(
         dataset_size=args.dataset_size,

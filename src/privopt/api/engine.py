@@ -96,7 +96,9 @@ class _Request:
         if chunk is not None:
             chunk = check_count(chunk, name="max_physical_batch_size (None or a positive int)", minimum=1)
         data = training_data(dataset=dataset, data_loader=data_loader)
-        delta = check_delta_for_size(delta, dataset_size=data.n, allow_large=allow_large_delta)
+        delta = check_delta_for_size(
+            delta, dataset_size=data.n, allow_large=allow_large_delta, override="allow_large_delta=True"
+        )
         rate, expected, steps = _schedule(batch_size=batch_size, sample_rate=sample_rate, epochs=epochs, n=data.n)
         loss_fn = per_sample_loss(criterion)
         two = data.batch(data.probe_indices())  # per-example gradients too: fail here, not at a step

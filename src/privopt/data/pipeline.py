@@ -58,6 +58,7 @@ def _select(raw: RawData, ctx: BuildContext, *, val_fraction: float, max_train, 
         "rule": "per record: keyed BLAKE2b hash of the record's content (public seed as key) gives one uniform "
         "per stage; a record is kept/moved iff its uniform is below the stage's fixed probability",
         "protected_unit": protected_unit(count_based),
+        "count_based": list(count_based),  # the steps named, whatever the counts: public
     }
     return {"train": train, "val": val, "test": test}
 

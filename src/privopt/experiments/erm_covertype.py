@@ -126,10 +126,11 @@ def _run_setting(
 
 
 def _meta(data, *, budget: str, b: Budget, runs: int, delta: float, accountant: str, insecure_seed) -> dict[str, Any]:
-    (x, labels), (x_tune, _) = data
+    (x, _), (x_tune, _) = data
     meta: dict[str, Any] = {"n_train": int(x.shape[0]), "n_tune": int(x_tune.shape[0]), "dim": int(x.shape[1])}
     meta.update(delta=delta, budget=budget, runs=runs, tune_runs=b.tune_runs, neighbouring=NEIGHBOURING)
-    meta.update(accountant=accountant, l1_radius=L1_RADIUS, positive_share=float((labels > 0).mean()))
+    # No statistic of the training rows (e.g. their positive share: times n, an exact class count).
+    meta.update(accountant=accountant, l1_radius=L1_RADIUS)
     meta.update(positive_class=f"Cover_Type == {POSITIVE_COVER_TYPE} (Lodgepole Pine)")
     meta.update(randomness=randomness_section(insecure_seed=insecure_seed))
     return meta

@@ -58,7 +58,7 @@ def _checked(dataset, epsilons, seeds, methods, out_dir) -> tuple[list[float], l
         raise ConfigError(f"seeds must be a positive integer, got {seeds!r}")
     unknown = [m for m in methods if m not in available_algorithms()]
     if unknown:
-        raise ConfigError(f"unknown method(s) {unknown}")
+        raise ConfigError(f"unknown method(s) {unknown}; registered algorithms: {', '.join(available_algorithms())}")
     out = Path(out_dir)
     if (out / "results.jsonl").exists():
         raise ConfigError(f"{out} already holds a results.jsonl; choose a new --out directory")

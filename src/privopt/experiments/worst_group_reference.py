@@ -69,7 +69,10 @@ def minimax_reference(data, *, max_iters: int = 100_000) -> dict[str, Any]:
     return {
         "erm": _scores(w_erm, b_erm, *test, num_groups=p, names=names),
         "minimax": {**_scores(w_mm, b_mm, *test, num_groups=p, names=names), "gap": float(res.gap)},
-        "note": "non-private references fitted on the training split, scored on the test split",
+        "note": (
+            "non-private references fitted on the training split, scored on the test split; 'gap' and "
+            "'train_worst_group_loss' are measured on the training split without noise: NOT private"
+        ),
         "wall_s": time.perf_counter() - t0,
         "train_worst_group_loss": {
             "erm": float(np.max(obj.losses(start).numpy())),

@@ -132,7 +132,9 @@ def register_run_metric(
 
 
 def _ensure_builtin() -> None:
-    import privopt.eval.sosp  # noqa: F401  (registers "sosp" and "sosp_train")
+    # Importing registers them: "sosp", "sosp_train"; "grad_norm", "mia" (docs/privacy.md names them).
+    import privopt.eval.sosp
+    import privopt.experiments.dro_metrics  # noqa: F401
 
 
 def available_run_metrics() -> list[str]:

@@ -70,16 +70,28 @@ def preprocessing_note(data: Any) -> str | None:
 
     ``scaling: data`` standardises with the training split's exact statistics, and a dataset built
     without ``num_classes`` takes the model's shape from the private labels: the released model and
-    its test metrics then depend on those values, which the ledger does not cover."""
+    its test metrics then depend on those values, which the ledger does not cover. A count-based
+    selection (``max_train``, cifar10-st's ``minority_count``) reads no statistic, but makes the
+    guarantee one about the training split as selected, not about a record of the source data."""
     public = getattr(data, "public_meta", None) or {}
     notes = []
     if (public.get("scaling") or {}).get("private_preprocessing"):
         notes.append("features standardised with the exact mean/std of the training split (scaling: data)")
     if public.get("inferred_from_private_data"):
         notes.append(f"{' and '.join(public['inferred_from_private_data'])} inferred from the private labels/groups")
-    if not notes:
-        return None
-    return "; ".join(notes) + ": read the private records without noise and NOT accounted in epsilon_spent"
+    counted = (public.get("selection") or {}).get("count_based")
+    note = None
+    if notes:
+        note = "; ".join(notes) + ": read the private records without noise and NOT accounted in epsilon_spent"
+    if counted:  # the split is as given; a record of the SOURCE can swap one training record for another
+        swap = (
+            f"count-based selection of the training split ({'; '.join(counted)}): one record of the source data "
+            "can swap one training record for another, so for the source's records the guarantee is that of a "
+            "replace-one neighbour (two add/remove steps), NOT epsilon_spent (docs/data.md, 'Selection and the "
+            "protected unit')"
+        )
+        note = swap if note is None else f"{note}; {swap}"
+    return note
 
 
 EX_POST_NOTE = (
