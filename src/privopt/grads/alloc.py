@@ -6,7 +6,7 @@ and it trims freed memory at the top of the heap. A training step allocates the 
 every time (per-sample gradient blocks, their convolution kernels' scratch, activations), so each
 step faults all of those pages in again. On the 2-core VM where issue 13 is measured, a resnet20
 DP step (B = 128) page-faulted about 9,200 pages per per-sample weight-gradient call of a
-64-channel 8x8 layer, 17 ms against 5.6 ms without the faults (``docs/results/performance.md``,
+64-channel 8x8 layer, 17 ms against 5.6 ms without the faults (``docs/results/performance-history.md``,
 "Phase 10"). Raising both thresholds keeps freed memory in the process for the next step, as a
 caching GPU allocator does. It is not given back to the system until the process ends, and heap
 fragmentation raises the process's peak resident memory (resnet20, B = 512: by 14-17 %).
