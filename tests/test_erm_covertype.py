@@ -203,3 +203,19 @@ def test_the_summary_meta_holds_no_statistic_of_the_training_labels():
         for labels in (y, y_neighbour)
     ]  # fmt: skip
     assert meta[0] == meta[1]
+
+
+def test_a_delta_of_at_least_one_over_n_is_refused_unless_allowed(shared_data, tmp_path):
+    from privopt.experiments.erm_covertype import run_erm_covertype
+
+    out = tmp_path / "x"
+    with pytest.raises(ConfigError, match="allow-large-delta"):  # the paper's 1e-3 at n = 10,000 is 10/n
+        run_erm_covertype(data_dir=shared_data / "covtype", out_dir=out, delta=1e-3)
+    assert not out.exists()
+    summary = run_erm_covertype(
+        data_dir=shared_data / "covtype", n_train=300, n_tune=300, epsilons=[1.0], delta=1e-2,
+        allow_large_delta=True, runs=1, budget="quick", out_dir=out, progress=False, insecure_seed=1,
+        only=["regularized"],
+    )  # fmt: skip
+    assert summary["meta"]["delta_at_least_1_over_n"] is True
+    assert summary["meta"]["delta"] == 1e-2
