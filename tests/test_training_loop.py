@@ -346,3 +346,22 @@ def test_the_documented_diagnostic_metrics_are_known_to_a_fresh_process():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-500:]
     assert out.stdout.strip() == "['grad_norm', 'mia']"
+
+
+def test_progress_says_when_a_method_returns_before_its_step_bound():
+    from privopt.training.callbacks import AlgorithmDone
+
+    class Algo:
+        done = False
+
+    algo = Algo()
+
+    def step(t):
+        algo.done = t == 7  # returns after its 8th step of a bound of 18
+        return {}
+
+    stream = io.StringIO()
+    cb = ProgressCallback(desc="fed-dp-sgd", summary=dict, enabled=True, stream=stream)
+    state = run_loop(step, LoopState(step=0, total=18), [AlgorithmDone(algo), cb])
+    assert state.step == 8
+    assert stream.getvalue().splitlines()[-1] == "fed-dp-sgd: step 8/18 (done before the step bound)"

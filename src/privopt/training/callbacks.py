@@ -137,12 +137,17 @@ class ProgressCallback(Callback):
             self._bar.update(1)
             self._bar.set_postfix(self.summary(), refresh=False)
         elif state.step % self._every == 0 or state.step == state.total:
-            extra = " ".join(f"{k}={v}" for k, v in self.summary().items())
-            pct = 100 * state.step / max(1, state.total)
-            print(f"{self.desc}: step {state.step}/{state.total} ({pct:.0f}%) {extra}".rstrip(), file=self.stream)
-            self.stream.flush()
+            self._line(state, f"({100 * state.step / max(1, state.total):.0f}%)")
+
+    def _line(self, state: LoopState, where: str) -> None:
+        extra = " ".join(f"{k}={v}" for k, v in self.summary().items())
+        print(f"{self.desc}: step {state.step}/{state.total} {where} {extra}".rstrip(), file=self.stream)
+        self.stream.flush()
 
     def on_loop_end(self, state: LoopState) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        elif self.enabled and state.stop == "done":
+            # The schedule's total is a public upper bound; the method returned before it.
+            self._line(state, "(done before the step bound)")
