@@ -20,6 +20,7 @@ from typing import Any
 
 __all__ = [
     "DEMO_SELECTION",
+    "DRO_BUDGET_DEFAULTS",
     "ERM_TRAINING_MEASUREMENTS",
     "SOSP_TRAINING_MEASUREMENTS",
     "TRAINING_MEASUREMENTS",
@@ -36,6 +37,12 @@ DEMO_SELECTION = (
     "fixed in code (privopt.experiments.demo.DEMO_HYPERPARAMETERS), chosen by the developers on "
     "validation splits of digits-st (docs/results/dro.md, 'Demo'): that choice read these records "
     "and is NOT accounted in epsilon_spent"
+)
+DRO_BUDGET_DEFAULTS = (
+    "the budget's defaults (privopt.experiments.dro_protocol.BUDGETS), chosen by the developers on "
+    "validation splits carved from the training data of mnist-st, fashion-mnist and cifar10-st "
+    "(docs/results/dro-history.md): on these datasets that choice read private records and is NOT "
+    "accounted in epsilon_spent"
 )
 TRAINING_MEASUREMENTS = (
     "grad_norm (‖∇ₓΨ_KL‖), dro_lam_star and the MIA AUCs are computed on the training records "
@@ -56,12 +63,15 @@ ERM_TRAINING_MEASUREMENTS = (
 )
 
 
-def hyperparameter_note(tuning: dict[str, Any]) -> str | None:
+def hyperparameter_note(tuning: dict[str, Any], *, defaults_note: str | None = None) -> str | None:
     """The note for a reproduction's tuning report (``tuning.json``): its ``selection`` when it has
     one (``None``: no private record was read, e.g. tuned on independent data), else
-    :data:`TUNED_ON_TRAINING` for a tuned report and ``None`` for given values or budget defaults."""
+    :data:`TUNED_ON_TRAINING` for a tuned report, ``defaults_note`` for budget defaults (where they
+    were chosen, if on this data) and ``None`` for given values."""
     if "selection" in tuning:
         return tuning["selection"]
+    if tuning.get("hyperparameters") == "budget defaults":
+        return defaults_note
     return TUNED_ON_TRAINING if tuning.get("tuned") else None
 
 

@@ -118,8 +118,7 @@ def randomness_section(*, insecure_seed: int | None, public_seed: int | None = N
     if insecure_seed is None:
         out = {
             "noise_and_sampling": "secret",
-            "generator": "AES-256-CTR keyed from OS entropy (privopt.rng.SecureSource); keys never written, "
-            "except into the run's own owner-only checkpoint.pt when it writes one",
+            "generator": "AES-256-CTR keyed from OS entropy (privopt.rng.SecureSource); keys saved only in checkpoints",
             "insecure_seed": None,
         }
     else:
