@@ -19,7 +19,7 @@ from privopt.algorithms import available_algorithms, get_algorithm
 from privopt.config import RunConfig
 from privopt.data import load_dataset
 from privopt.errors import PrivacyBudgetExceeded
-from privopt.privacy import Gaussian, Laplace, Poisson, PureDP, TreeAggregation
+from privopt.privacy import FullBatch, Gaussian, Laplace, Poisson, PureDP, TreeAggregation
 from privopt.training import build_run
 from release_spies import spy_run
 
@@ -45,7 +45,7 @@ def _groups():
     )  # fmt: skip
 
 
-def _config(name: str) -> RunConfig:
+def _config(name: str, **extra) -> RunConfig:
     linear = "svrg" in name or name in ("dp-amd", "dp-gd-erm")
     d = {
         **(LINEAR if linear else {"model": "logreg"}),
@@ -53,11 +53,12 @@ def _config(name: str) -> RunConfig:
         "algorithm_params": PARAMS.get(name, {}),
         "privacy": {"epsilon": 2.0, "delta": 1e-4},
         "insecure_seed": 3,
+        **extra,
     }
     return RunConfig.from_dict(d)
 
 
-def _run(name: str, monkeypatch, tamper=None):
+def _run(name: str, monkeypatch, tamper=None, **extra):
     """Build and step one run under the spies; returns (run, log, Poisson draws as (rate, n, size))."""
     import privopt.sampling as sampling
 
@@ -70,7 +71,7 @@ def _run(name: str, monkeypatch, tamper=None):
         return idx
 
     monkeypatch.setattr(sampling.PoissonSampler, "sample", sample)
-    cfg = _config(name)
+    cfg = _config(name, **extra)
     with spy_run(monkeypatch) as log:
         run = build_run(cfg, dataset=None if cfg.dataset == "breast-cancer" else _groups())
         if tamper is not None:
@@ -189,6 +190,26 @@ def _check_poisson_rate(draws, recorded) -> None:
         m = len(sizes)
         sd = math.sqrt(m * n * rate * (1 - rate))
         assert abs(sum(sizes) - m * n * rate) <= 5 * sd + 1, (rate, n, sizes)
+
+
+def test_pretraining_releases_are_recorded_first_with_their_calibrated_noise(monkeypatch):
+    """Private feature centring (L2 bound R) and the released class histogram (bound 1) precede the
+    algorithm's releases: one record, then one draw of std ``z·bound`` each."""
+    pre = {"feature_centering": {"norm_bound": 2.5, "noise_ratio": 1.0}, "logit_adjustment": {"noise_ratio": 2.0}}
+    run, log, poisson = _run("dp-sgd", monkeypatch, **pre)
+    noise = run.calibration.noise
+    head = [i[:3] if i[0] == "draw" else (i[0], i[1].names, i[1].sampling) for i in log.items[:4]]
+    assert head == [
+        ("record", ("feature_mean",), FullBatch()),
+        ("draw", "gaussian", pytest.approx(noise["feature_mean"] * 2.5, rel=1e-12)),
+        ("record", ("class_counts",), FullBatch()),
+        ("draw", "gaussian", pytest.approx(noise["class_counts"] * 1.0, rel=1e-12)),
+    ]
+    assert noise["class_counts"] == pytest.approx(2.0 * noise["feature_mean"], rel=1e-9)  # the declared ratios
+    log.items = log.items[4:]
+    released, records, unreleased, _ = _walk(run, log)
+    assert not unreleased and released == records == {"grad": MAX_STEPS}
+    _check_poisson_rate(poisson, {"grad": (log.items[0][1], None)})
 
 
 def test_the_replay_catches_unrecorded_releases_and_short_noise(monkeypatch):
