@@ -212,6 +212,58 @@ def test_pretraining_releases_are_recorded_first_with_their_calibrated_noise(mon
     _check_poisson_rate(poisson, {"grad": (log.items[0][1], None)})
 
 
+def _sizes_vs_rate(sizes, recorded_rate) -> None:
+    """``sizes`` = [(realised batch size, records it was drawn from)]: Binomial at the recorded rate."""
+    total, mean = sum(k for k, _ in sizes), sum(m * recorded_rate for _, m in sizes)
+    sd = math.sqrt(sum(m * recorded_rate * (1 - recorded_rate) for _, m in sizes))
+    assert abs(total - mean) <= 5 * sd + 1, (total, mean, sd)
+
+
+@pytest.mark.parametrize("name", ["ada-dp-spider", "fed-dp-sgd"])
+def test_oracle_poisson_batches_are_drawn_at_the_recorded_rate(name, monkeypatch):
+    """The SOSP oracle draws its Poisson batches itself: their sizes follow the rates its ledger records."""
+    from privopt.algorithms.ada_dp_spider import AdaDPSpiderOracle
+
+    sizes, real = {}, AdaDPSpiderOracle._batch
+
+    def batch(self, client, kind, window):
+        idx = real(self, client, kind, window)
+        sizes.setdefault(kind, []).append((int(idx.numel()), client.n))
+        return idx
+
+    monkeypatch.setattr(AdaDPSpiderOracle, "_batch", batch)
+    monkeypatch.setitem(PARAMS, "ada-dp-spider", {"sampling": "poisson", "b2": 40, "kappa": 1e-4})
+    _, log, _ = _run(name, monkeypatch)
+    rates = {m.name: step.sampling.rate for step in log_steps(log) for m in step.mechanisms}
+    assert sum(map(len, sizes.values())) >= MAX_STEPS and set(sizes) <= set(rates)
+    for kind, got in sizes.items():
+        _sizes_vs_rate(got, rates[kind])
+
+
+def test_group_sgd_batches_are_drawn_at_the_recorded_rate(monkeypatch):
+    """Noisy-SGD-MGR's step draws a Poisson batch inside the chosen group at the recorded rate q."""
+    from privopt.algorithms.worst_group_sgd import _GroupSGD
+
+    sizes, real = [], _GroupSGD._grad_sum
+
+    def grad_sum(self, idx, **kw):
+        g = self.groups[idx]
+        assert bool((g == g[0]).all())  # one group's records
+        sizes.append((int(idx.numel()), int((self.groups == g[0]).sum())))
+        return real(self, idx, **kw)
+
+    monkeypatch.setattr(_GroupSGD, "_grad_sum", grad_sum)
+    monkeypatch.setitem(PARAMS, "noisy-sgd-mgr", {"batch_size": 160})
+    _, log, _ = _run("noisy-sgd-mgr", monkeypatch)
+    (rate,) = {step.sampling.rate for step in log_steps(log) if step.names == ("grad",)}
+    assert rate == pytest.approx(160 / 400) and len(sizes) >= 5
+    _sizes_vs_rate(sizes, rate)
+
+
+def log_steps(log):
+    return [i[1] for i in log.items if i[0] == "record"]
+
+
 def test_the_replay_catches_unrecorded_releases_and_short_noise(monkeypatch):
     """Teeth: the same run with its records dropped, or drawing half the noise it records, fails the
     replay (and a multiplier off the calibrated plan is refused by the ledger)."""
