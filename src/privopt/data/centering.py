@@ -95,14 +95,15 @@ class FeatureCentering:
 
     def release(self, x: torch.Tensor, *, noise_multiplier: float, ledger, rng) -> torch.Tensor:
         """The noisy mean of the training rows ``x``; the step is recorded in ``ledger`` first."""
+        from privopt.grads.release import draw_gaussian_noise  # the one privacy-noise primitive
         from privopt.privacy import FullBatch, Gaussian, Step
 
         ledger.record(Step(FullBatch(), (Gaussian(noise_multiplier, name=FAMILY),)))
         # z·R under either relation: under replace-one the accountant itself reads it against 2R.
         std = noise_multiplier * self.norm_bound
         total = self.clipped_sum(x)
-        noise = rng.normal(tuple(total.shape), dtype=torch.float64)
-        return ((total + std * noise.to(total.device)) / x.shape[0]).to(torch.float32)
+        noise = draw_gaussian_noise(tuple(total.shape), std=std, rng=rng, dtype=torch.float64)
+        return ((total + noise.to(total.device)) / x.shape[0]).to(torch.float32)
 
     def centre(self, x: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
         """``x − mean`` per record (rescaled to each record's own norm with ``renormalise``)."""

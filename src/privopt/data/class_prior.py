@@ -114,12 +114,13 @@ class LogitAdjustment:
 
     def release(self, y: torch.Tensor, *, num_classes: int, noise_multiplier: float, ledger, rng):
         """The noisy label histogram of ``y``; the step is recorded in ``ledger`` first."""
+        from privopt.grads.release import draw_gaussian_noise  # the one privacy-noise primitive
         from privopt.privacy import FullBatch, Gaussian, Step
 
         ledger.record(Step(FullBatch(), (Gaussian(noise_multiplier, name=FAMILY),)))
         std = noise_multiplier * histogram_sensitivity("add_remove")  # the accountant scales for replace-one
-        noise = rng.normal((num_classes,), dtype=torch.float64).cpu()
-        return self.counts(y, num_classes) + std * noise
+        noise = draw_gaussian_noise((num_classes,), std=std, rng=rng, dtype=torch.float64).cpu()
+        return self.counts(y, num_classes) + noise
 
     @staticmethod
     def prior_from(counts: Any) -> torch.Tensor:
