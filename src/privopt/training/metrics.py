@@ -52,11 +52,18 @@ def build_loss(name: str) -> LossFn:
     raise ConfigError(f"unknown loss {name!r}; available: cross_entropy, logistic")
 
 
+def _readable(t: torch.Tensor) -> bool:
+    """Whether ``t``'s values can be read: not inside a ``torch.func`` transform (the vmap engine's
+    ``vmap(grad(.))``), where they are per-example; the labels are checked where the loss sees a
+    batch or split (the ghost engine, evaluation, a dataset's validation)."""
+    return not torch._C._functorch.is_functorch_wrapped_tensor(t)
+
+
 def _logistic_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if out.dim() > 2 or (out.dim() == 2 and out.shape[1] != 1):
         # The shape per example only: the batch's size is the secret sampling's.
         raise ValueError(f"the logistic loss needs one logit per example, got {tuple(out.shape[1:])} per example")
-    if y.is_floating_point() or bool(((y != 0) & (y != 1)).any()):
+    if y.is_floating_point() or (_readable(y) and bool(((y != 0) & (y != 1)).any())):
         raise ValueError("the logistic loss needs integer labels 0 or 1")
     return nn.functional.softplus(-(2 * y - 1).to(out.dtype) * out.reshape(-1))
 
