@@ -12,6 +12,11 @@ right event:
 * :func:`report_noisy_max` -- argmax of ``values + Lap(scale)``; ``Delta / scale``-DP when one
   record moves every coordinate by at most ``Delta`` in the same direction (e.g. it changes one
   coordinate only), ``2 Delta / scale`` in general; record ``PureDP(report_noisy_max_epsilon(...))``.
+
+The ``rng`` they take is a numpy ``Generator``, which is NOT cryptographically secure: an attacker
+who learns its state (a seed, or enough of its outputs) can subtract the noise. They serve tests,
+analyses and prototypes; privopt's own releases draw from :class:`privopt.rng.SecureSource`
+(AES-256-CTR keyed from OS entropy; ``docs/privacy.md``), and so should a user's private release.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ __all__ = ["gaussian_noise", "laplace_noise", "report_noisy_max", "report_noisy_
 
 def _rng(rng) -> np.random.Generator:
     if not isinstance(rng, np.random.Generator):
-        raise ConfigError(f"rng must be a numpy.random.Generator (seeded), got {type(rng).__name__}")
+        raise ConfigError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
     return rng
 
 
