@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_flatten
 
 from privopt.errors import ConfigError, ModelError
 from privopt.grads.engine import flat_param_names, resolve_weights, vmap_grads
-from privopt.grads.ghost.fallback import layer_vmap_grads
+from privopt.grads.ghost.fallback import layer_vmap_grads, rng_states, unchanged_randomness
 from privopt.grads.ghost.keep import Keep, condense
 from privopt.grads.ghost.layout import CallLayout, probe_layout
 from privopt.grads.ghost.pieces import DenseGrads, Piece
@@ -276,7 +276,9 @@ class Capture:
         self._backward(losses, [c for c in calls if c.routed], col)
         if skip:  # batch dimension unknown somewhere: those parameters by a vmap over the model
             values = {n: t.detach() for n, t in (self.params or self.st.own).items()}
+            before = rng_states()
             _, grads = vmap_grads(self.model, loss_fn, inputs, targets, values, wrt=sorted(skip))
+            unchanged_randomness(before, "the model")  # its re-run's draws are not the forward's
             for n, g in grads.items():
                 col.add(n, DenseGrads(g))
         col.finish()

@@ -4,6 +4,10 @@ With the batch dimension of every tensor of the call known (:mod:`privopt.grads.
 the layer alone is re-run per sample under ``torch.func.vmap`` and pulled back through its
 output-gradient. When the batch dimension of the call is not known, the layer's parameters get
 their per-sample gradients from a vmap over the whole model instead (exact, slower).
+
+A re-run that draws random numbers (dropout inside the layer, in training mode) would not
+reproduce the forward's draws, so its gradients would not be those of the loss: it raises
+:class:`~privopt.grads.ghost.rules.Unsupported` and the query goes to the vmap engine.
 """
 
 from __future__ import annotations
@@ -14,8 +18,28 @@ from torch.func import functional_call, vjp, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from privopt.grads.ghost.pieces import DenseGrads
+from privopt.grads.ghost.rules import Unsupported
 
-__all__ = ["layer_vmap_grads"]
+__all__ = ["layer_vmap_grads", "rng_states", "unchanged_randomness"]
+
+
+def rng_states() -> list[torch.Tensor]:
+    """The states of torch's global generators (CPU, and CUDA once initialised)."""
+    states = [torch.random.get_rng_state()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states.extend(torch.cuda.get_rng_state_all())
+    return states
+
+
+def unchanged_randomness(before: list[torch.Tensor], what: str) -> None:
+    """Raise :class:`Unsupported` if a global generator moved since ``before``: ``what`` drew
+    random numbers that a re-run does not reproduce."""
+    after = rng_states()
+    if len(after) != len(before) or any(not torch.equal(a, b) for a, b in zip(after, before)):
+        raise Unsupported(
+            f"{what} draws random numbers (e.g. dropout in training mode), which its per-sample re-run "
+            "would not reproduce"
+        )
 
 
 def layer_vmap_grads(
@@ -53,7 +77,9 @@ def layer_vmap_grads(
         _, pull = vjp(f, {n: values[n] for n in local})
         return pull(g.unsqueeze(out_dim))[0]
 
+    before = rng_states()
     grads = vmap(one, in_dims=(tuple(in_dims), out_dim), randomness="different")(
         tuple(flat[i] for i in positions), grad_out
     )
+    unchanged_randomness(before, f"layer {type(module).__name__} (no ghost rule)")
     return {n: DenseGrads(grads[n]) for n in local}
