@@ -1,8 +1,10 @@
 """Per-example losses from what users have at hand: a name, a torch loss module, or a function.
 
 Per-sample clipping needs one loss value per example (``reduction="none"``). A torch loss module
-(``nn.CrossEntropyLoss()``) is copied with ``reduction="none"``; a plain function must already
-return one value per example (checked on two examples before training, see
+(``nn.CrossEntropyLoss()``) is copied with ``reduction="none"``; an element-wise one (``nn.MSELoss()``
+on several outputs) then gives one loss per output element, which are reduced per example as the
+module's own reduction would (mean, or sum). A plain function must already return one value per
+example (checked on two examples before training, see
 :func:`privopt.training.builder.check_model_fits`).
 """
 
@@ -15,12 +17,42 @@ from typing import Any
 import torch
 from torch import nn
 
-from privopt.errors import ConfigError
+from privopt.errors import ConfigError, ModelError
 from privopt.training.metrics import build_loss
 
-__all__ = ["per_sample_loss"]
+__all__ = ["PerExampleLoss", "per_sample_loss"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class PerExampleLoss(nn.Module):
+    """A torch loss module with ``reduction="none"``; per-element losses ``[B, ...]`` are reduced to
+    ``[B]`` by the module's own reduction (``"sum"``: summed, else averaged) over each example's.
+
+    Per-element losses must have the targets' shape: otherwise torch broadcast the outputs against
+    the targets, possibly across examples (``[B, 1]`` outputs, ``[B]`` targets: ``[B, B]``), and one
+    example's loss would read other examples' targets.
+    """
+
+    def __init__(self, criterion: nn.Module):
+        super().__init__()
+        self.per_element = copy.copy(criterion)  # the caller's module keeps its own reduction
+        self.per_element.reduction = "none"
+        self.summed = criterion.reduction == "sum"
+
+    def forward(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        losses = self.per_element(outputs, targets)
+        if not isinstance(losses, torch.Tensor) or losses.dim() <= 1:
+            return losses
+        if not isinstance(targets, torch.Tensor) or losses.shape != targets.shape:
+            raise ModelError(
+                f"{type(self.per_element).__name__} gives per-element losses of shape {tuple(losses.shape)} for "
+                f"outputs of shape {tuple(outputs.shape)} and targets of shape "
+                f"{tuple(getattr(targets, 'shape', ()))}: torch broadcast them, possibly across examples; give the "
+                "targets the outputs' shape (e.g. y.unsqueeze(1) for one output)"
+            )
+        flat = losses.flatten(1)
+        return flat.sum(1) if self.summed else flat.mean(1)
 
 
 def per_sample_loss(criterion: Any = None) -> LossFn:
@@ -29,7 +61,8 @@ def per_sample_loss(criterion: Any = None) -> LossFn:
     Args:
         criterion: ``None`` or ``"cross_entropy"`` (the default loss of ``privopt train``), ``"logistic"``
             (one logit per example, labels 0/1), a torch loss module such as ``nn.CrossEntropyLoss()``
-            (used with ``reduction="none"``; its other settings are kept), or a callable that returns
+            or ``nn.MSELoss()`` (used with ``reduction="none"``, its other settings kept; per-element
+            losses are reduced per example, :class:`PerExampleLoss`), or a callable that returns
             one loss per example.
 
     Raises:
@@ -47,9 +80,7 @@ def per_sample_loss(criterion: Any = None) -> LossFn:
     if isinstance(criterion, str):
         return build_loss(criterion)
     if isinstance(criterion, nn.Module) and hasattr(criterion, "reduction"):
-        per_example = copy.copy(criterion)  # the caller's module keeps its own reduction
-        per_example.reduction = "none"
-        return per_example
+        return PerExampleLoss(criterion)
     if callable(criterion):
         return criterion
     raise ConfigError(
