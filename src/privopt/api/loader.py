@@ -90,6 +90,9 @@ def _collated(dataset: Any, collate: Callable | None, what: str) -> TrainingData
         if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
             raise DataError(f"{what}: a batch must be a pair (inputs, targets), got {type(batch).__name__}")
         x, y = batch
+        for name, t in (("inputs", x), ("targets", y)):
+            if not isinstance(t, torch.Tensor):  # the gradient engines take one tensor of each
+                raise DataError(f"{what}: a batch's {name} must collate to one tensor, got {type(t).__name__}")
         return (x, y) if idx.numel() else (x[:0], y[:0])
 
     return TrainingData(n=n, take=take)
