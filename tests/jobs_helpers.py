@@ -42,3 +42,14 @@ def warn_in_worker():
 
     warnings.warn(f"odd value in {SECRET}", UserWarning, stacklevel=1)
     return 1
+
+
+def noise_source_kind(seed):
+    """The class of the noise source a run started in this process gets (``privopt.training.run_sources``)."""
+    from privopt.training import run_sources
+
+    noise = run_sources(seed)["noise"]
+    kind = type(noise).__name__
+    if hasattr(noise, "close"):
+        noise.close()
+    return kind

@@ -8,11 +8,12 @@ import time
 
 import pytest
 
-from jobs_helpers import broken_model, defer_sigterm_or_fail, echo_or_fail
+from jobs_helpers import broken_model, defer_sigterm_or_fail, echo_or_fail, noise_source_kind
 from privopt.cli import main as cli_main
 from privopt.errors import ConfigError
+from privopt.experiments import jobs as jobs_module
 from privopt.experiments.dro import BUDGETS, Budget, run_dro_table3
-from privopt.experiments.jobs import Call, resolve_jobs, run_ordered
+from privopt.experiments.jobs import Call, Workers, resolve_jobs, run_ordered
 
 TINY = Budget(**{**BUDGETS["quick"].__dict__, "epochs": 0.5, "tune_epochs": 0.25, "eval_points": 2, "lrs": (0.1, 0.3)})
 VOLATILE = {"wall_s", "run_dir"}  # timings and the output folder differ between two reproductions
@@ -107,3 +108,13 @@ def test_cli_jobs_option(tmp_path, capsys):
         assert e.value.code == 2
         assert "--jobs" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(("cores", "kind"), [(2, "TorchSource"), (3, "NoiseAhead")])
+def test_workers_draw_noise_ahead_only_with_a_spare_core(monkeypatch, cores, kind):
+    # Two workers on two cores: each core runs a training thread already, and a noise thread per run
+    # only competes with them (docs/results/performance.md, phase 17); with a third core it helps.
+    monkeypatch.setattr(jobs_module, "usable_cores", lambda: cores)
+    with Workers(2) as workers:
+        assert list(workers.map(noise_source_kind, [Call(args=(5,)), Call(args=(6,))])) == [kind, kind]
+    assert noise_source_kind(5) == "NoiseAhead"  # this process (jobs=1 runs here) still draws ahead

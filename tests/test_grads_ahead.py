@@ -146,3 +146,28 @@ def test_the_noise_thread_uses_the_callers_torch_thread_count():
         ahead.close()
     finally:
         torch.set_num_threads(before)
+
+
+def test_synchronous_and_ahead_checkpoints_resume_each_other():
+    """A run checkpointed in a worker that draws synchronously resumes with noise drawn ahead (and
+    back) without skipping or repeating noise: both checkpoint the wrapped source's own state."""
+    from privopt.grads.ahead import run_noise_source, set_draw_ahead
+
+    plain = TorchSource(seed=4)
+    try:
+        set_draw_ahead(enabled=False)
+        sync = run_noise_source(TorchSource(seed=4))
+    finally:
+        set_draw_ahead(enabled=True)
+    assert type(sync) is TorchSource
+    expect = [plain.normal((5,)) for _ in range(4)]
+    sync.normal((5,))
+    ahead = run_noise_source(TorchSource(seed=0))
+    ahead.load_state_dict(sync.state_dict())
+    assert torch.equal(ahead.normal((5,)), expect[1])
+    back = TorchSource(seed=0)
+    back.load_state_dict(ahead.state_dict())  # taken with the next draw pending
+    assert torch.equal(back.normal((5,)), expect[2]) and torch.equal(ahead.normal((5,)), expect[2])
+    ahead.close()
+    with pytest.raises(ConfigError, match="True or False"):
+        set_draw_ahead(enabled=1)

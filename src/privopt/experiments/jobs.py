@@ -28,7 +28,17 @@ from typing import Any
 
 from privopt.errors import ConfigError
 
-__all__ = ["SHARED", "Call", "DataRef", "Workers", "picklable", "resolve_jobs", "run_ordered", "single_threaded"]
+__all__ = [
+    "SHARED",
+    "Call",
+    "DataRef",
+    "Workers",
+    "picklable",
+    "resolve_jobs",
+    "run_ordered",
+    "single_threaded",
+    "usable_cores",
+]
 
 SHARED = "shared"  # Call.data: the object given to run_ordered(shared=...)
 _GRACE_S = 2.0  # how long a stopped worker may take to exit before it is killed
@@ -87,25 +97,32 @@ class _Slot:
 _WORKER_SLOT = _Slot()  # a worker process's own dataset
 
 
-def _init_worker(shared_blob: bytes | None) -> None:
-    """Every worker: one torch intra-op thread (one run per core), the shared object, foreign
-    warnings without their text (``privopt.quiet``), and no SIGINT of its own: on Ctrl-C the
-    parent cancels the pool (an active run still turns the signal into a checkpoint through its
-    own handler)."""
+def _init_worker(shared_blob: bytes | None, draw_ahead: bool) -> None:
+    """Every worker: one torch intra-op thread (one run per core), noise drawn ahead only if
+    ``draw_ahead``, the shared object, foreign warnings without their text (``privopt.quiet``),
+    and no SIGINT of its own: on Ctrl-C the parent cancels the pool (an active run still turns the
+    signal into a checkpoint through its own handler)."""
     import signal
 
     import torch
 
+    from privopt.grads.ahead import set_draw_ahead
     from privopt.quiet import hide_foreign_warnings
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
+    set_draw_ahead(enabled=draw_ahead)
     hide_foreign_warnings()  # its stderr is the CLI's: another library's warning text may quote a record
     _WORKER_SLOT.shared = None if shared_blob is None else pickle.loads(shared_blob)
 
 
 def _call_in_worker(fn: Callable, call: Call) -> Any:
     return fn(*call.args, **call.kwargs, **_WORKER_SLOT.resolve(call.data))
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the OS reports one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def resolve_jobs(jobs: Any) -> int:
@@ -123,9 +140,7 @@ def resolve_jobs(jobs: Any) -> int:
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
         raise ConfigError(f"jobs must be an integer >= 1 (or 0 for every CPU core), got {jobs!r}")
-    if jobs == 0:
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return jobs
+    return usable_cores() if jobs == 0 else jobs
 
 
 def picklable(obj: Any, what: str) -> bytes:
@@ -153,9 +168,10 @@ class Workers:
     :meth:`map` s, e.g. a reproduction's tuning and then its final runs; a context manager.
 
     ``jobs=1`` runs every call in this process. ``jobs > 1`` runs them in a pool of spawned
-    workers, one torch thread each; ``fn`` must then be a module-level function and the calls
-    picklable. As with any spawned process, a script using ``jobs > 1`` needs the
-    ``if __name__ == "__main__":`` guard.
+    workers, one torch thread each, whose runs draw their noise synchronously when there are no
+    more usable cores than workers (:func:`privopt.grads.ahead.set_draw_ahead`); ``fn`` must then
+    be a module-level function and the calls picklable. As with any spawned process, a script
+    using ``jobs > 1`` needs the ``if __name__ == "__main__":`` guard.
 
     Args:
         jobs: worker processes (:func:`resolve_jobs`; 0: one per CPU core).
@@ -188,8 +204,14 @@ class Workers:
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
+            # With every core running a training thread, a noise thread per run only competes with
+            # them: privopt demo --jobs 2 took longer with noise drawn ahead (docs/results/performance.md).
+            draw_ahead = usable_cores() > self.jobs
             self._pool = ProcessPoolExecutor(
-                max_workers=self.jobs, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(self._blob,)
+                max_workers=self.jobs,
+                mp_context=get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(self._blob, draw_ahead),
             )
         return self._pool
 

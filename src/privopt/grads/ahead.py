@@ -40,7 +40,38 @@ import torch
 from privopt.errors import ConfigError
 from privopt.rng import RandomSource
 
-__all__ = ["NoiseAhead"]
+__all__ = ["NoiseAhead", "run_noise_source", "set_draw_ahead"]
+
+_PROCESS = {"ahead": True}  # whether the runs this process starts draw ahead (set_draw_ahead)
+
+
+def set_draw_ahead(*, enabled: bool) -> None:
+    """Whether the runs this process starts draw their noise ahead (default ``True``).
+
+    The worker processes of parallel runs (``--jobs N``, :class:`privopt.experiments.jobs.Workers`)
+    turn it off when there are no more usable cores than workers: every core then runs a training
+    thread already, and a noise thread only competes with them (``docs/engines.md``, "Noise drawn
+    ahead"). The values, their order and the checkpoints are the same either way.
+
+    Args:
+        enabled: ``True`` to wrap each run's noise source in :class:`NoiseAhead`, ``False`` to draw
+            synchronously.
+    """
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"set_draw_ahead(enabled=...) takes True or False, got {enabled!r}")
+    _PROCESS["ahead"] = enabled
+
+
+def run_noise_source(source: RandomSource) -> RandomSource:
+    """A run's noise source: ``source`` wrapped in :class:`NoiseAhead`, or ``source`` itself when this
+    process draws synchronously (:func:`set_draw_ahead`).
+
+    Example:
+        >>> from privopt.rng import TorchSource
+        >>> type(run_noise_source(TorchSource(seed=0))).__name__
+        'NoiseAhead'
+    """
+    return NoiseAhead(source) if _PROCESS["ahead"] else source
 
 
 class NoiseAhead(RandomSource):

@@ -19,7 +19,7 @@ from privopt.algorithms.base import Algorithm, RunContext, get_algorithm
 from privopt.config import RunConfig
 from privopt.errors import ConfigError, DataError, ModelError
 from privopt.grads import get_engine, validate_model
-from privopt.grads.ahead import NoiseAhead
+from privopt.grads.ahead import run_noise_source
 from privopt.privacy import PrivacyLedger, calibrate, check_delta_for_size, ledger_from_dict, make_ledger
 from privopt.rng import RandomSource, make_sources
 from privopt.training.metrics import RunMetric, build_loss, get_run_metrics
@@ -133,9 +133,9 @@ def randomness_section(*, insecure_seed: int | None, public_seed: int | None = N
 
 
 def run_sources(insecure_seed: int | None, *, client: int = 0) -> dict[str, RandomSource]:
-    """The noise and sampler sources of a run: secret unless ``insecure_seed`` is given. Under
-    torchrun, process ``client`` draws its own (:func:`privopt.distributed.client_sources`). The
-    noise source draws each step's noise ahead (:class:`privopt.grads.ahead.NoiseAhead`)."""
+    """The noise and sampler sources of a run: secret unless ``insecure_seed`` is given. Under torchrun,
+    process ``client`` draws its own (:func:`privopt.distributed.client_sources`). The noise source draws
+    each step's noise ahead, except in workers without a spare core (:func:`privopt.grads.ahead.run_noise_source`)."""
     if client:
         from privopt.distributed import client_sources
 
@@ -143,7 +143,7 @@ def run_sources(insecure_seed: int | None, *, client: int = 0) -> dict[str, Rand
     else:
         sources = make_sources(insecure_seed=insecure_seed)
     # The next step's noise is drawn in a background thread (same values and order: docs/engines.md).
-    return {**sources, "noise": NoiseAhead(sources["noise"])}
+    return {**sources, "noise": run_noise_source(sources["noise"])}
 
 
 def _dataset(cfg: RunConfig, dataset: Any) -> Any:
