@@ -48,14 +48,18 @@ def test_run_sosp_that_fails_at_its_first_run_leaves_no_empty_results(tmp_path):
     assert existing.is_dir() and list(existing.iterdir()) == []  # the user's empty folder is kept, emptied
 
 
-def test_celeba_attribute_file_refuses_a_duplicate_image_row(tmp_path):
+def test_celeba_attribute_file_refuses_a_duplicate_image_row(tmp_path, monkeypatch):
     from privopt.data import formats
 
     path = tmp_path / "list_attr_celeba.txt"
     path.write_text("3\nSmiling Male\na.jpg 1 -1\nb.jpg -1 1\na.jpg 1 1\n")
+    monkeypatch.delenv("PRIVOPT_DEBUG", raising=False)
     with pytest.raises(DataError) as info:
         formats.read_celeba_attributes(path)
-    assert str(info.value) == f"{path}: image 'a.jpg' has more than one row; each image must appear once"
+    assert str(info.value) == f"{path}: an image has more than one row; each image must appear once"  # no id
+    monkeypatch.setenv("PRIVOPT_DEBUG", "1")  # debugging one's own file: the id is named
+    with pytest.raises(DataError, match="image 'a.jpg' has more than one row"):
+        formats.read_celeba_attributes(path)
 
 
 def test_celeba_partition_file_refuses_a_duplicate_image(tmp_path):
@@ -77,7 +81,7 @@ def test_celeba_loader_refuses_duplicate_rows(tmp_path):
     rows.append(rows[2])  # the same person twice
     (d / "list_attr_celeba.txt").write_text(f"{len(rows)}\nSmiling Male Young\n" + "\n".join(rows) + "\n")
     (d / "list_eval_partition.txt").write_text("".join(f"{i:06d}.jpg {i % 2}\n" for i in range(6)))
-    with pytest.raises(DataError, match=r"list_attr_celeba\.txt: image '000002\.jpg' has more than one row"):
+    with pytest.raises(DataError, match=r"list_attr_celeba\.txt: an image has more than one row"):
         load_dataset("celeba", data_dir=tmp_path, target="Smiling", group="Male")
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from privopt.errors import DataError, some
+from privopt.errors import DataError, debug_enabled, some
 
 __all__ = [
     "read_bytes",
@@ -350,9 +350,8 @@ def _read_celeba_attributes_cached(key):
     ids = table[:, 0].astype(str)
     uniq, counts = np.unique(ids, return_counts=True)
     if counts.size and counts.max() > 1:  # one person's record would count twice: the privacy unit breaks
-        raise DataError(
-            f"{path}: image {str(uniq[counts > 1][0])!r} has more than one row; each image must appear once"
-        )
+        which = f"image {str(uniq[counts > 1][0])!r}" if debug_enabled() else "an image"  # an id names a record
+        raise DataError(f"{path}: {which} has more than one row; each image must appear once")
     vals = table[:, 1:]
     pos, neg = vals == "1", vals == "-1"
     if not np.all(pos | neg):
