@@ -45,11 +45,12 @@ class PerExampleLoss(nn.Module):
         if not isinstance(losses, torch.Tensor) or losses.dim() <= 1:
             return losses
         if not isinstance(targets, torch.Tensor) or losses.shape != targets.shape:
+            per_example = lambda t: tuple(getattr(t, "shape", ())[1:])  # not the batch size: the sampling's
             raise ModelError(
-                f"{type(self.per_element).__name__} gives per-element losses of shape {tuple(losses.shape)} for "
-                f"outputs of shape {tuple(outputs.shape)} and targets of shape "
-                f"{tuple(getattr(targets, 'shape', ()))}: torch broadcast them, possibly across examples; give the "
-                "targets the outputs' shape (e.g. y.unsqueeze(1) for one output)"
+                f"{type(self.per_element).__name__} gives per-element losses of shape {per_example(losses)} per "
+                f"example for outputs of {per_example(outputs)} and targets of {per_example(targets)} per example: "
+                "torch broadcast them, possibly across examples; give the targets the outputs' shape "
+                "(e.g. y.unsqueeze(1) for one output)"
             )
         flat = losses.flatten(1)
         return flat.sum(1) if self.summed else flat.mean(1)

@@ -39,7 +39,7 @@ from privopt.experiments.dro_protocol import (
 from privopt.experiments.dro_rows import failed_row, finite, log_row, result_row
 from privopt.experiments.jobs import SHARED, Call, DataRef, Workers, picklable, single_threaded
 from privopt.experiments.outdir import reproduction_output
-from privopt.experiments.privacy_notes import DRO_BUDGET_DEFAULTS, TRAINING_MEASUREMENTS, hyperparameter_note
+from privopt.experiments.privacy_notes import TRAINING_MEASUREMENTS, dro_defaults_note, hyperparameter_note
 
 __all__ = ["GridRequest", "ModelSpec", "RunSpec", "randomness_note", "run_grid", "run_one", "single_threaded", "tune"]
 
@@ -472,8 +472,7 @@ def run_grid(req: GridRequest) -> tuple[list[dict], dict[str, Any], Path]:
         runs = dict(dataset=req.dataset, data_dir=req.data_dir, methods=methods, eps_list=eps_list, seeds=req.seeds)
         with workers:  # one pool for tuning and the final runs: workers start (import torch, warm up) once
             best, tuning = _choose_hyperparameters(req, spec, methods, eps_list, out, say, workers)
-            chosen_here = DRO_BUDGET_DEFAULTS if req.dataset in ("mnist-st", "fashion-mnist", "cifar10-st") else None
-            spec = replace(spec, tuning_note=hyperparameter_note(tuning, defaults_note=chosen_here))
+            spec = replace(spec, tuning_note=hyperparameter_note(tuning, defaults_note=dro_defaults_note(req.dataset)))
             atomic_write_json(out / "tuning.json", tuning)
             finals = dict(best=best, metrics=req.metrics, out=out, say=say, workers=workers)
             rows = _final_runs(req.kind, spec, **runs, **finals)

@@ -21,6 +21,8 @@ from typing import Any
 __all__ = [
     "DEMO_SELECTION",
     "DRO_BUDGET_DEFAULTS",
+    "DRO_DEFAULTS_CHOSEN_ON",
+    "dro_defaults_note",
     "ERM_TRAINING_MEASUREMENTS",
     "SOSP_TRAINING_MEASUREMENTS",
     "TRAINING_MEASUREMENTS",
@@ -61,6 +63,19 @@ ERM_TRAINING_MEASUREMENTS = (
     "training rows without noise: NOT private, research measurements of the excess empirical risk the "
     "paper's bounds are about (docs/privacy.md, 'Diagnostics')"
 )
+
+
+DRO_DEFAULTS_CHOSEN_ON = ("mnist-st", "fashion-mnist", "cifar10-st")
+
+
+def dro_defaults_note(dataset: object) -> str | None:
+    """:data:`DRO_BUDGET_DEFAULTS` for a dataset the DRO budget's defaults were chosen on, else None.
+
+    Example:
+        >>> dro_defaults_note("mnist-st") == DRO_BUDGET_DEFAULTS, dro_defaults_note("digits-st")
+        (True, None)
+    """
+    return DRO_BUDGET_DEFAULTS if isinstance(dataset, str) and dataset in DRO_DEFAULTS_CHOSEN_ON else None
 
 
 def hyperparameter_note(tuning: dict[str, Any], *, defaults_note: str | None = None) -> str | None:
