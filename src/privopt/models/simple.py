@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from privopt.errors import ConfigError
+from privopt.models.pooling import MaxPool2d
 from privopt.models.registry import _check_groups, _require_image, register_model
 
 
@@ -130,7 +131,7 @@ def cnn(
         layers.append(nn.Conv2d(cin, cout, 3, padding=1))
         if norm == "group":
             layers.append(nn.GroupNorm(_check_groups(cout, groups, f"a {cout}-channel conv"), cout))
-        layers += [nn.ReLU(), nn.MaxPool2d(2)]
+        layers += [nn.ReLU(), MaxPool2d(2)]  # torch's fast CPU kernels (models/pooling.py)
         cin = cout
     layers += [nn.Flatten(), nn.Linear(cin * (h // 4) * (w // 4), num_classes)]
     net = nn.Sequential(*layers)
