@@ -81,3 +81,22 @@ def test_float_and_bool_features_still_become_float32():
     bad[4, 1] = float("nan")
     with pytest.raises(DataError, match="NaN or infinite"):
         Dataset.from_tensors(bad, y, num_classes=2)
+
+
+def test_feature_centering_of_token_ids_is_refused_before_any_output(tmp_path):
+    from privopt.config import RunConfig
+    from privopt.errors import ConfigError
+    from privopt.training import train
+
+    cfg = RunConfig.from_dict(
+        {
+            "algorithm": "dp-sgd",
+            "algorithm_params": {"epochs": 1, "batch_size": 50, "lr": 0.5},
+            "privacy": {"epsilon": 2.0, "delta": 1e-4},
+            "feature_centering": {"norm_bound": 1.0, "noise_ratio": 3.0},
+        }
+    )
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match="feature_centering needs floating features"):
+        train(cfg, out_dir=out, progress=False, dataset=_tokens(), model=BagOfEmbeddings())
+    assert not out.exists()

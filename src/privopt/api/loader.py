@@ -170,9 +170,10 @@ class PoissonLoader:
 
     ``len(loader)`` is the number of batches the next pass yields, i.e. of the next ``for`` over the
     loader: ``len(loader) == len(list(loader))`` holds at any time, also during a pass (it then
-    still counts the next one; passes differ by at most one batch, except the last planned pass of
-    a fractional ``epochs``) and after the budget guard refused a step (the refused batch's pass is
-    over). It never depends on the batches drawn (their sizes are private).
+    counts the next one, which differs from the current one by at most a batch, unless one of them
+    is the short last pass of a fractional ``epochs``) and after the budget guard refused a step
+    (the refused batch's pass is over). It never depends on the batches drawn (their sizes are
+    private).
 
     Attributes:
         sampling: the accountant's description, ``Poisson(rate=q)``.

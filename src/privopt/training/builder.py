@@ -291,6 +291,8 @@ def _data_and_model(cfg: RunConfig, dataset: Any, model: Any, loss: Any, engine:
     torch.manual_seed(cfg.seed)  # public randomness: model initialisation
     data = _dataset(cfg, dataset)
     data.validate()  # user datasets especially: NaN/inf, shapes and labels fail here, before any output
+    if cfg.feature_centering and not data.x_train.is_floating_point():  # a mean of ids is no feature
+        raise ConfigError(f"feature_centering needs floating features; dataset {data.name!r} holds integer ids")
     if cfg.eval_split == "val" and data.y_val.shape[0] == 0:
         raise ConfigError("eval_split 'val' needs a validation split: set dataset_params.val_fraction > 0")
     if cfg.eval_split == "test" and data.y_test.shape[0] == 0:
