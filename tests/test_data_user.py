@@ -39,7 +39,7 @@ def test_float64_and_other_dtypes_are_cast_by_the_documented_rule():
     torch.testing.assert_close(ds.x_train, x64.float())  # round to nearest
     assert "float64 features cast to float32" in ds.public_meta["preprocessing"][0]
     ints = Dataset.from_tensors(torch.randint(0, 5, (20, 2)), torch.zeros(20, dtype=torch.uint8), num_classes=2)
-    assert ints.x_train.dtype == torch.float32 and ints.y_train.dtype == torch.int64
+    assert ints.x_train.dtype == torch.int64 and ints.y_train.dtype == torch.int64  # integer ids stay integer
     half = Dataset.from_tensors(x64.half(), y.bool(), num_classes=2)
     assert half.x_train.dtype == torch.float32 and half.y_train.dtype == torch.int64
     with pytest.raises(DataError, match="beyond float32's range") as e:

@@ -155,11 +155,25 @@ def training_data(*, dataset: Any = None, data_loader: Any = None) -> TrainingDa
 class PoissonLoader:
     """Iterates over Poisson-sampled batches ``(inputs, targets)`` of the private training records.
 
-    One pass yields the batches of one epoch; over ``epochs`` passes it yields exactly the
-    ``steps`` batches the noise was calibrated for (epoch ``e`` ends when ``ceil((e+1)·steps/epochs)``
-    batches have been drawn in total). Every batch it yields is handed to the paired
+    Each ``for`` over the loader (each ``iter()``) is one pass, an epoch. Pass ``e`` of the plan
+    yields ``ceil((e+1)·steps/epochs) − ceil(e·steps/epochs)`` batches and the last planned pass
+    ends at ``steps`` (a fractional ``epochs`` makes it shorter), so ``epochs`` passes yield exactly
+    the ``steps`` batches the noise was calibrated for. Iterating further is allowed (passes beyond
+    the plan repeat the plan's rhythm from ``steps`` on); the optimizer's budget guard refuses the
+    steps beyond the target ε. Every batch it yields is handed to the paired
     :class:`~privopt.api.optimizer.DPOptimizer`, whose next ``step()`` releases its noisy gradient.
-    Iterating further is allowed; the optimizer's budget guard refuses steps beyond the target ε.
+
+    A pass left early (``break``, or an exception such as the budget guard's
+    ``PrivacyBudgetExceeded``) is over: the next ``iter()`` starts the next pass, and an iterator of
+    an earlier pass yields nothing more. Its batches not drawn cost nothing (as a torch
+    ``DataLoader`` starts a new epoch at each ``iter()``).
+
+    ``len(loader)`` is the number of batches the next pass yields, i.e. of the next ``for`` over the
+    loader: ``len(loader) == len(list(loader))`` holds at any time, also during a pass (it then
+    counts the next one, which differs from the current one by at most a batch, unless one of them
+    is the short last pass of a fractional ``epochs``) and after the budget guard refused a step
+    (the refused batch's pass is over). It never depends on the batches drawn (their sizes are
+    private).
 
     Attributes:
         sampling: the accountant's description, ``Poisson(rate=q)``.
@@ -170,8 +184,7 @@ class PoissonLoader:
         self._data, self._steps, self._epochs = data, steps, epochs
         self._sampler = PoissonSampler(n=data.n, rate=rate, rng=rng)
         self._on_batch = on_batch
-        self._drawn = 0  # batches drawn so far (over all passes)
-        self._passes = 0
+        self._passes = 0  # passes started (the next pass's 0-based index)
 
     @property
     def sampling(self):
@@ -181,23 +194,33 @@ class PoissonLoader:
     def expected_batch_size(self) -> float:
         return self._sampler.expected_batch_size
 
-    def _end_of_pass(self, p: int) -> int:
-        """Total batches drawn once pass ``p`` (0-based) is over."""
-        end = math.ceil(round((p + 1) * self._steps / self._epochs, 9))
-        if p + 1 >= self._epochs and p < math.ceil(self._epochs):  # the last planned (maybe partial) pass
-            end = self._steps
-        return max(end, self._drawn + 1)
+    def _pass_size(self, p: int) -> int:
+        """Batches of pass ``p`` (0-based): the plan's passes, then the same rhythm from ``steps`` on."""
+        planned = math.ceil(self._epochs)
+        if p >= planned:
+            p -= planned
+        elif p == planned - 1:  # the last planned (maybe partial) pass ends the plan
+            return self._steps - self._mark(p)
+        return self._mark(p + 1) - self._mark(p)
+
+    def _mark(self, p: int) -> int:
+        """Batches of the plan's rhythm in its first ``p`` passes."""
+        return math.ceil(round(p * self._steps / self._epochs, 9))
 
     def __len__(self) -> int:
-        """Batches in the next pass."""
-        return self._end_of_pass(self._passes) - self._drawn
+        """Batches the next pass yields (the next ``for`` over the loader); see the class docstring."""
+        return self._pass_size(self._passes)
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        end = self._end_of_pass(self._passes)
-        self._passes += 1
-        while self._drawn < end:
+        size = self._pass_size(self._passes)
+        self._passes += 1  # now, not at the first next(): len() counts the pass after this one
+        return self._pass(self._passes, size)
+
+    def _pass(self, started: int, size: int) -> Iterator[tuple[Any, Any]]:
+        for _ in range(size):
+            if self._passes != started:  # a later pass has started: this one is over
+                return
             idx = self._sampler.sample()
-            self._drawn += 1
             batch = self._data.batch(idx)
             self._on_batch(batch)
             yield batch

@@ -15,7 +15,7 @@ from privopt.data import formats
 from privopt.data.dataset import Part, RawData
 from privopt.data.public import ADULT_NUMERIC_BOUNDS, ADULT_VOCABULARY, PublicScaling
 from privopt.data.registry import BuildContext
-from privopt.errors import ConfigError, DataError
+from privopt.errors import ConfigError, DataError, debug_enabled
 
 __all__ = ["adult_source", "ADULT_GROUPINGS", "RACE3"]
 
@@ -31,12 +31,20 @@ ADULT_GROUPINGS = {
 }
 
 
-def _group_ids(cols: dict, grouping: str, path) -> np.ndarray:
+def _where(ok: np.ndarray, lines: np.ndarray) -> str:
+    """``"some record"``; under ``--debug`` the file line of the first record not ``ok`` (which record
+    it is, and its value, are data: never named otherwise, nor how many)."""
+    if not debug_enabled():
+        return "some record"
+    return f"line {int(lines[np.flatnonzero(~ok)[0]])}"
+
+
+def _group_ids(cols: dict, grouping: str, path, lines: np.ndarray) -> np.ndarray:
     sex, race = cols["sex"], cols["race"]
     for col, allowed in (("sex", _SEX), ("race", tuple(RACE3))):
-        # The column only: which records, how many and their values are data.
-        if not bool(np.isin(cols[col], allowed).all()):
-            raise DataError(f"{path}: {col} of some record cannot be grouped (expected {', '.join(allowed)})")
+        ok = np.isin(cols[col], allowed)
+        if not bool(ok.all()):
+            raise DataError(f"{path}: {col} of {_where(ok, lines)} cannot be grouped (expected {', '.join(allowed)})")
     s = np.array([_SEX.index(v) for v in sex], dtype=np.int64)
     if grouping == "sex":
         return s
@@ -45,7 +53,7 @@ def _group_ids(cols: dict, grouping: str, path) -> np.ndarray:
     return 3 * s + np.array([RACE3[v] for v in race], dtype=np.int64)
 
 
-def _encode(cols: dict, path, *, with_missing: bool) -> np.ndarray:
+def _encode(cols: dict, path, lines: np.ndarray, *, with_missing: bool) -> np.ndarray:
     """Numeric features (fixed transforms) then one-hot categories over the public vocabulary."""
     blocks = []
     for name, (transform, _lo, _hi, _src) in ADULT_NUMERIC_BOUNDS.items():
@@ -53,8 +61,9 @@ def _encode(cols: dict, path, *, with_missing: bool) -> np.ndarray:
         blocks.append((np.log1p(np.maximum(v, 0.0)) if transform == "log1p" else v)[:, None])
     for name, vocab in ADULT_VOCABULARY.items():
         values = cols[name]
-        if not bool(np.isin(values, (*vocab, "?")).all()):  # the column, never which record or its value
-            raise DataError(f"{path}: {name} of some record is not in the adult.names vocabulary")
+        ok = np.isin(values, (*vocab, "?"))
+        if not bool(ok.all()):  # the column, never the value (nor the line unless debugging)
+            raise DataError(f"{path}: {name} of {_where(ok, lines)} is not in the adult.names vocabulary")
         cats = (*vocab, "?") if with_missing else vocab
         blocks.append(values[:, None] == np.array(cats, dtype=object)[None, :])
     return np.concatenate([b.astype(np.float64) for b in blocks], axis=1)
@@ -93,16 +102,16 @@ def adult_source(ctx: BuildContext, *, group: str | None, missing: str) -> RawDa
     for split, path in paths.items():
         if path is None:
             continue
-        cols, label = formats.read_adult(path)
+        cols, label, lines = formats.read_adult(path, lines=True)
         stats["records_per_file"][str(path)] = len(label)
         keep = np.ones(len(label), dtype=bool)
         if not with_missing:
             for c in ADULT_VOCABULARY:
                 keep &= cols[c] != "?"
             stats["rows_dropped_missing"][split] = int((~keep).sum())
-        cols = {c: v[keep] for c, v in cols.items()}
-        g = None if group is None else _group_ids(cols, group, path)
-        parts[split] = Part(_encode(cols, path, with_missing=with_missing), label[keep], g)
+        cols, lines = {c: v[keep] for c, v in cols.items()}, lines[keep]
+        g = None if group is None else _group_ids(cols, group, path, lines)
+        parts[split] = Part(_encode(cols, path, lines, with_missing=with_missing), label[keep], g)
     names, scaling = _feature_layout(with_missing)
     meta = {
         "source": {"format": "UCI adult", "files": [str(p) for p in paths.values() if p is not None]},

@@ -21,7 +21,8 @@ MAX_ABS_FEATURE = 1e6
 
 @dataclass
 class Dataset:
-    """A ready-to-train dataset: float32 features, int64 labels, optional int64 group ids.
+    """A ready-to-train dataset: float32 features (int64 for integer ids, e.g. tokens), int64 labels,
+    optional int64 group ids.
 
     Build one from your own data with :meth:`from_tensors` or :meth:`from_numpy` (features must
     already be scaled with public constants, see ``docs/data.md``).
@@ -57,7 +58,8 @@ class Dataset:
 
     @classmethod
     def from_tensors(cls, x, y, **kwargs: Any) -> Dataset:
-        """A validated :class:`Dataset` from your own tensors (float64 features are cast to float32).
+        """A validated :class:`Dataset` from your own tensors (float64 features are cast to float32,
+        integer features stay integer).
 
         Args:
             x, y: training features ``[N, ...]`` and integer labels ``[N]``.
@@ -66,10 +68,12 @@ class Dataset:
                 ``num_classes``, ``group_names``, ``class_names``, ``name``. Pass ``num_classes``
                 (and ``group_names``): inferring them reads the private labels (a warning says so).
 
-        Features are cast to float32: float64 values are rounded to the nearest float32 (values
-        beyond float32's range raise :class:`~privopt.errors.DataError`), float16/bfloat16,
-        integer and bool features are converted exactly. Labels and groups must be integer or
-        bool tensors. No scaling is applied: scale features with PUBLIC constants first.
+        Floating features are cast to float32: float64 values are rounded to the nearest float32
+        (values beyond float32's range raise :class:`~privopt.errors.DataError`), float16/bfloat16
+        and bool features are converted exactly. Integer features stay integer (int64: token ids
+        reach an ``nn.Embedding`` as they are) and must be >= 0; a model of float inputs needs
+        ``x.float()``. Labels and groups must be integer or bool tensors. No scaling is applied:
+        scale features with PUBLIC constants first.
 
         Raises:
             DataError: a non-tensor argument, wrong shapes or lengths, float labels, NaN/inf or
@@ -148,11 +152,12 @@ class Dataset:
     def validate(self, *, max_abs: float = MAX_ABS_FEATURE) -> Dataset:
         """Check a dataset (e.g. one built from your own tensors) before training on it.
 
-        Casts float64/float16 features to float32 and integer labels/groups to int64 (the rule of
-        :meth:`from_tensors`), then raises :class:`privopt.errors.DataError` naming the split and
-        the problem: mismatched lengths, a feature shape other than ``input_shape``, NaN/inf
-        features, features larger than ``max_abs`` in magnitude (unscaled data: scale with public
-        constants), labels outside ``0..num_classes-1``, bad group ids, or an empty training split.
+        Casts float64/float16 features to float32 and integer features, labels and groups to int64
+        (the rule of :meth:`from_tensors`), then raises :class:`privopt.errors.DataError` naming the
+        split and the problem: mismatched lengths, a feature shape other than ``input_shape``,
+        NaN/inf features, floating features larger than ``max_abs`` in magnitude (unscaled data:
+        scale with public constants), negative integer features, labels outside
+        ``0..num_classes-1``, bad group ids, or an empty training split.
 
         Example:
             >>> import torch

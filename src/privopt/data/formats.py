@@ -250,7 +250,7 @@ ADULT_COLUMNS = (
 ADULT_NUMERIC = ("age", "fnlwgt", "education-num", "capital-gain", "capital-loss", "hours-per-week")
 
 
-def read_adult(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def read_adult(path: str | os.PathLike, *, lines: bool = False) -> tuple:
     """Parse UCI ``adult.data`` / ``adult.test`` (fields separated by ``", "``, ``?`` = missing).
 
     ``adult.test`` starts with a ``|1x3 Cross validator`` line and ends labels with a dot
@@ -259,17 +259,19 @@ def read_adult(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], np.ndarr
     Returns:
         ``(columns, label)``: ``columns`` maps each of the 14 attribute names to an array (float64
         for numeric columns, str for categorical ones, ``"?"`` kept for missing), ``label`` is int64
-        (1 for ``>50K``).
+        (1 for ``>50K``). With ``lines=True`` also the 1-based file line of each record (int64), for
+        errors that name a record's line under ``--debug`` only (:func:`privopt.errors.some`).
 
     Raises:
         DataError: a row without 15 fields, a non-numeric numeric field, or an unknown income label.
     """
-    cols, label = _read_adult_cached(_cache_key(Path(path)))
-    return {k: v.copy() for k, v in cols.items()}, label.copy()
+    cols, label, where = _read_adult_cached(_cache_key(Path(path)))
+    out = {k: v.copy() for k, v in cols.items()}, label.copy()
+    return (*out, where.copy()) if lines else out
 
 
 @functools.lru_cache(maxsize=2)
-def _read_adult_cached(key) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def _read_adult_cached(key) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     path = Path(key[0])
     rows = []
     for i, ln in enumerate(read_text(path).splitlines()):
@@ -306,7 +308,7 @@ def _read_adult_cached(key) -> tuple[dict[str, np.ndarray], np.ndarray]:
             label[k] = 0
         else:
             raise DataError(f"{path}: field 15 (income) of {some('line', line - 1)} is neither '<=50K' nor '>50K'")
-    return cols, label
+    return cols, label, np.array([r[0] for r in rows], dtype=np.int64)
 
 
 # ---------------------------------------------------------------------------------------- CelebA

@@ -1,8 +1,10 @@
 """Your own data as a :class:`~privopt.data.Dataset`: conversion rules, checks and clear errors.
 
-The dtype rule (also applied by :meth:`Dataset.validate`): features become float32 (float64 is
-rounded to nearest; values beyond float32's range are an error), labels and group ids int64 (they
-must be integer or bool: float labels are an error, not silently truncated). No scaling happens
+The dtype rule (also applied by :meth:`Dataset.validate`): floating and bool features become
+float32 (float64 is rounded to nearest; values beyond float32's range are an error); integer
+features become int64 and stay integer (token ids for an ``nn.Embedding``; they must be >= 0);
+labels and group ids become int64 (they must be integer or bool: float labels are an error, not
+silently truncated). No scaling happens
 here: features must already be scaled with public constants (``docs/data.md``, "Bring your own
 data").
 """
@@ -57,6 +59,8 @@ def _features(x: Any, what: str, name: str) -> torch.Tensor:
         raise DataError(f"dataset {name!r}: {what} is complex ({x.dtype}); features must be real")
     if x.dtype == torch.float32:
         return x
+    if not x.is_floating_point() and x.dtype != torch.bool:  # token ids: an Embedding takes them as they are
+        return x.to(torch.int64)
     if x.dtype == torch.float64:
         big = x.abs()[torch.isfinite(x)]
         if big.numel() and float(big.max()) > _F32_MAX:
@@ -171,14 +175,19 @@ def _check_names(name: str, num_classes: Any, class_names: Any, ys: dict) -> Non
         raise DataError(f"dataset {name!r}: {len(class_names)} class_names for num_classes={num_classes}")
 
 
+def _cast(dtype: torch.dtype) -> str:
+    if dtype == torch.float32:
+        return ""
+    if not dtype.is_floating_point and dtype != torch.bool:
+        return f"; {dtype} features kept as int64 (integer ids)"
+    return f"; {dtype} features cast to float32 (round to nearest)"
+
+
 def _user_meta(name, ys, gs, num_classes, group_names, class_names, dtype) -> dict:
     public: dict[str, Any] = {
         "name": name,
         "source": "user tensors (Dataset.from_tensors / from_numpy)",
-        "preprocessing": [
-            "none: features must already be scaled with public constants (docs/data.md)"
-            + (f"; {dtype} features cast to float32 (round to nearest)" if dtype != torch.float32 else "")
-        ],
+        "preprocessing": ["none: features must already be scaled with public constants (docs/data.md)" + _cast(dtype)],
     }
     if class_names is not None:
         public["class_names"] = [str(c) for c in class_names]
@@ -243,10 +252,15 @@ def _check_values(ds: Dataset, split: str, x: torch.Tensor, y: torch.Tensor, max
             f"dataset {ds.name!r}: {split} features have shape {tuple(x.shape[1:])}, "
             f"expected input_shape {tuple(ds.input_shape)}"
         )
-    if not torch.isfinite(x).all():
+    if not x.is_floating_point():  # integer ids (kept as int64): no magnitude rule, but no negative id
+        if x.numel() and int(x.min()) < 0:
+            raise DataError(
+                f"dataset {ds.name!r}: the {split} split has a negative integer feature; integer features are "
+                "kept as int64 token ids (e.g. for nn.Embedding) and must be >= 0 (for numeric features pass x.float())"
+            )
+    elif not torch.isfinite(x).all():
         raise DataError(f"dataset {ds.name!r}: the {split} split has NaN or infinite feature values")
-    biggest = float(x.abs().max())
-    if biggest > max_abs:
+    elif (biggest := float(x.abs().max())) > max_abs:
         # The value itself is one record's feature: named only for the (public) test split.
         found = f"{biggest:.3g} (> {max_abs:g})" if split == "test" else f"above {max_abs:g}"
         raise DataError(

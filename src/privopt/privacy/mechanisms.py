@@ -13,13 +13,27 @@ right event:
   record moves every coordinate by at most ``Delta`` in the same direction (e.g. it changes one
   coordinate only), ``2 Delta / scale`` in general; record ``PureDP(report_noisy_max_epsilon(...))``.
 
-The ``rng`` they take is a numpy ``Generator``, which is NOT cryptographically secure: an attacker
-who learns its state (a seed, or enough of its outputs) can subtract the noise. They serve tests,
-analyses and prototypes; privopt's own releases draw from :class:`privopt.rng.SecureSource`
-(AES-256-CTR keyed from OS entropy; ``docs/privacy.md``), and so should a user's private release.
+The ``rng`` they take is a :class:`privopt.rng.SecureSource` (AES-256-CTR keyed from OS
+entropy; ``docs/privacy.md``), the one to use for a private release: noise is computed in float64
+from its 53-bit uniforms (Box–Muller for the Gaussian, a difference of two exponentials for the
+Laplace). A numpy ``Generator`` is also accepted, for tests, analyses and prototypes: it is NOT
+cryptographically secure (an attacker who learns its state, a seed or enough of its outputs, can
+subtract the noise). Anything else (a seeded :class:`privopt.rng.TorchSource`, ``random``, a seed)
+is refused. This module imports no torch: a ``SecureSource`` is recognised only once
+:mod:`privopt.rng` has been imported, which creating one requires.
+
+Example:
+    >>> from privopt.rng import SecureSource
+    >>> noisy_count = 130 + laplace_noise(scale=laplace_scale(sensitivity=1, epsilon=0.5), size=None,
+    ...                                   rng=SecureSource())
+    >>> isinstance(noisy_count, float)
+    True
 """
 
 from __future__ import annotations
+
+import math
+import sys
 
 import numpy as np
 
@@ -29,38 +43,88 @@ from privopt.validation import positive
 __all__ = ["gaussian_noise", "laplace_noise", "report_noisy_max", "report_noisy_max_epsilon", "laplace_scale"]
 
 
-def _rng(rng) -> np.random.Generator:
-    if not isinstance(rng, np.random.Generator):
-        raise ConfigError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
-    return rng
+def _is_secure_source(rng) -> bool:
+    # No import here (privopt.rng imports torch): a SecureSource exists only once its module is loaded.
+    module = sys.modules.get("privopt.rng")
+    return module is not None and isinstance(rng, module.SecureSource)
 
 
-def gaussian_noise(*, std: float, size, rng: np.random.Generator) -> np.ndarray:
-    """I.i.d. ``N(0, std^2)`` noise of shape ``size``.
+def _rng(rng):
+    if isinstance(rng, np.random.Generator) or _is_secure_source(rng):
+        return rng
+    raise ConfigError(
+        "rng must be a privopt.rng.SecureSource (secure: use it for private releases) or a "
+        f"numpy.random.Generator (NOT secure: tests and prototypes), got {type(rng).__name__}"
+    )
+
+
+def _shape(size) -> tuple[int, ...]:
+    shape = (size,) if isinstance(size, (int, np.integer)) else tuple(size)
+    if not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 0 for s in shape):
+        raise ConfigError(f"size must be None, a non-negative int or a tuple of them, got {size!r}")
+    return tuple(int(s) for s in shape)
+
+
+def _uniforms(rng, size) -> tuple[np.ndarray, tuple[int, ...] | None]:
+    """float64 uniforms in ``[0, 1)`` from a SecureSource: ``2 * count`` of them, and the shape
+    (``None`` for a scalar ``size=None``, as numpy's generators return a float then)."""
+    shape = None if size is None else _shape(size)
+    count = math.prod(shape or ())
+    u = np.asarray(rng.uniform((2, count)), dtype=np.float64)
+    return u, shape
+
+
+def _shaped(values: np.ndarray, shape: tuple[int, ...] | None):
+    return float(values[0]) if shape is None else values.reshape(shape)
+
+
+def _secure_normal(rng, size):
+    u, shape = _uniforms(rng, size)
+    radius = np.sqrt(-2.0 * np.log1p(-u[0]))  # 1 - u in (0, 1]: the log is finite
+    return _shaped(radius * np.cos(2.0 * math.pi * u[1]), shape)
+
+
+def _secure_laplace(rng, size):
+    u, shape = _uniforms(rng, size)
+    e = -np.log1p(-u)  # two standard exponentials, finite for every u in [0, 1)
+    return _shaped(e[0] - e[1], shape)
+
+
+def gaussian_noise(*, std: float, size, rng) -> np.ndarray:
+    """I.i.d. ``N(0, std^2)`` noise of shape ``size`` (float64; a float for ``size=None``).
 
     Privacy: ``std = z * C`` on a sum of per-record terms of L2 norm <= C is the event
-    ``Gaussian(noise_multiplier=z)``.
+    ``Gaussian(noise_multiplier=z)``. ``rng``: a :class:`privopt.rng.SecureSource` for a private
+    release, or a numpy ``Generator`` (not secure; see the module docstring).
 
     Example:
-        >>> import numpy as np
-        >>> gaussian_noise(std=2.0, size=3, rng=np.random.default_rng(0)).shape
+        >>> from privopt.rng import SecureSource
+        >>> gaussian_noise(std=2.0, size=3, rng=SecureSource()).shape
         (3,)
     """
-    return _rng(rng).normal(0.0, positive("std", std), size=size)
+    std = positive("std", std)
+    if isinstance(_rng(rng), np.random.Generator):
+        return rng.normal(0.0, std, size=size)
+    return _secure_normal(rng, size) * std
 
 
-def laplace_noise(*, scale: float, size, rng: np.random.Generator) -> np.ndarray:
-    """I.i.d. Laplace noise with density ``exp(-|y|/scale) / (2 scale)`` of shape ``size``.
+def laplace_noise(*, scale: float, size, rng) -> np.ndarray:
+    """I.i.d. Laplace noise with density ``exp(-|y|/scale) / (2 scale)`` of shape ``size`` (float64;
+    a float for ``size=None``).
 
     Privacy: on a release whose records move it by at most ``Delta`` in L1 norm it is
-    ``Delta / scale``-DP; with ``scale = b * C`` and ``Delta = C`` record ``Laplace(b)``.
+    ``Delta / scale``-DP; with ``scale = b * C`` and ``Delta = C`` record ``Laplace(b)``. ``rng``: a
+    :class:`privopt.rng.SecureSource` for a private release, or a numpy ``Generator`` (not secure).
 
     Example:
-        >>> import numpy as np
-        >>> laplace_noise(scale=1.0, size=(2, 2), rng=np.random.default_rng(0)).shape
+        >>> from privopt.rng import SecureSource
+        >>> laplace_noise(scale=1.0, size=(2, 2), rng=SecureSource()).shape
         (2, 2)
     """
-    return _rng(rng).laplace(0.0, positive("scale", scale), size=size)
+    scale = positive("scale", scale)
+    if isinstance(_rng(rng), np.random.Generator):
+        return rng.laplace(0.0, scale, size=size)
+    return _secure_laplace(rng, size) * scale
 
 
 def laplace_scale(*, sensitivity: float, epsilon: float) -> float:
@@ -68,17 +132,18 @@ def laplace_scale(*, sensitivity: float, epsilon: float) -> float:
     return positive("sensitivity", sensitivity) / positive("epsilon", epsilon)
 
 
-def report_noisy_max(values, *, scale: float, rng: np.random.Generator) -> int:
+def report_noisy_max(values, *, scale: float, rng) -> int:
     """Index of the largest ``values[i] + Lap(scale)`` (ties: the first).
 
     Privacy: see :func:`report_noisy_max_epsilon`; only the index is released, never the noisy
-    values.
+    values. ``rng``: a :class:`privopt.rng.SecureSource` (or a numpy ``Generator``, not secure).
 
     Example:
-        >>> import numpy as np
-        >>> report_noisy_max([0.0, 100.0, 1.0], scale=0.1, rng=np.random.default_rng(0))
+        >>> from privopt.rng import SecureSource
+        >>> report_noisy_max([0.0, 100.0, 1.0], scale=0.1, rng=SecureSource())
         1
     """
+    _rng(rng)  # a wrong rng fails before the values are read
     v = np.asarray(values, dtype=float)
     if v.ndim != 1 or v.size == 0:
         raise ConfigError(f"report_noisy_max needs a non-empty 1-D vector, got shape {v.shape}")

@@ -23,6 +23,7 @@ from privopt.grads.ahead import run_noise_source
 from privopt.privacy import PrivacyLedger, calibrate, check_delta_for_size, ledger_from_dict, make_ledger
 from privopt.rng import RandomSource, make_sources
 from privopt.training.metrics import RunMetric, build_loss, get_run_metrics
+from privopt.training.model_checks import check_engine_fits, check_model_fits, probe_rows
 from privopt.training.pretraining import PreTraining, apply_pretraining, plan_pretraining, with_pretraining
 
 __all__ = [
@@ -211,133 +212,6 @@ def _place(cfg: RunConfig, data: Any, net: nn.Module) -> tuple[Any, nn.Module]:
     return dataclasses.replace(data, **moved), net.to(device)
 
 
-def check_model_fits(
-    model: nn.Module,
-    loss_fn: Any,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    what: str,
-    num_classes: int | None = None,
-    engine: Any = None,
-) -> None:
-    """One forward pass on two examples (nothing is kept): the model must take the inputs and the
-    loss must return one value per example; with an ``engine`` (a private run), also
-    :func:`check_engine_fits`. Raises :class:`ModelError` naming the problem.
-
-    Example:
-        >>> from torch import nn
-        >>> loss = lambda out, y: nn.functional.cross_entropy(out, y)  # mean: not per example
-        >>> check_model_fits(nn.Linear(3, 2), loss, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long), what="x")
-        Traceback (most recent call last):
-        ...
-        privopt.errors.ModelError: the loss must return one value per example (reduction='none'), got shape ()
-    """
-    x, y = x[:2], y[:2]
-    out, problem = _forward_probe(model, x)
-    if problem:
-        raise ModelError(
-            f"the model cannot take {what} (one example: shape {tuple(x.shape[1:])}, {x.dtype}): {problem}"
-        )
-    width = out.shape[1] if isinstance(out, torch.Tensor) and out.dim() == 2 else num_classes
-    # A binary model may output the logit of class 1 only (loss: logistic).
-    if num_classes is not None and width != num_classes and not (num_classes == 2 and width == 1):
-        raise ModelError(f"the model outputs {width} values per example but the dataset has {num_classes} classes")
-
-    def losses_of(o, t):
-        with torch.no_grad():
-            if num_classes is not None and t.shape[0] == 2:  # both extreme class ids, whatever the data's two are
-                loss_fn(o, torch.tensor([0, num_classes - 1], dtype=t.dtype, device=t.device))
-            return loss_fn(o, t)
-
-    losses, problem = _probe(losses_of, (out, y), (_public_like(out), _public_like(y)))
-    if problem:  # the model ran: the targets (dtype, range, shape) or the loss are what to fix
-        got = tuple(out.shape[1:]) if isinstance(out, torch.Tensor) else type(out).__name__
-        hint = "; one logit per example needs loss: logistic" if got == (1,) else ""
-        raise ModelError(
-            f"the loss cannot take the model's outputs on {what} (shape {got} per example) and their targets "
-            f"(shape {tuple(y.shape[1:])} per example, {y.dtype}){hint}: {problem}"
-        )
-    if not isinstance(losses, torch.Tensor) or tuple(losses.shape) != (x.shape[0],):
-        shape = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
-        raise ModelError(f"the loss must return one value per example (reduction='none'), got shape {shape}")
-    if engine is not None:
-        check_engine_fits(engine, model, loss_fn, x, y, what=what)
-
-
-_PROBE_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, AttributeError)
-
-
-def check_engine_fits(engine: Any, model: nn.Module, loss_fn: Any, x: torch.Tensor, y: torch.Tensor, *, what: str):
-    """Clipped per-example gradients of two examples (nothing is kept, nothing released): a layer the
-    engine cannot differentiate per example (e.g. data-dependent Python control flow under
-    ``torch.func``) fails here with a :class:`ModelError`, before any output, not at the first step.
-
-    Example:
-        >>> from torch import nn
-        >>> from privopt.grads import get_engine
-        >>> loss = lambda out, y: nn.functional.cross_entropy(out, y, reduction="none")
-        >>> x, y = torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)
-        >>> check_engine_fits(get_engine("vmap"), nn.Linear(3, 2), loss, x, y, what="x")  # fits: returns None
-    """
-
-    def clipped(xs, ys):
-        with torch.random.fork_rng(devices=[]):
-            engine.clipped_sum(model, loss_fn, xs, ys, clip=1.0)
-
-    _, problem = _probe(clipped, (x[:2], y[:2]), (_public_like(x[:2]), _public_like(y[:2])))
-    if problem:
-        raise ModelError(
-            f"the gradient engine ({type(engine).__name__}) cannot compute per-example gradients of the model on "
-            f"{what} (a layer it cannot differentiate example by example?): {problem}"
-        )
-
-
-def _forward_probe(model: nn.Module, x: torch.Tensor) -> tuple[Any, str | None]:
-    """:func:`_probe` of the model in eval mode on ``x`` (its mode restored, its randomness unused)."""
-
-    def forward(inputs):
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            return model(inputs)
-
-    was_training = model.training
-    model.eval()
-    try:
-        return _probe(forward, (x,), (_public_like(x),))
-    finally:
-        model.train(was_training)
-
-
-_VALUE_DEPENDENT = (
-    "it fails on these records but not on zeros of the same shape and dtype; the error's text is withheld "
-    "(it could quote a private record): check the records' values (e.g. labels out of range)"
-)
-
-
-def _probe(fn: Any, private: tuple, public: tuple) -> tuple[Any, str | None]:
-    """``(fn(*private), None)``, or ``(None, problem)`` when it fails. The problem is the first line
-    of the error ``fn`` raises on ``public`` placeholders of the same shapes and dtypes, never of
-    the error on the private records (it may quote them: "Target 12 is out of bounds")."""
-    try:
-        return fn(*private), None
-    except _PROBE_ERRORS:
-        pass
-    try:
-        fn(*public)
-    except _PROBE_ERRORS as e:
-        return None, _first_line(e)
-    return None, _VALUE_DEPENDENT
-
-
-def _public_like(t: Any) -> Any:
-    """Zeros shaped like ``t`` (a placeholder that carries no record); non-tensors pass through."""
-    return torch.zeros_like(t) if isinstance(t, torch.Tensor) else t
-
-
-def _first_line(e: BaseException) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-
-
 def _check_metrics(cfg: RunConfig) -> list[RunMetric]:
     metrics = get_run_metrics(cfg.metrics)
     if not cfg.non_private_diagnostics:
@@ -417,6 +291,8 @@ def _data_and_model(cfg: RunConfig, dataset: Any, model: Any, loss: Any, engine:
     torch.manual_seed(cfg.seed)  # public randomness: model initialisation
     data = _dataset(cfg, dataset)
     data.validate()  # user datasets especially: NaN/inf, shapes and labels fail here, before any output
+    if cfg.feature_centering and not data.x_train.is_floating_point():  # a mean of ids is no feature
+        raise ConfigError(f"feature_centering needs floating features; dataset {data.name!r} holds integer ids")
     if cfg.eval_split == "val" and data.y_val.shape[0] == 0:
         raise ConfigError("eval_split 'val' needs a validation split: set dataset_params.val_fraction > 0")
     if cfg.eval_split == "test" and data.y_test.shape[0] == 0:
@@ -429,7 +305,8 @@ def _data_and_model(cfg: RunConfig, dataset: Any, model: Any, loss: Any, engine:
     data, net = _place(cfg, data, net)
     loss_fn = build_loss(cfg.loss) if loss is None else loss
     what, classes = f"dataset {data.name!r}'s inputs", data.num_classes
-    check_model_fits(net, loss_fn, data.x_train, data.y_train, what=what, num_classes=classes, engine=engine)
+    x, y = data.x_train[(rows := probe_rows(data.x_train))], data.y_train[rows]
+    check_model_fits(net, loss_fn, x, y, what=what, num_classes=classes, engine=engine)
     return data, net, loss_fn
 
 
