@@ -1,6 +1,7 @@
 """Gaps a resume closes: a checkpoint of the earlier format is refused for what it is (not blamed on
 the model), values a model reads through attribute chains (``config.SCALE``, ``self.cfg.scale``)
-are part of its fingerprint and an error names the one that changed."""
+are part of its fingerprint and an error names the one that changed, and a resume whose recorded
+thread count oversubscribes the usable cores says so on stderr."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 import privopt
+import privopt.experiments.jobs as jobs_module
 from _run_helpers import cfg, read_record
 from privopt.checkpoint import load_checkpoint, save_checkpoint
 from privopt.cli import main
@@ -191,3 +193,39 @@ def test_a_resume_names_the_value_read_through_an_object_that_changed(tmp_path):
         _resume(run, model=Outer(3.25))
     assert "3.25" not in str(caught.value)
     assert _resume(run, model=Outer(1.0))["status"] == "finished"
+
+
+# ------------------------------------------------------------------------- 4. threads
+@pytest.fixture
+def threads():
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def _warnings(tmp_path, monkeypatch, threads, capsys, *, cores: int, jobs: int = 1) -> list[str]:
+    """The warning lines of a resume of a run recorded on 2 threads, with ``cores`` usable cores,
+    in a worker process of a pool of ``jobs``."""
+    threads(2)
+    _paused(tmp_path / "r")
+    threads(1)
+    monkeypatch.setattr(jobs_module, "usable_cores", lambda: cores)
+    monkeypatch.setattr(jobs_module, "_POOL_JOBS", jobs)
+    capsys.readouterr()
+    _resume(tmp_path / "r")
+    return [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("privopt: warning:")]
+
+
+def test_a_resume_on_more_threads_than_usable_cores_warns_once(tmp_path, monkeypatch, threads, capsys):
+    warned = _warnings(tmp_path, monkeypatch, threads, capsys, cores=1)
+    assert len(warned) == 1
+    assert "runs on the 2 CPU threads the run recorded, more than the 1 usable cores here" in warned[0]
+
+
+def test_threads_times_worker_processes_are_counted(tmp_path, monkeypatch, threads, capsys):
+    warned = _warnings(tmp_path, monkeypatch, threads, capsys, cores=2, jobs=2)
+    assert len(warned) == 1 and "in each of 2 worker processes (4 in all), more than the 2 usable cores" in warned[0]
+
+
+def test_no_warning_when_the_cores_suffice(tmp_path, monkeypatch, threads, capsys):
+    assert _warnings(tmp_path, monkeypatch, threads, capsys, cores=2) == []

@@ -5,7 +5,7 @@ fall on the same sums: data, model (structure, code, attributes, hooks, the valu
 a custom loss, the algorithm's, engine's and run metrics' code are rebuilt and checked against
 fingerprints kept in the (secret) checkpoint (:mod:`privopt.training.fingerprints`; one of another
 format is refused, naming it), and it runs on the CPU thread count the run recorded
-(:func:`recorded_threads`); the public
+(:func:`recorded_threads`, which warns when that oversubscribes the usable cores); the public
 facts its record states (calibration, plan) against the checkpointed record, and the privopt, torch
 and Python versions against those that wrote it (``allow_version_change`` continues under others,
 from a paused or interrupted checkpoint only, and the record says so). A run made through the Python
@@ -302,6 +302,8 @@ def recorded_threads(ckpt: dict[str, Any]) -> Iterator[None]:
     otherwise, and a re-computed release would differ from the published one under the same noise."""
     threads = ckpt["record"].get("environment", {}).get("threads")
     before = torch.get_num_threads()
+    if isinstance(threads, int) and threads >= 1:
+        _warn_oversubscribed(threads)
     if not isinstance(threads, int) or threads < 1 or threads == before:
         yield
         return
@@ -310,3 +312,21 @@ def recorded_threads(ckpt: dict[str, Any]) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def _warn_oversubscribed(threads: int) -> None:
+    """One line on stderr when the recorded thread count, in each of the worker processes this one
+    runs beside, asks for more threads than there are usable cores: oversubscribed CPU threads wait
+    for each other (a busy 2-core machine ran such a resume about 10x slower)."""
+    from privopt.experiments.jobs import pool_jobs, usable_cores  # not at import: jobs is a CLI layer
+
+    jobs, cores = pool_jobs(), usable_cores()
+    if threads * jobs <= cores:
+        return
+    each = f" in each of {jobs} worker processes ({threads * jobs} in all)" if jobs > 1 else ""
+    print(
+        f"privopt: warning: this resume runs on the {threads} CPU threads the run recorded{each}, more than the "
+        f"{cores} usable cores here, which can make it many times slower; it keeps that count because another one "
+        "rounds the sums otherwise (to train on fewer threads, start a new run)",
+        file=sys.stderr,
+    )
