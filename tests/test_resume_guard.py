@@ -97,7 +97,7 @@ def test_a_checkpoint_of_the_previous_format_is_refused_clearly(tmp_path):
     for key in ("versions", "code"):
         del ckpt["provenance"][key]
     save_checkpoint(run, ckpt)
-    with pytest.raises(DataError, match=r"another version of privopt \(privopt 0\.1\.0, checkpoint format 2;"):
+    with pytest.raises(DataError, match=r"an earlier version of privopt \(privopt 0\.1\.0, checkpoint format 2\)"):
         _resume(run)
 
 

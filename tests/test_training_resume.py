@@ -224,7 +224,7 @@ def test_corrupt_or_foreign_checkpoint_is_reported(tmp_path):
     with pytest.raises(DataError, match="no checkpoint"):
         load_checkpoint(tmp_path / "missing")
     save_checkpoint(tmp_path, {"step": 3, "config": {}})  # an older privopt's layout
-    with pytest.raises(DataError, match="another version of privopt"):
+    with pytest.raises(DataError, match="an earlier version of privopt"):
         train(None, out_dir=tmp_path, resume=True, progress=False)
 
 

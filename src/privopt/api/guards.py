@@ -1,9 +1,10 @@
 """Misuse guards of :meth:`privopt.PrivacyEngine.make_private` and its DP optimizer.
 
-* :class:`ModelFingerprint`: the module structure and parameters as ``make_private`` checked
-  them; ``step()`` refuses a model changed since (a layer added or replaced, a parameter added,
-  removed, replaced or reshaped), before anything is charged. O(modules + parameter tensors)
-  per step, no tensor values read.
+* :class:`ModelFingerprint`: the module structure, parameters, forward methods and hooks as
+  ``make_private`` checked them; ``step()`` refuses a model changed since (a layer added or replaced,
+  a parameter added, removed, replaced or reshaped, ``forward`` replaced on a layer or its class, a
+  hook registered or removed), before anything is charged. O(modules + parameter tensors) attribute
+  reads per step, no tensor values read.
 * :class:`AccumulationGuard`: a forward hook that makes a ``loss.backward()`` on a second
   batch before ``step()`` / ``zero_grad()`` (gradient accumulation) fail in that ``backward()``.
 * :func:`claim` / :func:`check_unclaimed`: a module (or a parameter of it) and an optimizer made
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules import module as torch_module
 
 from privopt.errors import ConfigError, ModelError
 
@@ -71,13 +73,60 @@ def _walk(module: nn.Module) -> tuple[list, list]:
     return modules, params
 
 
+# A layer's hooks, by handle id, and what an error calls them; torch's hooks on every module.
+_HOOKS = {
+    "_forward_pre_hooks": "forward pre-hook",
+    "_forward_hooks": "forward hook",
+    "_backward_pre_hooks": "backward pre-hook",
+    "_backward_hooks": "backward hook",
+}
+_GLOBAL_HOOKS = tuple(f"_global{k}" for k in _HOOKS)  # torch.nn.modules.module.register_module_*_hook
+
+
+def _calls(modules: list[nn.Module]) -> list[tuple]:
+    """What runs when each layer is called: its ``forward`` (replaced on the instance, or its class's)
+    and the handle ids of its hooks. Attribute reads only, as :func:`_walk`."""
+    return [  # spelled out: a generator per layer would double the cost of the check
+        (
+            own.get("forward"),
+            getattr(type(m), "forward", None),
+            tuple(own.get("_forward_pre_hooks", ())),
+            tuple(own.get("_forward_hooks", ())),
+            tuple(own.get("_backward_pre_hooks", ())),
+            tuple(own.get("_backward_hooks", ())),
+        )
+        for m in modules
+        for own in (m.__dict__,)
+    ]
+
+
+def _global_hooks() -> tuple:
+    return tuple(tuple(getattr(torch_module, k, ())) for k in _GLOBAL_HOOKS)
+
+
+def _call_changes(names: list[str], before: list[tuple], after: list[tuple]) -> list[str]:
+    out = []
+    for name, old, new in zip(names, before, after):
+        where = f"layer {name!r}" if name else "the model"
+        if old[0] != new[0]:
+            out.append(f"the forward of {where} was replaced on the instance")
+        if old[1] != new[1]:
+            out.append(f"the forward of {where}'s class was replaced")
+        for kind, o, n in zip(_HOOKS.values(), old[2:], new[2:]):
+            out += [f"a {kind} was registered on {where}"] * len(set(n) - set(o))
+            out += [f"a {kind} was removed from {where}"] * len(set(o) - set(n))
+    return out
+
+
 class ModelFingerprint:
     """The module's layers and parameters at ``make_private``: each one's name, the object itself,
-    and its type or shape, in :func:`_walk`'s order.
+    and its type or shape, in :func:`_walk`'s order; each layer's ``forward`` and hooks
+    (:func:`_calls`), and torch's hooks on every module.
 
     Holds the objects themselves (the module holds them anyway), so a replaced one is never
     mistaken for its replacement by a reused ``id``. ``requires_grad`` is not part of it:
-    freezing a parameter later is allowed (it gets no released gradient).
+    freezing a parameter later is allowed (it gets no released gradient). Taken after the DP
+    optimizer registered its own hook (:class:`AccumulationGuard`).
     """
 
     def __init__(self, module: nn.Module):
@@ -86,9 +135,9 @@ class ModelFingerprint:
         param_names = {id(p): name for name, p in module.named_parameters()}
         self._modules = [(module_names[id(m)], m, type(m)) for m in modules]
         self._params = [(param_names[id(p)], p, tuple(p.shape)) for p in params]
+        self._calls, self._global = _calls(modules), _global_hooks()
 
-    def _unchanged(self, module: nn.Module) -> bool:
-        modules, params = _walk(module)
+    def _same_layers(self, modules: list, params: list) -> bool:
         if len(modules) != len(self._modules) or len(params) != len(self._params):
             return False
         return all(m is old for m, (_, old, _) in zip(modules, self._modules)) and all(
@@ -97,20 +146,30 @@ class ModelFingerprint:
 
     def check(self, module: nn.Module) -> None:
         """Raise ``ModelError`` naming every change since ``make_private`` (cheap when there is none)."""
-        if self._unchanged(module):
-            return
+        modules, params = _walk(module)
+        if self._same_layers(modules, params):
+            calls, hooks = _calls(modules), _global_hooks()
+            if calls == self._calls and hooks == self._global:
+                return
+            changes = _call_changes([name for name, _, _ in self._modules], self._calls, calls)
+            if hooks != self._global:
+                changes.append("a hook on every module was registered or removed (register_module_*_hook)")
+        else:
+            changes = self._layer_changes(module)
+        raise ModelError(
+            f"the model changed after make_private: {'; '.join(changes) or 'its layers were moved'}. Its "
+            "per-example gradients, clipping and optimizer were checked for the model as it was; build the final "
+            "model first (its layers, forward and hooks), then call make_private (nothing was charged for this step)"
+        )
+
+    def _layer_changes(self, module: nn.Module) -> list[str]:
         old_modules = {name: cls for name, _, cls in self._modules}
         changes = _changes(
             old_modules, {n: type(m) for n, m in module.named_modules()}, what="layer", same=_module_change
         )
         old = {name: (p, shape) for name, p, shape in self._params}
         new = {n: (p, tuple(p.shape)) for n, p in module.named_parameters()}
-        changes += _changes(old, new, what="parameter", same=_param_change)
-        raise ModelError(
-            f"the model changed after make_private: {'; '.join(changes) or 'its layers were moved'}. Its "
-            "per-example gradients, clipping and optimizer were checked for the model as it was; build the final "
-            "model first, then call make_private (nothing was charged for this step)"
-        )
+        return changes + _changes(old, new, what="parameter", same=_param_change)
 
 
 class AccumulationGuard:

@@ -92,10 +92,10 @@ class DPOptimizer(torch.optim.Optimizer):
         self._normalizer, self._noise_rng = float(expected_batch_size), noise_rng
         self._chunk = max_physical_batch_size
         self._pending: tuple[Any, Any] | None = None
-        self._fingerprint = ModelFingerprint(module)
         # Accumulation guard: batches drawn, and the draw of the user's last backward() since step/zero_grad.
         self._draws, self._backward_draw, self._in_step = 0, None, False
         self._hook = module.register_forward_hook(AccumulationGuard(self))
+        self._fingerprint = ModelFingerprint(module)  # after its own hook: another one is the user's
 
     @property
     def steps_taken(self) -> int:
@@ -178,7 +178,8 @@ class DPOptimizer(torch.optim.Optimizer):
                 returned: each batch pays for exactly one step), or the optimizer updates a
                 parameter that is not the module's (e.g. added by ``add_param_group``).
             ModelError: the model changed since ``make_private`` (a layer or parameter added,
-                removed, replaced or reshaped); nothing was charged.
+                removed, replaced or reshaped; ``forward`` replaced; a hook registered or removed);
+                nothing was charged.
             PrivacyBudgetExceeded: this step would push ε above the target; nothing was released.
 
         A step that fails after it was charged (e.g. in the gradient engine or the wrapped

@@ -34,6 +34,7 @@ __all__ = [
     "DataRef",
     "Workers",
     "picklable",
+    "pool_jobs",
     "resolve_jobs",
     "run_ordered",
     "single_threaded",
@@ -95,13 +96,14 @@ class _Slot:
 
 
 _WORKER_SLOT = _Slot()  # a worker process's own dataset
+_POOL_JOBS = 1  # in a worker process: how many workers its pool runs (this one among them)
 
 
-def _init_worker(shared_blob: bytes | None, draw_ahead: bool) -> None:
+def _init_worker(shared_blob: bytes | None, draw_ahead: bool, jobs: int = 1) -> None:
     """Every worker: one torch intra-op thread (one run per core), noise drawn ahead only if
-    ``draw_ahead``, the shared object, foreign warnings without their text (``privopt.quiet``),
-    and no SIGINT of its own: on Ctrl-C the parent cancels the pool (an active run still turns the
-    signal into a checkpoint through its own handler)."""
+    ``draw_ahead``, its pool's size (:func:`pool_jobs`), the shared object, foreign warnings without
+    their text (``privopt.quiet``), and no SIGINT of its own: on Ctrl-C the parent cancels the pool
+    (an active run still turns the signal into a checkpoint through its own handler)."""
     import signal
 
     import torch
@@ -109,6 +111,8 @@ def _init_worker(shared_blob: bytes | None, draw_ahead: bool) -> None:
     from privopt.grads.ahead import set_draw_ahead
     from privopt.quiet import hide_foreign_warnings
 
+    global _POOL_JOBS
+    _POOL_JOBS = jobs
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     set_draw_ahead(enabled=draw_ahead)
@@ -123,6 +127,11 @@ def _call_in_worker(fn: Callable, call: Call) -> Any:
 def usable_cores() -> int:
     """The CPU cores this process may run on (its affinity where the OS reports one)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def pool_jobs() -> int:
+    """How many worker processes of a :class:`Workers` pool run at once, this one among them (1 outside one)."""
+    return _POOL_JOBS
 
 
 def resolve_jobs(jobs: Any) -> int:
@@ -211,7 +220,7 @@ class Workers:
                 max_workers=self.jobs,
                 mp_context=get_context("spawn"),
                 initializer=_init_worker,
-                initargs=(self._blob, draw_ahead),
+                initargs=(self._blob, draw_ahead, self.jobs),
             )
         return self._pool
 

@@ -1,16 +1,17 @@
 """Resuming a run: what must match, and restoring the state.
 
 A resumed run keeps the config it started with and replays the interrupted run's noise, which must
-fall on the same sums: data, model (structure, code, attributes, hooks), a custom loss, the
-algorithm's, engine's and run metrics' code are rebuilt and checked against fingerprints kept in the
-(secret) checkpoint (:mod:`privopt.training.fingerprints`), and it runs on the CPU thread count the
-run recorded (:func:`recorded_threads`); the public facts its record states (calibration,
-plan) against the checkpointed record, and the privopt, torch and Python versions against those that
-wrote it (``allow_version_change`` continues under others, from a paused or interrupted checkpoint
-only, and the record says so). A run made through the Python API with its own ``Dataset``,
-``nn.Module`` or loss cannot be rebuilt from its config: resuming it requires passing the same
-objects again. Fingerprints are hashes of the training data, so they live only in the checkpoint,
-never in public outputs (a hash lets anyone test a guess of the whole dataset).
+fall on the same sums: data, model (structure, code, attributes, hooks, the values its code reads),
+a custom loss, the algorithm's, engine's and run metrics' code are rebuilt and checked against
+fingerprints kept in the (secret) checkpoint (:mod:`privopt.training.fingerprints`; one of another
+format is refused, naming it), and it runs on the CPU thread count the run recorded
+(:func:`recorded_threads`, which warns when that oversubscribes the usable cores); the public
+facts its record states (calibration, plan) against the checkpointed record, and the privopt, torch
+and Python versions against those that wrote it (``allow_version_change`` continues under others,
+from a paused or interrupted checkpoint only, and the record says so). A run made through the Python
+API with its own ``Dataset``, ``nn.Module`` or loss cannot be rebuilt from its config: resuming it
+requires passing the same objects again. Fingerprints are hashes of the training data, so they live
+only in the checkpoint, never in public outputs (a hash lets anyone test a guess of the whole dataset).
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from privopt.training.builder import Run
 from privopt.training.fingerprints import (
     code_fingerprint,
     data_fingerprint,
+    items_fingerprint,
     loss_fingerprint,
     metrics_fingerprint,
     model_fingerprint,
+    model_items,
 )
 
 __all__ = [
@@ -52,7 +55,11 @@ __all__ = [
 ]
 
 # 3: the provenance holds the versions and the code fingerprints; the model's covers its code and attributes.
-CHECKPOINT_FORMAT = 3
+# 4: the model's fingerprint is one hash per item a resume names (items_fingerprint), covering the
+# module-level values and attribute chains its code reads; run metrics' code; a GPU's generator.
+CHECKPOINT_FORMAT = 4
+# A finished run's checkpoint of these formats still has its outputs written again (nothing is checked).
+_OUTPUTS_ONLY_FORMATS = (3,)
 
 
 def versions() -> dict[str, str]:
@@ -64,7 +71,7 @@ def versions() -> dict[str, str]:
 def provenance(run: Run) -> dict[str, Any]:
     """Where the run's data, model and loss came from, with fingerprints (kept in the checkpoint only;
     a loss named in the config is checked with the config), the versions and the code that computes it."""
-    source = run.provenance.get("loss", "config")
+    source, items = run.provenance.get("loss", "config"), model_items(run.model)
     return {
         "dataset": {
             "source": run.provenance["dataset"],
@@ -74,7 +81,8 @@ def provenance(run: Run) -> dict[str, Any]:
         "model": {
             "source": run.provenance["model"],
             "class": type(run.model).__qualname__,
-            "fingerprint": model_fingerprint(run.model),
+            "fingerprint": items_fingerprint(items),
+            "items": items,  # an error names those that changed
         },
         "loss": {"source": source, "fingerprint": loss_fingerprint(run.loss_fn) if source == "api" else None},
         "versions": versions(),
@@ -95,17 +103,30 @@ def _diff(saved: Any, given: Any, prefix: str = "") -> list[str]:
     return [] if saved == given else [f"{prefix[:-1]} ({saved!r} -> {given!r})"]
 
 
+def _check_format(ckpt: dict[str, Any]) -> None:
+    """A checkpoint of another format is refused, naming it and the privopt that wrote it: its
+    fingerprints were taken otherwise, so comparing them would blame the model, loss or code for it."""
+    fmt, record = ckpt.get("format"), ckpt.get("record")
+    if isinstance(record, dict) and (
+        fmt == CHECKPOINT_FORMAT or (fmt in _OUTPUTS_ONLY_FORMATS and ckpt.get("status") == "finished")
+    ):
+        return
+    record = record if isinstance(record, dict) else {}
+    newer = isinstance(fmt, int) and not isinstance(fmt, bool) and fmt > CHECKPOINT_FORMAT
+    wrote = f"privopt {record['privopt_version']}, " if "privopt_version" in record else ""
+    what = f"checkpoint format {fmt!r}" if "format" in ckpt else "an unnumbered checkpoint format"
+    raise DataError(
+        f"this checkpoint was written by {'a newer' if newer else 'an earlier'} version of privopt ({wrote}{what}); "
+        f"this privopt ({privopt.__version__}) resumes checkpoint format {CHECKPOINT_FORMAT} only, whose "
+        "fingerprints cover what a resume checks (the model's code, attributes and the values its code reads, run "
+        "metrics' code, a GPU's generator), so it cannot check that the run would continue the same way: "
+        f"start a new run{'' if newer else ' (or resume this one with the privopt that wrote it)'}"
+    )
+
+
 def resume_config(ckpt: dict[str, Any], cfg: RunConfig | None) -> RunConfig:
     """The run's own config; a different ``cfg`` is refused, naming every key it would change."""
-    if ckpt.get("format") != CHECKPOINT_FORMAT or "record" not in ckpt:
-        record = ckpt.get("record") if isinstance(ckpt.get("record"), dict) else {}
-        wrote = f"privopt {record['privopt_version']}, " if "privopt_version" in record else ""
-        fmt = f"checkpoint format {ckpt['format']!r}" if "format" in ckpt else "an unnumbered checkpoint format"
-        raise DataError(
-            f"this checkpoint was written by another version of privopt ({wrote}{fmt}; privopt "
-            f"{privopt.__version__} resumes checkpoint format {CHECKPOINT_FORMAT} only) and cannot be resumed: "
-            "its fingerprints do not cover what this version checks; start a new run"
-        )
+    _check_format(ckpt)
     saved = RunConfig.from_dict(ckpt["config"])
     if cfg is not None:
         changes = _diff(saved.to_dict(), cfg.validate().to_dict())
@@ -178,6 +199,21 @@ def check_versions(ckpt: dict[str, Any], *, published: dict[str, Any] | None, al
     return [*changes, {"at_step": ckpt["step"], "from": saved, "to": now}]
 
 
+def _check_model(saved: dict[str, Any], model: Any) -> None:
+    """The model must be the one the run trained; the error names what changed (names, never values)."""
+    items = model_items(model)
+    if items_fingerprint(items) == saved["fingerprint"]:
+        return
+    before = saved.get("items", {})
+    changed = sorted(k for k in set(before) | set(items) if before.get(k) != items.get(k))
+    listed = "; ".join(changed[:8]) + (f"; and {len(changed) - 8} more" if len(changed) > 8 else "")
+    raise ModelError(
+        f"the model's architecture differs from the one this run trained ({saved['class']}) in: {listed or '?'}. "
+        "Its structure, code (forward, its class, hooks) or settings (plain attributes) changed, or a value its "
+        "code reads: a resume replays the run's noise, so it must compute the same sums; pass the same one"
+    )
+
+
 def verify(ckpt: dict[str, Any], run: Run) -> None:
     """The rebuilt data, model, loss and code must be the ones the run was trained with, and the run
     must state what its checkpointed record states (calibration, plan, hyper-parameters)."""
@@ -187,11 +223,7 @@ def verify(ckpt: dict[str, Any], run: Run) -> None:
             f"the dataset differs from the one this run was trained on ({prov['dataset']['name']!r}): "
             "a resume must continue on exactly the same data"
         )
-    if model_fingerprint(run.model) != prov["model"]["fingerprint"]:
-        raise ModelError(
-            f"the model's architecture differs from the one this run trained ({prov['model']['class']}): its "
-            "structure, code (forward, its class, hooks) or settings (plain attributes) changed; pass the same one"
-        )
+    _check_model(prov["model"], run.model)
     saved = prov.get("loss", {}).get("fingerprint")
     if saved is not None and loss_fingerprint(run.loss_fn) != saved:
         raise ConfigError(
@@ -270,6 +302,8 @@ def recorded_threads(ckpt: dict[str, Any]) -> Iterator[None]:
     otherwise, and a re-computed release would differ from the published one under the same noise."""
     threads = ckpt["record"].get("environment", {}).get("threads")
     before = torch.get_num_threads()
+    if isinstance(threads, int) and threads >= 1:
+        _warn_oversubscribed(threads)
     if not isinstance(threads, int) or threads < 1 or threads == before:
         yield
         return
@@ -278,3 +312,21 @@ def recorded_threads(ckpt: dict[str, Any]) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def _warn_oversubscribed(threads: int) -> None:
+    """One line on stderr when the recorded thread count, in each of the worker processes this one
+    runs beside, asks for more threads than there are usable cores: oversubscribed CPU threads wait
+    for each other (a busy 2-core machine ran such a resume about 10x slower)."""
+    from privopt.experiments.jobs import pool_jobs, usable_cores  # not at import: jobs is a CLI layer
+
+    jobs, cores = pool_jobs(), usable_cores()
+    if threads * jobs <= cores:
+        return
+    each = f" in each of {jobs} worker processes ({threads * jobs} in all)" if jobs > 1 else ""
+    print(
+        f"privopt: warning: this resume runs on the {threads} CPU threads the run recorded{each}, more than the "
+        f"{cores} usable cores here, which can make it many times slower; it keeps that count because another one "
+        "rounds the sums otherwise (to train on fewer threads, start a new run)",
+        file=sys.stderr,
+    )
