@@ -117,4 +117,6 @@ def test_a_rank_that_dies_does_not_leave_the_other_waiting(tmp_path):
     proc, seconds = _launch(tmp_path, rank=1, how="kill")
     assert seconds < 60, f"the surviving rank waited {seconds:.0f} s"
     assert proc.returncode == 1 and "exitcode  : -9 " in proc.stderr and "Signal 9 (SIGKILL)" in proc.stderr
+    # the survivor noticed by itself (not stopped by torchrun after its grace period) and said so
+    assert "privopt: run failed: client process 0: the sum with the other client processes failed" in proc.stderr
     assert SECRET not in proc.stdout + proc.stderr + _written(tmp_path)
