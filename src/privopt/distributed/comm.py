@@ -27,6 +27,7 @@ import os
 import torch
 
 from privopt.errors import ConfigError, RunFailed
+from privopt.quiet import PEER_FAILED
 
 __all__ = ["Communicator", "LocalComm", "TorchComm", "torchrun_comm", "torchrun_world_size"]
 
@@ -98,8 +99,8 @@ class TorchComm(Communicator):
             run()
         except RuntimeError as e:  # gloo: a peer's connection closed, or the timeout passed
             raise RunFailed(
-                f"client process {self.rank}: the {what} with the other client processes failed: another "
-                "process failed, was stopped or did not answer in time (that process's own error says why)"
+                f"client process {self.rank}: the {what} {PEER_FAILED}: another process failed, was "
+                "stopped or did not answer in time (that process's own error says why)"
             ) from e
 
     def leave_at_once(self) -> None:
