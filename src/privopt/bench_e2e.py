@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -38,7 +39,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from privopt.errors import ConfigError
+from privopt.errors import ConfigError, RunFailed, debug_enabled
 from privopt.quiet import public_tail
 
 __all__ = ["ACCOUNTING_CACHES", "E2E_METHODS", "run_end_to_end", "format_e2e"]
@@ -47,6 +48,7 @@ E2E_METHODS = ("dp-sgd", "dp-double-spider", "dp-recursive-spider")
 ACCOUNTING_CACHES = ("fresh", "off", "user")
 _SPIDERS = ("dp-double-spider", "dp-recursive-spider")
 _LR, _CLIP = 0.5, 1.0
+_OWN_PREFIX = re.compile(r"^privopt: (error|run failed|failed): ")  # a child's own line, quoted after ours
 
 
 def _params(method: str, *, epochs: float, batch_size: int, spider_steps: int) -> dict:
@@ -106,8 +108,33 @@ def _child(spec: dict) -> dict:
     }
 
 
+def _child_main(spec_json: str) -> int:
+    """The child process: one run, its result as JSON on stdout. A failure is reported as the CLI
+    reports one: privopt's own error in full (exit 2; 4 for a run that failed), any other exception's
+    type and where only (exit 4), unless debugging (its traceback)."""
+    import traceback
+
+    from privopt.errors import PrivoptError, debug_enabled
+    from privopt.quiet import foreign_error_line
+
+    try:
+        result = _child(json.loads(spec_json))
+    except PrivoptError as e:
+        code = int(getattr(e, "exit_code", 2))
+        print(f"privopt: {'run failed' if code == 4 else 'error'}: {e}", file=sys.stderr)
+        return code
+    except Exception as e:  # raised by torch or the user's code: its text may quote a record
+        if debug_enabled():
+            traceback.print_exception(e, file=sys.stderr)
+        else:
+            print(f"privopt: failed: {foreign_error_line(e)}", file=sys.stderr)
+        return 4
+    print(json.dumps(result))
+    return 0
+
+
 def _spawn(spec: dict, env: dict | None = None) -> dict:
-    code = "import json,sys; from privopt.bench_e2e import _child; print(json.dumps(_child(json.loads(sys.argv[1]))))"
+    code = "import sys; from privopt.bench_e2e import _child_main; sys.exit(_child_main(sys.argv[1]))"
     out = subprocess.run(
         [sys.executable, "-c", code, json.dumps(spec)],
         capture_output=True,
@@ -117,8 +144,11 @@ def _spawn(spec: dict, env: dict | None = None) -> dict:
         env=env,
     )
     if out.returncode != 0:
-        tail = public_tail(out.stderr)  # the child's traceback may quote a record
-        raise ConfigError(f"end-to-end run {spec['algorithm']} on {spec['model']} failed: {tail}")
+        if debug_enabled():  # the child's traceback and warnings, in full
+            sys.stderr.write(out.stderr)
+        tail = public_tail(out.stderr) if out.returncode > 0 else f"killed by signal {-out.returncode}"
+        what = f"end-to-end run {spec['algorithm']} on {spec['model']}: {_OWN_PREFIX.sub('', tail)}"
+        raise ConfigError(what) if out.returncode == 2 else RunFailed(what)  # a user error, else a failed run
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -31,6 +31,13 @@ class RunDiverged(PrivoptError, ArithmeticError):
     exit_code = 4  # the CLI's exit code for a run that failed
 
 
+class RunFailed(PrivoptError):
+    """A run failed in a way its own process cannot say more about publicly (a peer process of a
+    distributed run left; a benchmark's child run failed): the message names what failed, never why."""
+
+    exit_code = 4
+
+
 class PrivoptWarning(UserWarning):
     """Base class of privopt's own warnings: like its errors, they never quote private values (the
     CLI shows them in full; any other warning's text is hidden unless debugging, see ``privopt.quiet``)."""

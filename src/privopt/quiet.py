@@ -20,9 +20,19 @@ from collections.abc import Iterator
 
 from privopt.errors import DEBUG_ENV, PrivoptWarning, debug_enabled
 
-__all__ = ["HIDDEN", "debug_mode", "foreign_error_line", "hide_foreign_warnings", "public_tail", "quiet_warnings"]
+__all__ = [
+    "HIDDEN",
+    "PEER_FAILED",
+    "debug_mode",
+    "foreign_error_line",
+    "hide_foreign_warnings",
+    "public_tail",
+    "quiet_warnings",
+]
 
 HIDDEN = "may quote private data: not shown; `privopt --debug ...` or PRIVOPT_DEBUG=1 shows it"
+# How a torchrun process says that another one failed (privopt.distributed.comm): not the cause to quote.
+PEER_FAILED = "with the other client processes failed"
 
 
 def _where(frame) -> str:
@@ -62,7 +72,8 @@ def foreign_error_line(err: BaseException) -> str:
 
 def public_tail(stderr: str) -> str:
     """What a parent may quote of a failed privopt child process's stderr: the child's last own
-    ``privopt: ...`` line (public by construction), else the type of its last exception only.
+    ``privopt: ...`` line (public by construction; under torchrun, not a process's line that only
+    says another one failed), else the type of its last exception only.
 
     Example:
         >>> public_tail("Traceback ...\\nValueError: row 3 holds 7.25")
@@ -72,6 +83,7 @@ def public_tail(stderr: str) -> str:
     if debug_enabled():
         return lines[-1] if lines else "?"
     own = [ln for ln in lines if ln.startswith("privopt: ")]
+    own = [ln for ln in own if PEER_FAILED not in ln] or own
     if own:
         return own[-1]
     last = lines[-1] if lines else ""

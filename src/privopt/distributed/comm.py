@@ -26,12 +26,14 @@ import os
 
 import torch
 
-from privopt.errors import ConfigError
+from privopt.errors import ConfigError, RunFailed
+from privopt.quiet import PEER_FAILED
 
 __all__ = ["Communicator", "LocalComm", "TorchComm", "torchrun_comm", "torchrun_world_size"]
 
 # Collectives wait at most this long for a peer (e.g. while rank 0 evaluates the model).
 DEFAULT_TIMEOUT_S = 900
+_AT_EXIT = {"wait_for_peers": True}
 
 
 class Communicator(abc.ABC):
@@ -84,13 +86,27 @@ class TorchComm(Communicator):
         if len(messages) != 1:
             raise ConfigError(f"a torch.distributed process holds one client, got {len(messages)} messages")
         total = messages[0].detach().clone().contiguous()
-        self._dist.all_reduce(total, op=self._dist.ReduceOp.SUM)
+        self._collective("sum", lambda: self._dist.all_reduce(total, op=self._dist.ReduceOp.SUM))
         return total
 
     def broadcast(self, value: torch.Tensor) -> torch.Tensor:
         out = value.detach().clone().contiguous()
-        self._dist.broadcast(out, src=0)
+        self._collective("broadcast", lambda: self._dist.broadcast(out, src=0))
         return out
+
+    def _collective(self, what: str, run) -> None:
+        try:
+            run()
+        except RuntimeError as e:  # gloo: a peer's connection closed, or the timeout passed
+            raise RunFailed(
+                f"client process {self.rank}: the {what} {PEER_FAILED}: another process failed, was "
+                "stopped or did not answer in time (that process's own error says why)"
+            ) from e
+
+    def leave_at_once(self) -> None:
+        """This process failed: at exit it leaves without waiting for the others, which may be blocked
+        in a collective it will never join (they fail as soon as its connections close)."""
+        _AT_EXIT["wait_for_peers"] = False
 
 
 def torchrun_world_size() -> int:
@@ -128,7 +144,10 @@ def _destroy_process_group() -> None:
     if not dist.is_initialized():
         return
     # Leave together: a rank that tears down while another still talks to it aborts. If another
-    # rank failed or left already, its error is the one to report.
-    with contextlib.suppress(RuntimeError):
-        dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
+    # rank failed or left already, its error is the one to report. A rank that failed leaves at once:
+    # a peer blocked in a collective never reaches the barrier, and the barrier's timeout did not end
+    # the wait of a rank other than 0 (gloo, torch 2.13: the run hung until the collectives' timeout).
+    if _AT_EXIT["wait_for_peers"]:
+        with contextlib.suppress(RuntimeError):
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
     dist.destroy_process_group()

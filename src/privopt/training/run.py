@@ -352,14 +352,19 @@ def train(
 def _fresh(cfg, out: Path, comm, *, dataset, model, loss, progress: bool, max_steps: int | None) -> dict[str, Any]:
     if cfg is None:
         raise ConfigError("train() needs a RunConfig (cfg=None is only for resume=True)")
-    if comm is not None and not comm.is_server:
-        return _follow(cfg, comm, dataset=dataset, model=model, loss=loss)
-    check_new_run_dir(out)  # before any work: a file, an unwritable folder or another run fail now
-    run = build_run(cfg, dataset=dataset, model=model, loss=loss, comm=comm)
-    with RunDirLock(out):
-        check_new_run_dir(out)  # again under the lock: another run may have started meanwhile
-        session = _Session(run, out, checkpoints=comm is None)
-        return session.execute(fresh=True, progress=progress, max_steps=max_steps)
+    try:
+        if comm is not None and not comm.is_server:
+            return _follow(cfg, comm, dataset=dataset, model=model, loss=loss)
+        check_new_run_dir(out)  # before any work: a file, an unwritable folder or another run fail now
+        run = build_run(cfg, dataset=dataset, model=model, loss=loss, comm=comm)
+        with RunDirLock(out):
+            check_new_run_dir(out)  # again under the lock: another run may have started meanwhile
+            session = _Session(run, out, checkpoints=comm is None)
+            return session.execute(fresh=True, progress=progress, max_steps=max_steps)
+    except BaseException:
+        if comm is not None:  # the other processes may wait for this one in a collective: do not wait for them
+            comm.leave_at_once()
+        raise
 
 
 def _follow(cfg: RunConfig, comm, *, dataset, model, loss) -> dict[str, Any]:
