@@ -50,6 +50,8 @@ def _print_train_result(args, record: dict, out: str) -> None:
             eps += f"; NOT private: noise and sampling seeded by --insecure-seed {seed}"
         acc = record["metrics"].get("test_accuracy")
         acc_text = "n/a" if acc is None else f"{acc:.4f}"
+        worst = record["metrics"].get("test_worst_group_accuracy")
+        acc_text += "" if worst is None else f", worst-group {worst:.4f}"
         print(f"{record['algorithm']}: test accuracy {acc_text} ({eps}); outputs in {out}")
 
 
