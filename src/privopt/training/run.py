@@ -254,10 +254,8 @@ class _Session:
                     self._on_eval(self.state, self.state.logs)
                 if self.state.stop == "interrupted":
                     self.commit("interrupted")
-                    raise RunInterrupted(
-                        f"run interrupted at step {self.state.step}/{run.total}; resume with: "
-                        f"privopt train --resume {self.out}"
-                    )
+                    how = _resume_hint(run, self.out)
+                    raise RunInterrupted(f"run interrupted at step {self.state.step}/{run.total}; resume with: {how}")
                 if self.state.stop == "paused":
                     return self.commit("paused")
                 run.algo.finalize()
@@ -288,6 +286,16 @@ def _group_metrics(run: Run, split: str) -> dict[str, float]:
         if g["n"]:
             out[f"{split}_group{i}_accuracy"] = float(g["accuracy"])
     return out
+
+
+def _resume_hint(run: Run, out: Path) -> str:
+    """How to resume: the CLI rebuilds what the config names; objects passed through the Python API
+    (a dataset, model or loss) cannot be rebuilt from it and must be passed again."""
+    own = [part for part in ("dataset", "model", "loss") if run.provenance.get(part) == "api"]
+    if not own:
+        return f"privopt train --resume {out}"
+    objects = ", ".join(f"{part}=..." for part in own)
+    return f"privopt.training.train(None, out_dir={str(out)!r}, resume=True, {objects}) with the same {', '.join(own)}"
 
 
 class _RecordView(Mapping):
@@ -345,8 +353,9 @@ def train(
         dataset: your own :class:`privopt.data.Dataset` instead of loading ``cfg.dataset`` (pass it again on
             resume: its fingerprint is checked); ``cfg.dataset_params`` empty or those it was loaded with.
         model: your own ``nn.Module`` instead of building ``cfg.model`` (likewise on resume; no ``model_params``).
-        loss: your own per-sample loss ``(outputs, targets) -> [B]`` instead of ``cfg.loss`` (the
-            record then says ``loss: custom``; pass it again on resume).
+        loss: your own loss instead of ``cfg.loss``: a per-sample function ``(outputs, targets) -> [B]``
+            or a torch loss module such as ``nn.CrossEntropyLoss()`` (used per example, as
+            :func:`privopt.fit` uses it); the record then says ``loss: custom``; pass it again on resume.
         allow_version_change: resume a run checkpointed under another privopt, torch or Python version
             (refused otherwise); only from a paused or interrupted checkpoint; the record states it.
 
@@ -360,6 +369,7 @@ def train(
         RunInterrupted: on SIGINT/SIGTERM, after saving a checkpoint and the record.
     """
     out = Path(out_dir)
+    loss = _per_example(loss)
     comm = torchrun_comm()
     if resume:
         if comm is not None:
@@ -369,6 +379,16 @@ def train(
     if allow_version_change:
         raise ConfigError("allow_version_change applies only to a resume (resume=True)")
     return _fresh(cfg, out, comm, dataset=dataset, model=model, loss=loss, progress=progress, max_steps=max_steps)
+
+
+def _per_example(loss: Any) -> Any:
+    """A torch loss module used per example, as :func:`privopt.fit` takes it (so a run it started
+    resumes with the same module); a function is returned as it is."""
+    if loss is None:
+        return None
+    from privopt.api.losses import per_sample_loss
+
+    return per_sample_loss(loss)
 
 
 def _fresh(cfg, out: Path, comm, *, dataset, model, loss, progress: bool, max_steps: int | None) -> dict[str, Any]:
