@@ -2,16 +2,18 @@
 
 import csv
 import os
+import re
 import signal
 import threading
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import privopt
 from privopt.data import Dataset, load_dataset
-from privopt.errors import ConfigError
+from privopt.errors import ConfigError, DataError
 from privopt.eval.worst_group import evaluate_groups
 from privopt.training import train
 
@@ -118,3 +120,44 @@ def test_an_unknown_dataset_says_how_to_train_on_your_own_data(name):
     message = str(err.value)
     assert f"unknown dataset {name!r}; available: " in message and "\n" not in message
     assert "privopt.data.Dataset" in message and "Bring your own data" in message
+
+
+def _csv_columns():
+    """Columns as a CSV reader gives them: numbers, a string label and a string group; one missing value."""
+    rng = np.random.default_rng(0)
+    x = rng.random((50, 2))
+    label = np.where(x[:, 0] > 0.5, "pos", "neg")
+    region = np.where(x[:, 1] > 0.8, "north", "south")
+    x_text = x.astype(object)
+    x_text[7, 1] = ""  # a missing value
+    return x, x_text, label, region
+
+
+@pytest.mark.parametrize(
+    "what,expect",
+    [
+        ("labels", "dataset 'people': y has dtype <U3; labels must be integer ids 0..K-1: map the strings to ids"),
+        ("groups", "dataset 'people': groups has dtype <U5; group ids must be integers 0..G-1: map the strings"),
+        ("features", "dataset 'people': x has dtype object; features must be numbers (a missing value read as ''"),
+    ],
+)
+def test_text_columns_of_a_csv_are_refused_with_what_to_do_and_no_value(what, expect):
+    x, x_text, label, region = _csv_columns()
+    ids, gids = (label == "pos").astype(np.int64), (region == "north").astype(np.int64)
+    args = {
+        "labels": (x, label, dict(y_test=label, groups=gids, groups_test=gids)),
+        "groups": (x, ids, dict(y_test=ids, groups=region, groups_test=region)),
+        "features": (x_text, ids, dict(y_test=ids, groups=gids, groups_test=gids)),
+    }[what]
+    with pytest.raises(DataError) as err:
+        Dataset.from_numpy(args[0], args[1], x_test=x, num_classes=2, group_names=["urban", "rural"], name="people",
+                           **args[2])  # fmt: skip
+    message = str(err.value)
+    assert message.startswith(expect) and "\n" not in message, message
+    assert not re.search(r"pos|neg|north|south|0\.\d", message), message  # no record's value
+
+
+def test_float_labels_say_how_to_convert_a_numpy_array():
+    x, _, label, _ = _csv_columns()
+    with pytest.raises(DataError, match=r"must be integer ids, got torch.float64 .*\.astype\(np.int64\)"):
+        Dataset.from_numpy(x, (label == "pos").astype(float), x_test=x, y_test=np.zeros(50, np.int64), num_classes=2)
