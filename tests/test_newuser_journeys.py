@@ -1,6 +1,7 @@
 """A practitioner's first journeys on their own data: group metrics, Ctrl-C and resume, error hints."""
 
 import csv
+import json
 import os
 import re
 import signal
@@ -161,3 +162,27 @@ def test_float_labels_say_how_to_convert_a_numpy_array():
     x, _, label, _ = _csv_columns()
     with pytest.raises(DataError, match=r"must be integer ids, got torch.float64 .*\.astype\(np.int64\)"):
         Dataset.from_numpy(x, (label == "pos").astype(float), x_test=x, y_test=np.zeros(50, np.int64), num_classes=2)
+
+
+def test_ctrl_c_while_a_finished_run_writes_its_outputs_says_the_run_finished(capsys, tmp_path, monkeypatch):
+    """The run's signal guard delivers a Ctrl-C that came during the final commit after it: the CLI said
+    'privopt: interrupted' alone, which reads as a lost run (a resume then only printed the summary)."""
+    import privopt.training.run as run_module
+    from privopt.cli import main
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers need the main thread")
+    real_commit = run_module._Session.commit
+
+    def commit(self, status, **kw):
+        if status == "finished":
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_commit(self, status, **kw)
+
+    monkeypatch.setattr(run_module._Session, "commit", commit)
+    out = tmp_path / "r"
+    argv = ["train", "--set", "algorithm=sgd", "--set", "dataset=breast-cancer", "--set", "model=logreg"]
+    code = main([*argv, "--set", "algorithm_params={epochs: 1}", "--set", "plots=false", "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 130 and err == f"privopt: interrupted after the run finished: its outputs are complete in {out}\n"
+    assert json.loads((out / "record.json").read_text())["status"] == "finished"
