@@ -186,3 +186,14 @@ def test_ctrl_c_while_a_finished_run_writes_its_outputs_says_the_run_finished(ca
     err = capsys.readouterr().err
     assert code == 130 and err == f"privopt: interrupted after the run finished: its outputs are complete in {out}\n"
     assert json.loads((out / "record.json").read_text())["status"] == "finished"
+
+
+def test_a_missing_value_read_as_nan_says_what_to_do_without_its_record():
+    x, _, _, _ = _csv_columns()
+    x = x.copy()
+    x[7, 1] = np.nan  # np.genfromtxt's missing value
+    with pytest.raises(DataError) as err:
+        Dataset.from_numpy(x, np.zeros(50, np.int64), x_test=x[:5] * 0, y_test=np.zeros(5, np.int64), num_classes=2)
+    message = str(err.value)
+    assert "the train split has NaN or infinite feature values" in message and "public constant" in message
+    assert not re.search(r"\b7\b|row|line", message), message  # which record is not said

@@ -254,7 +254,10 @@ def _check_values(ds: Dataset, split: str, x: torch.Tensor, y: torch.Tensor, max
             f"expected input_shape {tuple(ds.input_shape)}"
         )
     if not torch.isfinite(x).all():
-        raise DataError(f"dataset {ds.name!r}: the {split} split has NaN or infinite feature values")
+        raise DataError(
+            f"dataset {ds.name!r}: the {split} split has NaN or infinite feature values (e.g. a missing value: "
+            "drop the record or fill in a public constant)"
+        )
     biggest = float(x.abs().max())
     if biggest > max_abs:
         # The value itself is one record's feature: named only for the (public) test split.
