@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import traceback
+from pathlib import Path
 
 from privopt.cli_audit import add_audit_parser
 from privopt.cli_bench import add_bench_parser
@@ -50,6 +51,8 @@ def _print_train_result(args, record: dict, out: str) -> None:
             eps += f"; NOT private: noise and sampling seeded by --insecure-seed {seed}"
         acc = record["metrics"].get("test_accuracy")
         acc_text = "n/a" if acc is None else f"{acc:.4f}"
+        worst = record["metrics"].get("test_worst_group_accuracy")
+        acc_text += "" if worst is None else f", worst-group {worst:.4f}"
         print(f"{record['algorithm']}: test accuracy {acc_text} ({eps}); outputs in {out}")
 
 
@@ -77,11 +80,24 @@ def _cmd_train(args) -> int:
             overrides.append(f"insecure_seed={args.insecure_seed}")
         cfg, out = load_config(args.config, overrides), args.out
     allow = args.allow_version_change
-    record = train(cfg, out_dir=out, resume=bool(args.resume), progress=not args.quiet, allow_version_change=allow)
+    try:
+        record = train(cfg, out_dir=out, resume=bool(args.resume), progress=not args.quiet, allow_version_change=allow)
+    except KeyboardInterrupt as e:  # a signal deferred while a finished run wrote its outputs comes back here
+        if str(e) or _record_status(out) != "finished":  # a RunInterrupted says how to resume
+            raise
+        raise KeyboardInterrupt(f"interrupted after the run finished: its outputs are complete in {out}") from None
     if record.get("role") == "client":  # a torchrun process other than rank 0: rank 0 reports
         return 0
     _print_train_result(args, record, out)
     return 0
+
+
+def _record_status(out: str) -> str | None:
+    """The status in ``out``'s record.json (``None`` without a readable one)."""
+    try:
+        return json.loads((Path(out) / "record.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _cmd_account(args) -> int:

@@ -35,10 +35,12 @@ def plot_training_curves(path: Path, history: Sequence[Mapping[str, float]], *, 
         ys = [float("nan") if r.get(key) is None else r[key] for r in history]
         ax.plot(steps, ys, marker=".")
         ax.set_xlabel("step")
-        ax.set_title(key.replace("_", " "))
+        # During a run the ledger reports an upper bound (RDP of the steps so far, capped by the plan's
+        # exact epsilon: docs/accounting.md, "Caching"); only the last point is exact.
+        ax.set_title("epsilon spent (bound; last point exact)" if key == "epsilon_spent" else key.replace("_", " "))
         ax.grid(alpha=0.3)
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, y=1.04)  # above the panels' titles, not over them
     save_figure(fig, path)
 
 

@@ -168,7 +168,7 @@ class Dataset:
             >>> bad.validate()
             Traceback (most recent call last):
             ...
-            privopt.errors.DataError: dataset 'mine': the train split has NaN or infinite feature values
+            privopt.errors.DataError: dataset 'mine': the train split has NaN or infinite feature values (e.g. ...
         """
         from privopt.data.user import validate_dataset
 

@@ -100,8 +100,16 @@ def describe_datasets() -> dict[str, dict[str, Any]]:
     }
 
 
+OWN_DATA_HINT = (
+    "for your own data (e.g. a CSV file) build a privopt.data.Dataset in Python and pass it to privopt.fit "
+    "or train(dataset=...) (docs/data.md, 'Bring your own data')"
+)
+
+
 def _spec(name: str) -> _Spec:
     _ensure_builtin()
+    if not isinstance(name, str) or name not in _DATASETS:  # a path or a typo: say how to use one's own data
+        raise ConfigError(f"unknown dataset {name!r}; available: {', '.join(_DATASETS.names())}; {OWN_DATA_HINT}")
     return _DATASETS.lookup(name)
 
 

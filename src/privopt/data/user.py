@@ -79,7 +79,8 @@ def _ids(v: Any, what: str, name: str, n: int) -> torch.Tensor:
         raise DataError(f"dataset {name!r}: {what} must be 1-D [N], got shape {list(v.shape)}")
     if v.dtype.is_floating_point or v.is_complex():
         raise DataError(
-            f"dataset {name!r}: {what} must be integer ids, got {v.dtype} (if they are whole numbers, pass .long())"
+            f"dataset {name!r}: {what} must be integer ids, got {v.dtype} (if they are whole numbers: "
+            ".long() on a tensor, .astype(np.int64) on a NumPy array)"
         )
     if v.shape[0] != n:
         raise DataError(f"dataset {name!r}: {what} has {v.shape[0]} entries for {n} feature rows")
@@ -214,12 +215,21 @@ def dataset_from_numpy(x, y, **kwargs: Any) -> Dataset:
         if not isinstance(v, np.ndarray):
             raise DataError(f"dataset {name!r}: {key} must be a NumPy array, got {type(v).__name__}")
         if v.dtype == object or v.dtype.kind in "USV":
-            raise DataError(f"dataset {name!r}: {key} has dtype {v.dtype}; convert to numbers first")
+            raise DataError(f"dataset {name!r}: {key} has dtype {v.dtype}; {_NOT_NUMBERS[key[0]]}")
         return torch.from_numpy(np.ascontiguousarray(v))
 
     arrays = ("x_test", "y_test", "x_val", "y_val", "groups", "groups_test", "groups_val")
+    x, y = conv("x", x), conv("y", y)  # the training split's arrays first: the error names the first one wrong
     conv_kwargs = {k: (conv(k, v) if k in arrays else v) for k, v in kwargs.items()}
-    return dataset_from_tensors(conv("x", x), conv("y", y), **conv_kwargs)
+    return dataset_from_tensors(x, y, **conv_kwargs)
+
+
+# What to do with text or objects (e.g. a CSV column read as strings), by the first letter of the array's name.
+_NOT_NUMBERS = {
+    "x": "features must be numbers (a missing value read as '' or None: drop the record or fill in a public constant)",
+    "y": "labels must be integer ids 0..K-1: map the strings to ids with a fixed mapping, e.g. {'no': 0, 'yes': 1}",
+    "g": "group ids must be integers 0..G-1: map the strings to ids with a fixed mapping and pass group_names",
+}
 
 
 def validate_dataset(ds: Dataset, *, max_abs: float = MAX_ABS_FEATURE) -> None:
@@ -259,7 +269,10 @@ def _check_values(ds: Dataset, split: str, x: torch.Tensor, y: torch.Tensor, max
                 "kept as int64 token ids (e.g. for nn.Embedding) and must be >= 0 (for numeric features pass x.float())"
             )
     elif not torch.isfinite(x).all():
-        raise DataError(f"dataset {ds.name!r}: the {split} split has NaN or infinite feature values")
+        raise DataError(
+            f"dataset {ds.name!r}: the {split} split has NaN or infinite feature values (e.g. a missing value: "
+            "drop the record or fill in a public constant)"
+        )
     elif (biggest := float(x.abs().max())) > max_abs:
         # The value itself is one record's feature: named only for the (public) test split.
         found = f"{biggest:.3g} (> {max_abs:g})" if split == "test" else f"above {max_abs:g}"

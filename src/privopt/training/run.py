@@ -125,6 +125,8 @@ class _Session:
                 f"diverged at step {self.state.step}: non-finite {cfg.eval_split} loss (try a smaller lr)"
             )
         (pub if cfg.eval_split == "test" else diag).update(split, **{f"{cfg.eval_split}_records": len(y)})
+        if final or self._last_row():  # the whole split: group ids of a subsample would need its indices
+            (pub if cfg.eval_split == "test" else diag).update(_group_metrics(run, cfg.eval_split))
         # The record view's privacy section holds the exact epsilon (an accountant call, up to seconds
         # per new step count): it is computed only if a metric reads it.
         kw = dict(model=run.model, loss_fn=run.loss_fn, record=self._record_view() if run.metrics else None)
@@ -252,10 +254,8 @@ class _Session:
                     self._on_eval(self.state, self.state.logs)
                 if self.state.stop == "interrupted":
                     self.commit("interrupted")
-                    raise RunInterrupted(
-                        f"run interrupted at step {self.state.step}/{run.total}; resume with: "
-                        f"privopt train --resume {self.out}"
-                    )
+                    how = _resume_hint(run, self.out)
+                    raise RunInterrupted(f"run interrupted at step {self.state.step}/{run.total}; resume with: {how}")
                 if self.state.stop == "paused":
                     return self.commit("paused")
                 run.algo.finalize()
@@ -266,6 +266,36 @@ class _Session:
             except Exception as e:
                 self._fail(e)
                 raise
+
+
+def _group_metrics(run: Run, split: str) -> dict[str, float]:
+    """Worst-group, mean-group and per-group accuracy on ``split`` of a dataset with groups (``{}``
+    without): ``<split>_group<i>_accuracy`` for group ``i`` of ``Dataset.group_names``, groups absent
+    from the split left out. Each is a metric of the released predictor, like the split's accuracy."""
+    groups = getattr(run.data, f"g_{split}", None)
+    if groups is None or len(groups) == 0:
+        return {}
+    from privopt.eval.worst_group import evaluate_groups
+
+    x, y = (run.data.x_test, run.data.y_test) if split == "test" else (run.data.x_val, run.data.y_val)
+    k = max(run.data.num_groups, int(groups.max()) + 1)
+    m = evaluate_groups(run.predictor, x, y, groups, num_groups=k)
+    out = {f"{split}_worst_group_accuracy": m["worst_group_accuracy"]}
+    out[f"{split}_mean_group_accuracy"] = m["mean_group_accuracy"]
+    for i, g in enumerate(m["per_group"].values()):
+        if g["n"]:
+            out[f"{split}_group{i}_accuracy"] = float(g["accuracy"])
+    return out
+
+
+def _resume_hint(run: Run, out: Path) -> str:
+    """How to resume: the CLI rebuilds what the config names; objects passed through the Python API
+    (a dataset, model or loss) cannot be rebuilt from it and must be passed again."""
+    own = [part for part in ("dataset", "model", "loss") if run.provenance.get(part) == "api"]
+    if not own:
+        return f"privopt train --resume {out}"
+    objects = ", ".join(f"{part}=..." for part in own)
+    return f"privopt.training.train(None, out_dir={str(out)!r}, resume=True, {objects}) with the same {', '.join(own)}"
 
 
 class _RecordView(Mapping):
@@ -323,8 +353,9 @@ def train(
         dataset: your own :class:`privopt.data.Dataset` instead of loading ``cfg.dataset`` (pass it again on
             resume: its fingerprint is checked); ``cfg.dataset_params`` empty or those it was loaded with.
         model: your own ``nn.Module`` instead of building ``cfg.model`` (likewise on resume; no ``model_params``).
-        loss: your own per-sample loss ``(outputs, targets) -> [B]`` instead of ``cfg.loss`` (the
-            record then says ``loss: custom``; pass it again on resume).
+        loss: your own loss instead of ``cfg.loss``: a per-sample function ``(outputs, targets) -> [B]``
+            or a torch loss module such as ``nn.CrossEntropyLoss()`` (used per example, as
+            :func:`privopt.fit` uses it); the record then says ``loss: custom``; pass it again on resume.
         allow_version_change: resume a run checkpointed under another privopt, torch or Python version
             (refused otherwise); only from a paused or interrupted checkpoint; the record states it.
 
@@ -338,6 +369,7 @@ def train(
         RunInterrupted: on SIGINT/SIGTERM, after saving a checkpoint and the record.
     """
     out = Path(out_dir)
+    loss = _per_example(loss)
     comm = torchrun_comm()
     if resume:
         if comm is not None:
@@ -347,6 +379,16 @@ def train(
     if allow_version_change:
         raise ConfigError("allow_version_change applies only to a resume (resume=True)")
     return _fresh(cfg, out, comm, dataset=dataset, model=model, loss=loss, progress=progress, max_steps=max_steps)
+
+
+def _per_example(loss: Any) -> Any:
+    """A torch loss module used per example, as :func:`privopt.fit` takes it (so a run it started
+    resumes with the same module); a function is returned as it is."""
+    if loss is None:
+        return None
+    from privopt.api.losses import per_sample_loss
+
+    return per_sample_loss(loss)
 
 
 def _fresh(cfg, out: Path, comm, *, dataset, model, loss, progress: bool, max_steps: int | None) -> dict[str, Any]:

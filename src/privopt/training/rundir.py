@@ -58,7 +58,7 @@ def _check_reusable(out: Path) -> None:
     if runs:
         raise ConfigError(
             f"output directory {out} already holds a run ({', '.join(runs)}); choose another output directory, "
-            f"or continue that run with --resume {out}"
+            f"or continue that run with --resume {out} (from Python: train(None, out_dir=..., resume=True))"
         )
     foreign = [n for n in names if not is_leftover(n)]
     if foreign:
