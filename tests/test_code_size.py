@@ -54,11 +54,20 @@ def test_no_function_over_60_lines():
 
 
 def test_no_reference_to_the_specification_notes():
-    """SPEC.md is not in the repository: a reader cannot follow "SPEC §8.6" or "E-A.3"."""
+    """SPEC.md is not in the repository: a reader of the code, tests or docs cannot follow such references."""
     pattern = re.compile(r"SPEC(\.md| ?§)|\bE-A\.\d")
+    root = SRC.parent
+    texts = [
+        *_sources(),
+        *sorted((root / "tests").rglob("*.py")),
+        *sorted((root / "docs").rglob("*.md")),
+        root / "README.md",
+    ]
     hits = []
-    for path in _sources():
+    for path in texts:
+        if path == Path(__file__).resolve():  # the pattern itself
+            continue
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if pattern.search(line):
-                hits.append(f"{path.relative_to(SRC)}:{i}: {line.strip()}")
+                hits.append(f"{path.relative_to(root)}:{i}: {line.strip()}")
     assert hits == [], "\n".join(hits)

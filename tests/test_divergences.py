@@ -1,5 +1,5 @@
 """ψ-divergences: conjugates against a numerical supremum, derivatives against autograd / finite
-differences, and the registry (SPEC §2.2, §8.9 item 1)."""
+differences, and the registry (docs/algorithms/dro.md)."""
 
 import math
 
@@ -138,7 +138,7 @@ def test_fenchel_young_inequality(idx, s, t):
 
 
 def test_kl_cvar_fixes_the_printed_min_form():
-    """The printed min(e^s, (1+s+log α)/α) − 1 always picks the tangent line (E-A.4(ii))."""
+    """The printed min(e^s, (1+s+log α)/α) − 1 always picks the tangent line."""
     div = KLRegularizedCVaR(alpha=0.2)
     s = torch.linspace(-3, 1, 41, dtype=torch.float64)  # all below log(1/0.2) ≈ 1.609
     printed = torch.minimum(torch.exp(s), (1 + s + math.log(0.2)) / 0.2) - 1

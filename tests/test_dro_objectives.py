@@ -1,6 +1,6 @@
 """Dual objective L(x, η) and KL compositional Ψ(x, λ): closed-form gradients against autograd,
-strong duality against a convex solver on the primal simplex problem, numerics (SPEC §2.3, §2.5,
-§8.7, §8.9 item 2)."""
+strong duality against a convex solver on the primal simplex problem, numerics
+(docs/algorithms/dro.md)."""
 
 import math
 
@@ -167,7 +167,7 @@ def test_cvar_dual_is_the_mean_of_the_top_losses():
 
 
 def test_dual_is_numerically_stable_at_tiny_lambda():
-    """λ = 1e−3 with cross-entropy-scale losses (SPEC E-A.17): no overflow, exact Ψ."""
+    """λ = 1e−3 with cross-entropy-scale losses: no overflow, exact Ψ."""
     rng = np.random.default_rng(0)
     losses = torch.from_numpy(rng.uniform(0.1, 5.0, size=128))
     obj = DualObjective(divergence="kl", lam=1e-3)  # default a_max = 50

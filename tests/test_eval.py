@@ -1,5 +1,5 @@
 """Evaluation: classification metrics, the KL-DRO gradient norm (envelope theorem, chunking) and the
-membership-inference attack with its DP AUC cap (SPEC §1.3, §2.8, §8.7, §8.9 item 6)."""
+membership-inference attack with its DP AUC cap (docs/privacy.md)."""
 
 import math
 
@@ -204,7 +204,7 @@ def test_grad_norm_validates_inputs():
 
 # ------------------------------------------------------------------ membership inference
 def test_dp_auc_bound_values():
-    # Reference values quoted in SPEC §1.3.
+    # Reference values of the bound (docs/privacy.md).
     for eps, ref in [(0.1, 0.525), (0.5, 0.622), (1, 0.731), (2, 0.881), (3, 0.953), (5, 0.993)]:
         assert dp_auc_bound(eps, 0.0) == pytest.approx(ref, abs=5e-4)
     assert dp_auc_bound(0.0, 0.0) == 0.5
