@@ -70,3 +70,19 @@ def gaussian_epsilon(noise_to_sensitivity: float, delta: float) -> float:
     acc = dpa.rdp.RdpAccountant()
     acc.compose(dpa.GaussianDpEvent(noise_to_sensitivity))
     return acc.get_epsilon(delta)
+
+
+def torchrun() -> str:
+    """The ``torchrun`` beside this Python (else on PATH); skips the test when there is none."""
+    import shutil
+    import sys
+
+    import pytest
+
+    exe = Path(sys.executable).with_name("torchrun")
+    if not exe.exists():
+        found = shutil.which("torchrun")
+        if found is None:
+            pytest.skip("torchrun is not installed")
+        exe = Path(found)
+    return str(exe)

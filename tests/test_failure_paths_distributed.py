@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,22 +20,13 @@ import pytest
 import yaml
 
 import privopt
+from _run_helpers import torchrun
 from jobs_helpers import SECRET
 from privopt.errors import DEBUG_ENV
 from privopt.quiet import PEER_FAILED, public_tail
 
 LAUNCHER = Path(__file__).with_name("leaky_launcher.py")
 TIMEOUT_S = 90  # a hang fails the test, not the suite (a run takes ~10 s)
-
-
-def _torchrun() -> str:
-    exe = Path(sys.executable).with_name("torchrun")
-    if not exe.exists():
-        found = shutil.which("torchrun")
-        if found is None:
-            pytest.skip("torchrun is not installed")
-        exe = Path(found)
-    return str(exe)
 
 
 def _config() -> dict:
@@ -63,7 +52,7 @@ def _launch(tmp_path: Path, *pre: str, rank: int, how: str = "raise", debug_env:
     env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])])
     if debug_env:
         env[DEBUG_ENV] = "1"
-    cmd = [_torchrun(), "--standalone", "--nproc_per_node=2", str(LAUNCHER), *pre, "train",
+    cmd = [torchrun(), "--standalone", "--nproc_per_node=2", str(LAUNCHER), *pre, "train",
            "--config", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "run"), "--quiet"]  # fmt: skip
     t0 = time.monotonic()
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path) as p:

@@ -2,15 +2,13 @@
 and in the single-process simulator, for the same (insecure) seed."""
 
 import json
-import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+from _run_helpers import torchrun
 from privopt.config import RunConfig
 from privopt.errors import ConfigError
 from privopt.training import train
@@ -39,22 +37,12 @@ def _config(case: str) -> dict:
     }
 
 
-def _torchrun() -> str:
-    exe = Path(sys.executable).with_name("torchrun")
-    if not exe.exists():
-        found = shutil.which("torchrun")
-        if found is None:
-            pytest.skip("torchrun is not installed")
-        exe = Path(found)
-    return str(exe)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_torchrun_and_the_simulator_give_the_same_model(case, tmp_path):
     cfg = _config(case)
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
-    cmd = [_torchrun(), "--standalone", "--nproc_per_node=2", "-m", "privopt", "train",
+    cmd = [torchrun(), "--standalone", "--nproc_per_node=2", "-m", "privopt", "train",
            "--config", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "torchrun"), "--quiet"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
