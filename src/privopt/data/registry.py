@@ -102,8 +102,9 @@ def describe_datasets() -> dict[str, dict[str, Any]]:
 
 
 OWN_DATA_HINT = (
-    "for your own data (e.g. a CSV file) build a privopt.data.Dataset in Python and pass it to privopt.fit "
-    "or train(dataset=...) (docs/data.md, 'Bring your own data')"
+    "for your own CSV file use dataset csv with its columns declared in dataset_params (docs/data.md, 'Your own "
+    "CSV file from the command line'); for arrays build a privopt.data.Dataset in Python and pass it to "
+    "privopt.fit or train(dataset=...) (docs/data.md, 'Bring your own data')"
 )
 
 
