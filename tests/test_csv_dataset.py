@@ -136,10 +136,12 @@ DATA_ERRORS = [  # (file body, expected message after the path, the secret value
     (HEADER + GOOD + "nan,Gov,Male,>50K\n", "column 'age' of some record is missing", "nan"),
     (HEADER + GOOD + "41,,Male,>50K\n", "column 'job' of some record is missing", None),
     (HEADER + GOOD + "inf,Gov,Male,>50K\n", "column 'age' of some record is not finite", None),
-    (HEADER + GOOD + "41,Gov,Male\n", "some line has 3 fields, the header 4", None),
+    (HEADER + GOOD + "41,Gov,Male\n", "some line does not have 4 fields", "3"),
+    (HEADER + GOOD + '41,"Gov,Male,>50K\n' + GOOD, "some line is not valid CSV (e.g. an unclosed quote)", "Gov"),
     ("", "the file is empty", None),
     (HEADER, "no records after the header line", None),
-    ("agee,job,sex,income\n" + GOOD, "column 'age' is not in the header (did you mean 'agee'?)", None),
+    ("agee,job,sex,income\n" + GOOD, "column 'age' is not in the header line (the first line must name", "agee"),
+    (GOOD + GOOD, "column 'income' is not in the header line", "Gov"),  # no header: its first line is a record
 ]  # fmt: skip
 
 
@@ -155,10 +157,13 @@ def test_bad_data_is_refused_naming_the_column_never_the_value(tmp_path, monkeyp
     assert "line 3" not in said
 
 
-def test_under_debug_the_error_names_the_file_line(tmp_path, monkeypatch):
+def test_under_debug_the_error_names_the_file_line_and_the_header(tmp_path, monkeypatch):
     monkeypatch.setenv(DEBUG_ENV, "1")
     path = _write(tmp_path, HEADER + "\n" + GOOD + "41,Pirate,Male,>50K\n")  # line 2 blank
     with pytest.raises(DataError, match="column 'job' of line 4 is not one of its declared categories"):
+        _load(path, test_path=str(path))
+    path = _write(tmp_path, "agee,job,sex,income\n" + GOOD)
+    with pytest.raises(DataError, match=r"'age' is not in the header line \(did you mean 'agee'\?\); the header line"):
         _load(path, test_path=str(path))
 
 

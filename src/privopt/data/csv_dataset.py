@@ -24,7 +24,7 @@ from privopt.data.csv_spec import CsvFeature, CsvSpec, parse_csv_spec
 from privopt.data.dataset import Part, RawData
 from privopt.data.registry import BuildContext, close_name
 from privopt.data.tabular import one_hot, record_where, tabular_layout
-from privopt.errors import ConfigError, DataError, some
+from privopt.errors import ConfigError, DataError, debug_enabled, some
 
 __all__ = ["csv_source", "read_csv_columns"]
 
@@ -39,6 +39,22 @@ def _file(option: str, value: Any) -> Path:
     return path
 
 
+def _check_header(path: Path, header: list[str], columns: list[str]) -> None:
+    """Each declared column named once. The header's names are shown under ``--debug`` only: a file
+    without a header line has a record there."""
+    for name in columns:
+        if header.count(name) == 1:
+            continue
+        if name in header:
+            raise DataError(f"{path}: column {name!r} is named twice in the header line")
+        shown = (
+            f"{close_name(name, header)}; the header line has {', '.join(map(repr, header))}"
+            if debug_enabled()
+            else " (the first line must name the columns; privopt --debug shows the names it has)"
+        )
+        raise DataError(f"{path}: column {name!r} is not in the header line{shown}")
+
+
 def read_csv_columns(path: Path, columns: list[str], *, delimiter: str = ",") -> tuple[dict, np.ndarray]:
     """``({column: stripped cells as an object array}, file line of each record)`` for ``columns``.
 
@@ -47,27 +63,21 @@ def read_csv_columns(path: Path, columns: list[str], *, delimiter: str = ",") ->
             record with another number of fields than the header, no records.
     """
     text = formats.read_text(path).lstrip("\ufeff")  # a byte-order mark is not part of the first name
-    reader = csv.reader(io.StringIO(text), delimiter=delimiter)
+    reader = csv.reader(io.StringIO(text), delimiter=delimiter, strict=True)  # an unclosed quote is an error
     header = next((row for row in reader if any(c.strip() for c in row)), None)
     if header is None:
         raise DataError(
             f"{path}: the file is empty (expected a header line naming the columns, then one record a line)"
         )
     header = [c.strip() for c in header]
-    for name in columns:
-        if header.count(name) != 1:
-            problem = "is named twice in the header" if name in header else "is not in the header"
-            hint = "" if name in header else close_name(name, header)
-            raise DataError(f"{path}: column {name!r} {problem}{hint}; the header has {', '.join(map(repr, header))}")
+    _check_header(path, header, columns)
     rows, lines = [], []
     try:
         for row in reader:
             if not any(c.strip() for c in row):
                 continue  # a blank line
-            if len(row) != len(header):  # never which line (unless debugging), nor its content
-                raise DataError(
-                    f"{path}: {some('line', reader.line_num - 1)} has {len(row)} fields, the header {len(header)}"
-                )
+            if len(row) != len(header):  # never which line (unless debugging), its content nor its length
+                raise DataError(f"{path}: {some('line', reader.line_num - 1)} does not have {len(header)} fields")
             rows.append(row)
             lines.append(reader.line_num)
     except csv.Error:
