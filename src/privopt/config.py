@@ -203,6 +203,11 @@ class RunConfig:
             raise ConfigError(
                 f"hyperparameter_tuning must be a note (a string) or null, got {self.hyperparameter_tuning!r}"
             )
+        if isinstance(self.dataset, dict):  # the layout of other tools' configs: say where the options go
+            raise ConfigError(
+                "dataset must be a dataset name (e.g. dataset: csv), got a mapping; put its options under "
+                "dataset_params (docs/data.md, 'Your own CSV file from the command line')"
+            )
         if self.data_dir is not None and not isinstance(self.data_dir, str):
             raise ConfigError(f"data_dir must be a folder path (a string) or null, got {self.data_dir!r}")
         v = self.insecure_seed

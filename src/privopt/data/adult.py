@@ -15,7 +15,8 @@ from privopt.data import formats
 from privopt.data.dataset import Part, RawData
 from privopt.data.public import ADULT_NUMERIC_BOUNDS, ADULT_VOCABULARY, PublicScaling
 from privopt.data.registry import BuildContext
-from privopt.errors import ConfigError, DataError, debug_enabled
+from privopt.data.tabular import one_hot, record_where, tabular_layout
+from privopt.errors import ConfigError, DataError
 
 __all__ = ["adult_source", "ADULT_GROUPINGS", "RACE3"]
 
@@ -31,20 +32,14 @@ ADULT_GROUPINGS = {
 }
 
 
-def _where(ok: np.ndarray, lines: np.ndarray) -> str:
-    """``"some record"``; under ``--debug`` the file line of the first record not ``ok`` (which record
-    it is, and its value, are data: never named otherwise, nor how many)."""
-    if not debug_enabled():
-        return "some record"
-    return f"line {int(lines[np.flatnonzero(~ok)[0]])}"
-
-
 def _group_ids(cols: dict, grouping: str, path, lines: np.ndarray) -> np.ndarray:
     sex, race = cols["sex"], cols["race"]
     for col, allowed in (("sex", _SEX), ("race", tuple(RACE3))):
         ok = np.isin(cols[col], allowed)
         if not bool(ok.all()):
-            raise DataError(f"{path}: {col} of {_where(ok, lines)} cannot be grouped (expected {', '.join(allowed)})")
+            raise DataError(
+                f"{path}: {col} of {record_where(ok, lines)} cannot be grouped (expected {', '.join(allowed)})"
+            )
     s = np.array([_SEX.index(v) for v in sex], dtype=np.int64)
     if grouping == "sex":
         return s
@@ -63,27 +58,19 @@ def _encode(cols: dict, path, lines: np.ndarray, *, with_missing: bool) -> np.nd
         values = cols[name]
         ok = np.isin(values, (*vocab, "?"))
         if not bool(ok.all()):  # the column, never the value (nor the line unless debugging)
-            raise DataError(f"{path}: {name} of {_where(ok, lines)} is not in the adult.names vocabulary")
-        cats = (*vocab, "?") if with_missing else vocab
-        blocks.append(values[:, None] == np.array(cats, dtype=object)[None, :])
+            raise DataError(f"{path}: {name} of {record_where(ok, lines)} is not in the adult.names vocabulary")
+        blocks.append(one_hot(values, (*vocab, "?") if with_missing else vocab))
     return np.concatenate([b.astype(np.float64) for b in blocks], axis=1)
 
 
 def _feature_layout(with_missing: bool) -> tuple[list[str], PublicScaling]:
-    names = list(ADULT_NUMERIC_BOUNDS)
-    lo = [b[1] for b in ADULT_NUMERIC_BOUNDS.values()]
-    hi = [b[2] for b in ADULT_NUMERIC_BOUNDS.values()]
-    for col, vocab in ADULT_VOCABULARY.items():
-        cats = (*vocab, "?") if with_missing else vocab
-        names += [f"{col}={v}" for v in cats]
-        lo += [0.0] * len(cats)
-        hi += [1.0] * len(cats)
-    scaling = PublicScaling.box(
-        np.array(lo), np.array(hi),
+    numeric = {name: (b[1], b[2]) for name, b in ADULT_NUMERIC_BOUNDS.items()}
+    vocab = {col: (*v, "?") if with_missing else v for col, v in ADULT_VOCABULARY.items()}
+    return tabular_layout(
+        numeric, vocab,
         source="adult.names vocabulary and documented bounds (docs/data.md, 'Adult'); numeric features "
         "min-max scaled with the bounds, one-hot features 0/1",
     )  # fmt: skip
-    return names, scaling
 
 
 def adult_source(ctx: BuildContext, *, group: str | None, missing: str) -> RawData:

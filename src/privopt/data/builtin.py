@@ -16,6 +16,7 @@ See ``docs/data.md`` for each dataset's construction, public preprocessing and g
 * ``adult``: income, groups sex x race (see :mod:`privopt.data.adult`).
 * ``covertype``: binary "class 2 (Lodgepole Pine) vs rest" as LIBSVM ``covtype.binary``;
   ``unit_norm=True`` gives public min-max bounds then unit-L2 rows (||x|| <= 1).
+* ``csv``: your own CSV file, encoded with the public schema of the config (:mod:`privopt.data.csv_dataset`).
 * ``synthetic-groups``: p-group Gaussian-mixture logistic benchmark (:mod:`privopt.data.synthetic`).
 """
 
@@ -27,6 +28,7 @@ import numpy as np
 
 import privopt.data.synthetic  # noqa: F401  (registers synthetic-groups)
 from privopt.data.adult import adult_source
+from privopt.data.csv_dataset import csv_source
 from privopt.data.dataset import Part, RawData
 from privopt.data.public import covtype_scaling
 from privopt.data.registry import BuildContext, is_int, is_real, register_dataset
@@ -267,3 +269,20 @@ def _celeba(
 ) -> RawData:
     """CelebA attribute-only stand-in: predict ``target`` from the other attributes; groups target x ``group``."""
     return celeba_source(ctx, target=target, group=group, groups=groups)
+
+
+@register_dataset("csv", needs_files=False)
+def _csv(
+    ctx: BuildContext,
+    *,
+    path: str | None = None,
+    test_path: str | None = None,
+    label: dict | None = None,
+    features: dict | None = None,
+    group: dict | None = None,
+    missing: str = "error",
+    delimiter: str = ",",
+) -> RawData:
+    """Your own CSV file (header line; label, group and features declared with public ranges/categories)."""
+    return csv_source(ctx, path=path, test_path=test_path, label=label, features=features, group=group,
+                      missing=missing, delimiter=delimiter)  # fmt: skip

@@ -18,6 +18,7 @@ Every selection is decided per record by a keyed hash of the record's content (s
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import os
 import warnings
@@ -101,8 +102,9 @@ def describe_datasets() -> dict[str, dict[str, Any]]:
 
 
 OWN_DATA_HINT = (
-    "for your own data (e.g. a CSV file) build a privopt.data.Dataset in Python and pass it to privopt.fit "
-    "or train(dataset=...) (docs/data.md, 'Bring your own data')"
+    "for your own CSV file use dataset csv with its columns declared in dataset_params (docs/data.md, 'Your own "
+    "CSV file from the command line'); for arrays build a privopt.data.Dataset in Python and pass it to "
+    "privopt.fit or train(dataset=...) (docs/data.md, 'Bring your own data')"
 )
 
 
@@ -239,7 +241,23 @@ def _check_options(spec: Any, name: str, options: dict[str, Any]) -> None:
     unknown = sorted(set(options) - set(spec.options))
     if unknown:
         allowed = ", ".join(sorted(spec.options)) or "none"
-        raise ConfigError(f"unknown option(s) {unknown} for dataset {name!r}; its options: {allowed}")
+        common = ["val_fraction", "test_fraction", "scaling", "max_train", "train_fraction"]
+        hint = close_name(unknown[0], [*spec.options, *common])
+        raise ConfigError(
+            f"unknown option(s) {unknown} for dataset {name!r}{hint}; its options: {allowed} "
+            f"(and, for every dataset: {', '.join(common)})"
+        )
+
+
+def close_name(word: str, candidates: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the candidate closest to a misspelt ``word``, else ``""``.
+
+    Example:
+        >>> close_name("test_fracton", ["test_fraction", "seed"])
+        " (did you mean 'test_fraction'?)"
+    """
+    match = difflib.get_close_matches(str(word), list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 def _scaling_mode(scaling: Any, standardize: Any) -> str:

@@ -1,0 +1,173 @@
+"""The declared schema of the ``csv`` dataset: which columns to read and their PUBLIC encoding.
+
+Everything that shapes a record's features comes from here, never from the file: the classes of
+the label, the groups, each numeric feature's range and each categorical feature's vocabulary. A
+mistake in the schema is a :class:`~privopt.errors.ConfigError` raised before any file is opened.
+Guide: ``docs/data.md``, "Your own CSV file from the command line".
+
+Example:
+    >>> spec = parse_csv_spec(
+    ...     label={"column": "y", "classes": ["no", "yes"]},
+    ...     features={"age": {"range": [17, 90]}, "job": {"categories": ["a", "b"], "unknown": "other"}},
+    ... )
+    >>> [(f.name, f.kind) for f in spec.features], spec.classes
+    ([('age', 'numeric'), ('job', 'categorical')], ('no', 'yes'))
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from privopt.data.registry import close_name
+from privopt.errors import ConfigError
+
+__all__ = ["CsvSpec", "CsvFeature", "parse_csv_spec", "OTHER", "MISSING_POLICIES", "UNKNOWN_POLICIES"]
+
+OTHER = "<other>"  # the one-hot slot of values outside a vocabulary declared with unknown: other
+MISSING_POLICIES = ("error", "drop")
+UNKNOWN_POLICIES = ("error", "other")
+_WHERE = "dataset_params"
+
+
+@dataclass(frozen=True)
+class CsvFeature:
+    """One feature column: ``numeric`` (public ``lower``/``upper``) or ``categorical`` (public ``categories``)."""
+
+    name: str
+    kind: str
+    lower: float = 0.0
+    upper: float = 1.0
+    categories: tuple[str, ...] = ()
+    unknown: str = "error"
+
+    @property
+    def slots(self) -> tuple[str, ...]:
+        """The one-hot categories (with the ``<other>`` slot when unknown values go there)."""
+        return (*self.categories, OTHER) if self.unknown == "other" else self.categories
+
+
+@dataclass(frozen=True)
+class CsvSpec:
+    """The parsed ``label``, ``group``, ``features``, ``missing`` and ``delimiter`` options."""
+
+    label: str
+    classes: tuple[str, ...]
+    group: str | None
+    groups: tuple[str, ...]
+    features: tuple[CsvFeature, ...]
+    missing: str = "error"
+    delimiter: str = ","
+
+    @property
+    def columns(self) -> list[str]:
+        """Every column the schema reads (label, group, features), each once."""
+        used = [self.label, *([self.group] if self.group else []), *(f.name for f in self.features)]
+        return list(dict.fromkeys(used))
+
+
+def _mapping(what: str, value: Any, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict:
+    """``value`` as a mapping with only ``allowed`` keys (a misspelt key is named, with the close one)."""
+    if not isinstance(value, dict):
+        keys = ", ".join(f"{k}: ..." for k in required or allowed)
+        raise ConfigError(f"{_WHERE}.{what} must be a mapping ({{{keys}}}), got {value!r}")
+    for key in value:
+        if key not in allowed:
+            hint = close_name(str(key), allowed)
+            raise ConfigError(f"unknown key {key!r} in {_WHERE}.{what}{hint}; its keys: {', '.join(allowed)}")
+    for key in required:
+        if key not in value:
+            raise ConfigError(f"{_WHERE}.{what} needs {key!r}")
+    return value
+
+
+def _text(what: str, value: Any) -> str:
+    """A declared name as the text a CSV cell holds (``0`` -> ``"0"``)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ConfigError(f'{_WHERE}.{what}: {value!r} is not a name (write it as text, e.g. "{value}")')
+    return str(value).strip()
+
+
+def _names(what: str, value: Any, *, at_least: int) -> tuple[str, ...]:
+    """A list of ``at_least`` or more distinct names (classes, groups, categories)."""
+    if not isinstance(value, (list, tuple)) or len(value) < at_least:
+        raise ConfigError(f"{_WHERE}.{what} must be a list of at least {at_least} names, got {value!r}")
+    names = tuple(_text(what, v) for v in value)
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{_WHERE}.{what} names a value twice: {list(names)}")
+    return names
+
+
+def _column(what: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{_WHERE}.{what}.column must be a column name (a string), got {value!r}")
+    return value.strip()
+
+
+def _range(name: str, value: Any) -> tuple[float, float]:
+    what = f"{_WHERE}.features.{name}.range"
+    real = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if not isinstance(value, (list, tuple)) or len(value) != 2 or not all(real(v) for v in value):
+        raise ConfigError(f"{what} must be [lower, upper], two finite numbers, got {value!r}")
+    lo, hi = float(value[0]), float(value[1])
+    if not lo < hi:
+        raise ConfigError(f"{what} needs lower < upper, got [{value[0]}, {value[1]}]")
+    return lo, hi
+
+
+def _feature(name: Any, entry: Any) -> CsvFeature:
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{_WHERE}.features: {name!r} is not a column name")
+    what = f"features.{name}"
+    entry = _mapping(what, entry, ("range", "categories", "unknown"))
+    if ("range" in entry) == ("categories" in entry):
+        raise ConfigError(
+            f"{_WHERE}.{what} needs exactly one of range: [lower, upper] (a numeric column) or "
+            "categories: [...] (a categorical column)"
+        )
+    if "range" in entry:
+        if "unknown" in entry:
+            raise ConfigError(f"{_WHERE}.{what}.unknown applies to categorical columns (categories: [...]) only")
+        lo, hi = _range(name, entry["range"])
+        return CsvFeature(name.strip(), "numeric", lower=lo, upper=hi)
+    unknown = entry.get("unknown", "error")
+    if unknown not in UNKNOWN_POLICIES:
+        raise ConfigError(f"{_WHERE}.{what}.unknown must be one of {', '.join(UNKNOWN_POLICIES)}, got {unknown!r}")
+    cats = _names(f"{what}.categories", entry["categories"], at_least=1)
+    if unknown == "other" and OTHER in cats:
+        raise ConfigError(f"{_WHERE}.{what}.categories: {OTHER!r} is the slot of unknown values (unknown: other)")
+    return CsvFeature(name.strip(), "categorical", categories=cats, unknown=unknown)
+
+
+def parse_csv_spec(
+    *, label: Any, features: Any, group: Any = None, missing: Any = "error", delimiter: Any = ","
+) -> CsvSpec:
+    """Validate the schema options of the ``csv`` dataset (see the module docstring).
+
+    Raises:
+        ConfigError: a missing or unknown key (with the close name), a class/group/category list
+            that is not a list of distinct names, a range with lower >= upper, a feature that is
+            the label column, an unknown ``missing``/``unknown`` policy.
+    """
+    label = _mapping("label", label, ("column", "classes"), ("column", "classes"))
+    column, classes = _column("label", label["column"]), _names("label.classes", label["classes"], at_least=2)
+    gcol, groups = None, ()
+    if group is not None:
+        group = _mapping("group", group, ("column", "groups"), ("column", "groups"))
+        gcol, groups = _column("group", group["column"]), _names("group.groups", group["groups"], at_least=1)
+    if not isinstance(features, dict) or not features:
+        raise ConfigError(
+            f"{_WHERE}.features must map at least one column to its public encoding, e.g. "
+            "{age: {range: [17, 90]}, job: {categories: [a, b]}}; got " + repr(features)
+        )
+    feats = tuple(_feature(name, entry) for name, entry in features.items())
+    if column in [f.name for f in feats]:
+        raise ConfigError(f"{_WHERE}.features: {column!r} is the label column; it cannot be a feature too")
+    if missing not in MISSING_POLICIES:
+        raise ConfigError(f"{_WHERE}.missing must be one of {', '.join(MISSING_POLICIES)}, got {missing!r}")
+    if not isinstance(delimiter, str) or len(delimiter) != 1 or delimiter in '"\r\n':
+        raise ConfigError(f"{_WHERE}.delimiter must be one character (e.g. ',' or ';'), got {delimiter!r}")
+    numeric = tuple(f for f in feats if f.kind == "numeric")  # the layout's order: numeric, then one-hot
+    return CsvSpec(column, classes, gcol, groups, (*numeric, *(f for f in feats if f.kind != "numeric")),
+                   missing, delimiter)  # fmt: skip
