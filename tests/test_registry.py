@@ -68,3 +68,17 @@ def test_gradient_engines_share_the_registry():
         register_engine(Impostor)
     with pytest.raises(ConfigError, match="unknown gradient engine 'warp'; available: .*auto"):
         get_engine("warp")
+
+
+def test_misspelt_names_and_keys_get_a_suggestion():
+    from privopt.config import RunConfig
+
+    with pytest.raises(ConfigError, match=r"unknown model 'mlpp' \(did you mean 'mlp'\?\)"):
+        build_model("mlpp", input_shape=(4,), num_classes=2)
+    with pytest.raises(ConfigError, match=r"\['algoritm'\] \(did you mean 'algorithm'\?\)"):
+        RunConfig.from_dict({"algoritm": "dp-sgd"})
+    with pytest.raises(ConfigError, match=r"\['epsilom'\] \(did you mean 'epsilon'\?\)"):
+        RunConfig.from_dict({"privacy": {"epsilom": 1.0}})
+    with pytest.raises(ConfigError) as far:  # nothing close: no guess, the choices are still listed
+        build_model("zzzzzz", input_shape=(4,), num_classes=2)
+    assert "did you mean" not in str(far.value) and "mlp" in str(far.value)

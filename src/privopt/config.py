@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from privopt.errors import ConfigError
+from privopt.errors import ConfigError, close_name
 
 __all__ = ["RunConfig", "PrivacyConfig", "load_config", "apply_overrides", "resolve_device", "yaml_load"]
 
@@ -179,11 +179,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.privacy, dict):  # RunConfig(privacy={...}) reads like the YAML it mirrors
-            bad = sorted(set(self.privacy) - set(PrivacyConfig.__dataclass_fields__))
-            if bad:
-                raise ConfigError(
-                    f"unknown privacy key(s) {bad}; valid keys: {sorted(PrivacyConfig.__dataclass_fields__)}"
-                )
+            _refuse_unknown("privacy", self.privacy, PrivacyConfig.__dataclass_fields__)
             self.privacy = PrivacyConfig(**self.privacy)
 
     def validate(self) -> RunConfig:
@@ -243,18 +239,19 @@ class RunConfig:
         if not isinstance(d, dict):
             raise ConfigError(f"a config must be a mapping, got {type(d).__name__}")
         d = copy.deepcopy(d)
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown config key(s) {unknown}; valid keys: {sorted(known)}")
+        _refuse_unknown("config", d, cls.__dataclass_fields__)
         priv = d.pop("privacy", {}) or {}
         if not isinstance(priv, dict):
             raise ConfigError(f"privacy must be a mapping, got {priv!r}")
-        pknown = set(PrivacyConfig.__dataclass_fields__)
-        bad = sorted(set(priv) - pknown)
-        if bad:
-            raise ConfigError(f"unknown privacy key(s) {bad}; valid keys: {sorted(pknown)}")
+        _refuse_unknown("privacy", priv, PrivacyConfig.__dataclass_fields__)
         return cls(privacy=PrivacyConfig(**priv), **d).validate()
+
+
+def _refuse_unknown(kind: str, given: dict[str, Any], known) -> None:
+    unknown = sorted(set(given) - set(known), key=str)
+    if unknown:
+        hint = close_name(str(unknown[0]), known)
+        raise ConfigError(f"unknown {kind} key(s) {unknown}{hint}; valid keys: {sorted(known)}")
 
 
 def _parse_value(text: str) -> Any:

@@ -1,6 +1,8 @@
 """Exceptions and warnings raised by privopt. Each names the problem so a user can fix the input."""
 
+import difflib
 import os
+from collections.abc import Iterable
 
 DEBUG_ENV = "PRIVOPT_DEBUG"  # set (not "" or "0"): errors and warnings may quote private data
 
@@ -49,6 +51,17 @@ class PrivoptRuntimeWarning(PrivoptWarning, RuntimeWarning):
 
 class PrivoptDeprecationWarning(PrivoptWarning, DeprecationWarning):
     """A privopt option that will be removed."""
+
+
+def close_name(word: str, candidates: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the candidate closest to a misspelt ``word``, else ``""``.
+
+    Example:
+        >>> close_name("test_fracton", ["test_fraction", "seed"])
+        " (did you mean 'test_fraction'?)"
+    """
+    match = difflib.get_close_matches(str(word), list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 def debug_enabled() -> bool:

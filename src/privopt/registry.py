@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from privopt.errors import ConfigError
+from privopt.errors import ConfigError, close_name
 
 __all__ = ["Registry"]
 
@@ -79,7 +79,8 @@ class Registry(Generic[T]):
     def lookup(self, name: str) -> T:
         """The object registered as ``name``; an unknown name fails with the available choices."""
         if not isinstance(name, str) or name not in self._entries:
-            raise ConfigError(f"unknown {self.kind} {name!r}; available: {', '.join(self.names())}")
+            hint = close_name(name, self.names()) if isinstance(name, str) else ""
+            raise ConfigError(f"unknown {self.kind} {name!r}{hint}; available: {', '.join(self.names())}")
         return self._entries[name]
 
     def __contains__(self, name: object) -> bool:

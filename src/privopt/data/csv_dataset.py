@@ -22,9 +22,9 @@ import numpy as np
 from privopt.data import formats
 from privopt.data.csv_spec import CsvFeature, CsvSpec, parse_csv_spec
 from privopt.data.dataset import Part, RawData
-from privopt.data.registry import BuildContext, close_name
+from privopt.data.registry import BuildContext
 from privopt.data.tabular import one_hot, record_where, tabular_layout
-from privopt.errors import ConfigError, DataError, debug_enabled, some
+from privopt.errors import ConfigError, DataError, close_name, debug_enabled, some
 
 __all__ = ["csv_source", "read_csv_columns"]
 

@@ -20,8 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from privopt.data.registry import close_name
-from privopt.errors import ConfigError
+from privopt.errors import ConfigError, close_name
 
 __all__ = ["CsvSpec", "CsvFeature", "parse_csv_spec", "OTHER", "MISSING_POLICIES", "UNKNOWN_POLICIES"]
 

@@ -18,7 +18,6 @@ Every selection is decided per record by a keyed hash of the record's content (s
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import os
 import warnings
@@ -33,7 +32,7 @@ import numpy as np
 from privopt.data.dataset import Dataset, Part, RawData
 from privopt.data.preprocess import check_mode
 from privopt.data.splits import carve
-from privopt.errors import ConfigError, DataError, PrivoptDeprecationWarning, PrivoptWarning
+from privopt.errors import ConfigError, DataError, PrivoptDeprecationWarning, PrivoptWarning, close_name
 from privopt.registry import Registry
 
 __all__ = [
@@ -247,17 +246,6 @@ def _check_options(spec: Any, name: str, options: dict[str, Any]) -> None:
             f"unknown option(s) {unknown} for dataset {name!r}{hint}; its options: {allowed} "
             f"(and, for every dataset: {', '.join(common)})"
         )
-
-
-def close_name(word: str, candidates: Iterable[str]) -> str:
-    """``" (did you mean 'x'?)"`` for the candidate closest to a misspelt ``word``, else ``""``.
-
-    Example:
-        >>> close_name("test_fracton", ["test_fraction", "seed"])
-        " (did you mean 'test_fraction'?)"
-    """
-    match = difflib.get_close_matches(str(word), list(candidates), n=1, cutoff=0.6)
-    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 def _scaling_mode(scaling: Any, standardize: Any) -> str:
