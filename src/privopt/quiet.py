@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import traceback
 import warnings
@@ -33,6 +34,8 @@ __all__ = [
 HIDDEN = "may quote private data: not shown; `privopt --debug ...` or PRIVOPT_DEBUG=1 shows it"
 # How a torchrun process says that another one failed (privopt.distributed.comm): not the cause to quote.
 PEER_FAILED = "with the other client processes failed"
+# torch's (glog-style) log lines, e.g. torchrun's "E1125 07:30:05.750000 5849 ...] failed (exitcode: 1)".
+_TORCH_LOG = re.compile(r"[DIWEF]\d{4} \d\d:\d\d:\d\d")
 
 
 def _where(frame) -> str:
@@ -70,16 +73,33 @@ def foreign_error_line(err: BaseException) -> str:
     return f"{type(err).__name__}{where} (its message and traceback {HIDDEN.replace('shows it', 'shows them')})"
 
 
+def _is_decoration(line: str) -> bool:
+    """A rule such as torchrun's ``=====`` or ``*****`` frame: nothing to quote."""
+    return len(line) >= 3 and set(line) <= set("=-*#~_")
+
+
+def _child_lines(lines: list[str]) -> list[str]:
+    """``lines`` without torchrun's own report of a failed child: its log lines (``E1125 07:30:05...``),
+    its ``ChildFailedError`` traceback and the framed summary after it; the child's output stays."""
+    launcher = [i for i, ln in enumerate(lines) if ln.split(":", 1)[0].endswith("ChildFailedError")]
+    if launcher:
+        tracebacks = [i for i in range(launcher[-1]) if lines[i].startswith("Traceback (most recent call last)")]
+        lines = lines[: tracebacks[-1] if tracebacks else launcher[-1]]
+    return [ln for ln in lines if not _is_decoration(ln) and not _TORCH_LOG.match(ln)]
+
+
 def public_tail(stderr: str) -> str:
     """What a parent may quote of a failed privopt child process's stderr: the child's last own
     ``privopt: ...`` line (public by construction; under torchrun, not a process's line that only
-    says another one failed), else the type of its last exception only.
+    says another one failed), else the type of its last exception only. torchrun's own report of
+    the failure, and decorative rules, are never what is quoted.
 
     Example:
         >>> public_tail("Traceback ...\\nValueError: row 3 holds 7.25")
         'ValueError (its message may quote private data: not shown; `privopt --debug ...` or PRIVOPT_DEBUG=1 shows it)'
     """
-    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    every = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    lines = _child_lines(every) or [ln for ln in every if not _is_decoration(ln)]
     if debug_enabled():
         return lines[-1] if lines else "?"
     own = [ln for ln in lines if ln.startswith("privopt: ")]

@@ -33,7 +33,7 @@ def _config(*, model: Any, dataset: Any, algorithm: str, privacy: dict, params: 
             "algorithm_params": params,
             "dataset": dataset if isinstance(dataset, str) else getattr(dataset, "name", "custom"),
             "model": model if isinstance(model, str) else "mlp",  # unused: the module is passed in
-            "privacy": privacy,
+            "privacy": {k: v for k, v in privacy.items() if k != "delta" or v is not None},  # None: the default
             **options,
         }
     )
@@ -87,7 +87,7 @@ def fit(
     allow_large_delta: bool = False,
     insecure_seed: int | None = None,
     seed: int = 0,
-    progress: bool = False,
+    progress: bool | None = None,
     data_dir: str | None = None,
     logit_adjustment: dict[str, Any] | None = None,
     **params: Any,
@@ -104,7 +104,8 @@ def fit(
         out_dir: where the run's outputs go; default: a temporary folder, deleted when ``fit`` returns.
         engine, accountant: per-example gradient engine and accountant (``"auto"`` each).
         seed, insecure_seed: public seed (model init, data selection); noise/sampling seed (NOT private).
-        progress, data_dir: progress output; folder of the files of a named dataset that needs them.
+        progress: ``None`` (auto): a bar if stderr is a terminal and training lasts 3 s; ``True``/``False``: on/off.
+        data_dir: folder of the files of a named dataset that needs them.
         logit_adjustment: e.g. ``{"noise_ratio": 10.0}``: predict with ``logits − log π`` (docs/data.md).
         **params: the algorithm's hyper-parameters (``lr``, ``epochs``, ``clip``, ...; unknown names are refused).
 
@@ -127,15 +128,14 @@ def fit(
         ('finished', True)
     """
     private = _check_algorithm(algorithm, epsilon=epsilon, delta=delta)
-    privacy = {"epsilon": epsilon, "allow_large_delta": allow_large_delta, "accountant": accountant}
-    privacy.update({} if delta is None else {"delta": delta})
+    privacy = {"epsilon": epsilon, "delta": delta, "allow_large_delta": allow_large_delta, "accountant": accountant}
     options = {"engine": engine, "seed": seed, "insecure_seed": insecure_seed, "data_dir": data_dir}
     options["logit_adjustment"] = dict(logit_adjustment or {})
     cfg = _config(model=model, dataset=dataset, algorithm=algorithm, privacy=privacy, params=params, options=options)
     return _claimed_run(cfg, private, model, out_dir=out_dir, progress=progress, dataset=dataset, loss=loss)
 
 
-def _train(cfg, *, out_dir, progress: bool, model: Any, dataset: Any, loss: Any) -> dict[str, Any]:
+def _train(cfg, *, out_dir, progress: bool | None, model: Any, dataset: Any, loss: Any) -> dict[str, Any]:
     from privopt.training import train
 
     objects = {

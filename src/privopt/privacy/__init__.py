@@ -4,64 +4,31 @@ Nothing in this package imports torch; it is a thin layer over Google's ``dp_acc
 See docs/accounting.md.
 """
 
-from privopt.privacy.accountant import (
-    DEFAULT_ORDERS,
-    EpsilonResult,
-    delta_of,
-    epsilon_of,
-    pld_supported,
-    rdp_curve,
-)
-from privopt.privacy.calibration import (
-    DEFAULT_TIME_LIMIT,
-    Calibration,
-    CalibrationProgress,
-    calibrate,
-    dp_sgd_noise,
-    gaussian_noise_multiplier,
-)
-from privopt.privacy.checks import check_delta_for_size
-from privopt.privacy.events import (
-    ADD_REMOVE,
-    NEIGHBOURING,
-    REPLACE_ONE,
-    FullBatch,
-    Gaussian,
-    Laplace,
-    Mechanism,
-    Poisson,
-    PureDP,
-    Sampling,
-    SingleRecord,
-    Step,
-    TreeAggregation,
-    WithoutReplacement,
-    check_neighbouring,
-    sensitivity_factor,
-    step_from_dict,
-)
-from privopt.privacy.filter import RdpFilter
-from privopt.privacy.inventory import (
-    COMPOSITIONS,
-    Inventory,
-    LaplaceShape,
-    NoisyMaxShape,
-    PlannedStep,
-    TreeShape,
-    laplace_family,
-    noisy_max_family,
-    tree_family,
-)
-from privopt.privacy.ledger import PrivacyLedger
-from privopt.privacy.mechanisms import (
-    gaussian_noise,
-    laplace_noise,
-    laplace_scale,
-    report_noisy_max,
-    report_noisy_max_epsilon,
-)
-from privopt.privacy.parallel import ParallelLedger, ledger_from_dict, make_ledger
-from privopt.privacy.translate import dp_relation_for, to_dp_event
+import importlib
+
+# Where each public name lives: loaded on first use (see __getattr__).
+_SUBMODULES = {
+    "accountant": "DEFAULT_ORDERS EpsilonResult delta_of epsilon_of pld_supported rdp_curve",
+    "calibration": (
+        "DEFAULT_TIME_LIMIT Calibration CalibrationProgress calibrate dp_sgd_noise gaussian_noise_multiplier"
+    ),
+    "checks": "check_delta_for_size",
+    "events": (
+        "ADD_REMOVE NEIGHBOURING REPLACE_ONE FullBatch Gaussian Laplace Mechanism Poisson PureDP Sampling "
+        "SingleRecord Step TreeAggregation WithoutReplacement check_neighbouring sensitivity_factor "
+        "step_from_dict"
+    ),
+    "filter": "RdpFilter",
+    "inventory": (
+        "COMPOSITIONS Inventory LaplaceShape NoisyMaxShape PlannedStep TreeShape laplace_family "
+        "noisy_max_family tree_family"
+    ),
+    "ledger": "PrivacyLedger",
+    "mechanisms": "gaussian_noise laplace_noise laplace_scale report_noisy_max report_noisy_max_epsilon",
+    "parallel": "ParallelLedger ledger_from_dict make_ledger",
+    "translate": "dp_relation_for to_dp_event",
+}
+_LAZY = {name: module for module, names in _SUBMODULES.items() for name in names.split()}
 
 __all__ = [
     # events
@@ -121,3 +88,17 @@ __all__ = [
     "report_noisy_max",
     "report_noisy_max_epsilon",
 ]
+
+
+def __getattr__(name: str):
+    # The events (imported by the sampling and data code) must not pull in dp_accounting and scipy,
+    # about a second, before anything is accounted.
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"privopt.privacy.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'privopt.privacy' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -101,15 +101,21 @@ class ProgressCallback(Callback):
     Args:
         desc: label (the algorithm name).
         summary: returns the public values to show (e.g. ``{"eps": "0.52", "acc": "0.91"}``).
-        enabled: False prints nothing.
+        enabled: True shows progress, False prints nothing, None ("auto") shows a bar only on a
+            terminal and only once the run has lasted :data:`AUTO_DELAY_S` seconds, else nothing.
         stream: where to write (default ``sys.stderr``); a bar only if it is a terminal.
     """
 
+    AUTO_DELAY_S = 3.0
+
     def __init__(
-        self, *, desc: str, summary: Callable[[], dict[str, str]], enabled: bool, stream: TextIO | None = None
+        self, *, desc: str, summary: Callable[[], dict[str, str]], enabled: bool | None, stream: TextIO | None = None
     ):
-        self.desc, self.summary, self.enabled = desc, summary, enabled
+        self.desc, self.summary = desc, summary
         self.stream = stream if stream is not None else sys.stderr
+        # Auto: silent in tests, notebooks and logs, where a bar or periodic lines would be noise.
+        self.enabled = self._isatty() if enabled is None else bool(enabled)
+        self._delay = self.AUTO_DELAY_S if enabled is None else 0.0
         self._bar = None
         self._every = 1
 
@@ -126,7 +132,13 @@ class ProgressCallback(Callback):
             from tqdm.auto import tqdm
 
             self._bar = tqdm(
-                total=state.total, initial=state.step, desc=self.desc, unit="step", leave=False, file=self.stream
+                total=state.total,
+                initial=state.step,
+                desc=self.desc,
+                unit="step",
+                leave=False,
+                file=self.stream,
+                delay=self._delay,  # a short auto run finishes before its bar would appear
             )
         self._every = max(1, math.ceil(state.total / 10))
 

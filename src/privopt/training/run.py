@@ -234,7 +234,7 @@ class _Session:
             print(f"privopt: could not write the failure record: {why}", file=sys.stderr)
 
     # ------------------------------------------------------------------ running
-    def execute(self, *, fresh: bool, progress: bool, max_steps: int | None) -> dict[str, Any]:
+    def execute(self, *, fresh: bool, progress: bool | None, max_steps: int | None) -> dict[str, Any]:
         run = self.run
         with SignalGuard() as guard:
             try:
@@ -325,7 +325,7 @@ def train(
     *,
     out_dir: str | Path,
     resume: bool = False,
-    progress: bool = True,
+    progress: bool | None = True,
     max_steps: int | None = None,
     dataset: Any = None,
     model: Any = None,
@@ -348,7 +348,8 @@ def train(
         resume: continue from ``out_dir/checkpoint.pt`` (model, algorithm state, generator
             states and the ledger are restored, so no budget is re-spent or forgotten), on the
             torch CPU thread count the run recorded (the caller's is set back on return).
-        progress: a progress bar on a terminal, periodic lines otherwise.
+        progress: a progress bar on a terminal, periodic lines otherwise; False: nothing; None:
+            a bar only on a terminal and only once the loop has run a few seconds, else nothing.
         max_steps: stop (checkpoint, status ``"paused"``) after this many steps in this call.
         dataset: your own :class:`privopt.data.Dataset` instead of loading ``cfg.dataset`` (pass it again on
             resume: its fingerprint is checked); ``cfg.dataset_params`` empty or those it was loaded with.
@@ -391,7 +392,9 @@ def _per_example(loss: Any) -> Any:
     return per_sample_loss(loss)
 
 
-def _fresh(cfg, out: Path, comm, *, dataset, model, loss, progress: bool, max_steps: int | None) -> dict[str, Any]:
+def _fresh(
+    cfg, out: Path, comm, *, dataset, model, loss, progress: bool | None, max_steps: int | None
+) -> dict[str, Any]:
     if cfg is None:
         raise ConfigError("train() needs a RunConfig (cfg=None is only for resume=True)")
     try:

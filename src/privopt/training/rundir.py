@@ -4,12 +4,14 @@ A run directory is reusable when it is new, empty, or holds only what a run kill
 first checkpoint leaves behind (the lock file and hidden ``.*.tmp`` files); it is refused when it
 holds a run (``record.json`` / ``checkpoint.pt``) or any other file. While a run (or a resume)
 writes into it, it holds an exclusive ``flock`` on ``.privopt.lock``: a second run into the same
-directory fails at once with a clear message; the kernel releases the lock when a process dies,
-even by SIGKILL, so a crashed run never blocks its own resume.
+directory fails at once with a clear message. The owner removes the file when it is done (finished,
+paused or failed); the kernel releases the lock when a process dies, even by SIGKILL, so the file a
+crashed run leaves is taken over by the next run or resume, never blocks it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -109,6 +111,24 @@ class RunDirLock:
     def __enter__(self) -> RunDirLock:
         try:
             self.out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"cannot create the run directory {self.out}: {e.strerror or e}") from None
+        for _ in range(100):
+            fd = self._open_and_lock()
+            if self._is_current(fd):
+                break
+            os.close(fd)  # locked a file its owner had just removed: lock the one now at the path
+        else:  # pragma: no cover - another process keeps replacing the file
+            raise ConfigError(f"run directory {self.out} is in use by another privopt run")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        for leftover in self.out.glob(".*.tmp"):
+            leftover.unlink(missing_ok=True)
+        return self
+
+    def _open_and_lock(self) -> int:
+        try:
             fd = os.open(self.out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise ConfigError(f"cannot create the run directory {self.out}: {e.strerror or e}") from None
@@ -122,15 +142,23 @@ class RunDirLock:
                     f"run directory {self.out} is in use by another privopt run (pid {owner}); "
                     "wait for it to end or choose another output directory"
                 ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
-        for leftover in self.out.glob(".*.tmp"):
-            leftover.unlink(missing_ok=True)
-        return self
+        return fd
+
+    def _is_current(self, fd: int) -> bool:
+        """Whether ``fd`` is still the file at the lock's path (an owner removes it before unlocking)."""
+        try:
+            here = os.stat(self.out / LOCK_NAME)
+        except FileNotFoundError:
+            return False
+        mine = os.fstat(fd)
+        return (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino)
 
     def __exit__(self, *exc) -> None:
         if self._fd is not None:
+            # Removed while still locked: whoever opens the path next creates a new file, and one
+            # that opened the old file before this sees it is no longer at the path.
+            with contextlib.suppress(OSError):  # a folder made read-only meanwhile: keep the run's result
+                (self.out / LOCK_NAME).unlink()
             if fcntl is not None:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
