@@ -11,6 +11,7 @@ import torch
 
 from privopt.cli import main as cli_main
 from privopt.errors import ConfigError
+from privopt.eval.dro_metrics import class_matched_indices
 from privopt.experiments.dro import (
     BUDGETS,
     PAPER_TABLE3,
@@ -19,7 +20,6 @@ from privopt.experiments.dro import (
     method_params,
     run_dro_table3,
 )
-from privopt.experiments.dro_metrics import class_matched_indices
 from privopt.experiments.privacy_notes import TRAINING_MEASUREMENTS, TUNED_ON_TRAINING
 
 TINY = Budget(

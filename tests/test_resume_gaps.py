@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import privopt
-import privopt.experiments.jobs as jobs_module
+import privopt.cores as cores_module
 from _run_helpers import cfg, read_record
 from privopt.checkpoint import load_checkpoint, save_checkpoint
 from privopt.cli import main
@@ -209,8 +209,8 @@ def _warnings(tmp_path, monkeypatch, threads, capsys, *, cores: int, jobs: int =
     threads(2)
     _paused(tmp_path / "r")
     threads(1)
-    monkeypatch.setattr(jobs_module, "usable_cores", lambda: cores)
-    monkeypatch.setattr(jobs_module, "_POOL_JOBS", jobs)
+    monkeypatch.setattr(cores_module, "usable_cores", lambda: cores)
+    monkeypatch.setattr(cores_module, "_POOL_JOBS", jobs)
     capsys.readouterr()
     _resume(tmp_path / "r")
     return [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("privopt: warning:")]

@@ -199,14 +199,3 @@ def sosp_metric(split: str, *, max_records: int = 2000, **lanczos):
         return {f"sosp_{split}_{k}": v for k, v in rep.items()}
 
     return fn
-
-
-def _register() -> None:
-    from privopt.training.metrics import register_run_metric
-
-    # The released model on the public test split: public. On the training split: diagnostics only.
-    register_run_metric("sosp", sosp_metric("test"), when="final", reads_private_data=False)
-    register_run_metric("sosp_train", sosp_metric("train"), when="final", reads_private_data=True)
-
-
-_register()

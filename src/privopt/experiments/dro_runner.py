@@ -138,7 +138,6 @@ def run_one(
     metrics: list[str],
 ) -> dict[str, Any]:
     """One training run through the shared loop; returns a flat result row (+ ``history``)."""
-    import privopt.experiments.dro_metrics  # noqa: F401  (registers grad_norm / mia, also in a worker process)
     from privopt.algorithms import available_algorithms
     from privopt.config import RunConfig
     from privopt.training import train
@@ -451,8 +450,6 @@ def _choose_hyperparameters(req: GridRequest, spec: RunSpec, methods, eps_list, 
 
 def run_grid(req: GridRequest) -> tuple[list[dict], dict[str, Any], Path]:
     """Run a reproduction (:class:`GridRequest`); returns (result rows, its metadata, the output folder)."""
-    import privopt.experiments.dro_metrics  # noqa: F401  (registers grad_norm / mia)
-
     b, eps_list, methods, out = _checked(req.budget, req.seeds, req.epsilons, req.methods, req.nonprivate, req.out_dir)
     b = b.for_dataset(req.dataset) if isinstance(req.dataset, str) else b
     workers = Workers(req.jobs, shared=None if isinstance(req.dataset, str) else req.dataset)  # checked now

@@ -18,7 +18,6 @@ once per call.
 from __future__ import annotations
 
 import json
-import os
 import pickle
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import Any
 
+from privopt.cores import pool_jobs, set_pool_jobs, usable_cores
 from privopt.errors import ConfigError
 
 __all__ = [
@@ -96,7 +96,6 @@ class _Slot:
 
 
 _WORKER_SLOT = _Slot()  # a worker process's own dataset
-_POOL_JOBS = 1  # in a worker process: how many workers its pool runs (this one among them)
 
 
 def _init_worker(shared_blob: bytes | None, draw_ahead: bool, jobs: int = 1) -> None:
@@ -111,8 +110,7 @@ def _init_worker(shared_blob: bytes | None, draw_ahead: bool, jobs: int = 1) -> 
     from privopt.grads.ahead import set_draw_ahead
     from privopt.quiet import hide_foreign_warnings
 
-    global _POOL_JOBS
-    _POOL_JOBS = jobs
+    set_pool_jobs(jobs)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     set_draw_ahead(enabled=draw_ahead)
@@ -122,16 +120,6 @@ def _init_worker(shared_blob: bytes | None, draw_ahead: bool, jobs: int = 1) -> 
 
 def _call_in_worker(fn: Callable, call: Call) -> Any:
     return fn(*call.args, **call.kwargs, **_WORKER_SLOT.resolve(call.data))
-
-
-def usable_cores() -> int:
-    """The CPU cores this process may run on (its affinity where the OS reports one)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def pool_jobs() -> int:
-    """How many worker processes of a :class:`Workers` pool run at once, this one among them (1 outside one)."""
-    return _POOL_JOBS
 
 
 def resolve_jobs(jobs: Any) -> int:

@@ -1,4 +1,4 @@
-"""Losses, evaluation and the registry of extra run metrics.
+"""Evaluation and the registry of extra run metrics (the losses: :mod:`privopt.objectives.losses`).
 
 A run metric declares whether it reads the private training data. Metrics that do (a
 full-training-set gradient norm, a membership-inference attack) are computed only when the run
@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from privopt.errors import ConfigError
+from privopt.objectives.losses import LossFn, build_loss
 from privopt.registry import Registry
 
 __all__ = [
@@ -30,42 +31,6 @@ __all__ = [
     "public_view",
     "register_run_metric",
 ]
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def build_loss(name: str) -> LossFn:
-    """Per-sample loss ``(outputs, targets) -> [B]`` by name: ``cross_entropy`` (one logit per
-    class) or ``logistic`` (binary labels 0/1 and a single logit, the model of the linear ERM
-    algorithms: ``log(1 + exp(-(2y - 1)·out))``).
-
-    Example:
-        >>> build_loss("cross_entropy")(torch.zeros(2, 3), torch.tensor([0, 2])).shape
-        torch.Size([2])
-        >>> build_loss("logistic")(torch.tensor([[0.0], [2.0]]), torch.tensor([1, 0]))
-        tensor([0.6931, 2.1269])
-    """
-    if name == "cross_entropy":
-        return lambda out, y: nn.functional.cross_entropy(out, y, reduction="none")
-    if name == "logistic":
-        return _logistic_loss
-    raise ConfigError(f"unknown loss {name!r}; available: cross_entropy, logistic")
-
-
-def _readable(t: torch.Tensor) -> bool:
-    """Whether ``t``'s values can be read: not inside a ``torch.func`` transform (the vmap engine's
-    ``vmap(grad(.))``), where they are per-example; the labels are checked where the loss sees a
-    batch or split (the ghost engine, evaluation, a dataset's validation)."""
-    return not torch._C._functorch.is_functorch_wrapped_tensor(t)
-
-
-def _logistic_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    if out.dim() > 2 or (out.dim() == 2 and out.shape[1] != 1):
-        # The shape per example only: the batch's size is the secret sampling's.
-        raise ValueError(f"the logistic loss needs one logit per example, got {tuple(out.shape[1:])} per example")
-    if y.is_floating_point() or (_readable(y) and bool(((y != 0) & (y != 1)).any())):
-        raise ValueError("the logistic loss needs integer labels 0 or 1")
-    return nn.functional.softplus(-(2 * y - 1).to(out.dtype) * out.reshape(-1))
 
 
 @torch.no_grad()
@@ -134,14 +99,30 @@ def register_run_metric(
         raise ConfigError(f"run metric timing must be 'eval' or 'final', got {when!r}")
     if not isinstance(reads_private_data, bool):
         raise ConfigError(f"run metric {name!r}: reads_private_data must be True or False")
-    # A taken name is refused, so no metric's reads_private_data declaration can be swapped silently.
+    # A taken name is refused, so no metric's reads_private_data declaration can be swapped silently
+    # (the built-in ones included: they are registered first).
+    _ensure_builtin()
     _RUN_METRICS.add(name, RunMetric(name, fn, when, reads_private_data))
 
 
+_BUILTIN_REGISTERED = False
+
+
 def _ensure_builtin() -> None:
-    # Importing registers them: "sosp", "sosp_train"; "grad_norm", "mia" (docs/privacy.md names them).
-    import privopt.eval.sosp
-    import privopt.experiments.dro_metrics  # noqa: F401
+    # The built-in metrics live in privopt.eval (below this layer); they are registered here, once
+    # (docs/privacy.md names them).
+    global _BUILTIN_REGISTERED
+    if _BUILTIN_REGISTERED:
+        return
+    _BUILTIN_REGISTERED = True
+    from privopt.eval.dro_metrics import grad_norm_metric, mia_metric
+    from privopt.eval.sosp import sosp_metric
+
+    # The released model on the public test split: public. On the training split: diagnostics only.
+    register_run_metric("sosp", sosp_metric("test"), when="final", reads_private_data=False)
+    register_run_metric("sosp_train", sosp_metric("train"), when="final", reads_private_data=True)
+    register_run_metric("grad_norm", grad_norm_metric, when="eval", reads_private_data=True)
+    register_run_metric("mia", mia_metric, when="final", reads_private_data=True)
 
 
 def available_run_metrics() -> list[str]:

@@ -318,7 +318,7 @@ def _warn_oversubscribed(threads: int) -> None:
     """One line on stderr when the recorded thread count, in each of the worker processes this one
     runs beside, asks for more threads than there are usable cores: oversubscribed CPU threads wait
     for each other (a busy 2-core machine ran such a resume about 10x slower)."""
-    from privopt.experiments.jobs import pool_jobs, usable_cores  # not at import: jobs is a CLI layer
+    from privopt.cores import pool_jobs, usable_cores
 
     jobs, cores = pool_jobs(), usable_cores()
     if threads * jobs <= cores:

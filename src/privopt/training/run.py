@@ -387,7 +387,7 @@ def _per_example(loss: Any) -> Any:
     resumes with the same module); a function is returned as it is."""
     if loss is None:
         return None
-    from privopt.api.losses import per_sample_loss
+    from privopt.objectives.losses import per_sample_loss
 
     return per_sample_loss(loss)
 

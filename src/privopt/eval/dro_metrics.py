@@ -1,4 +1,4 @@
-"""Run metrics of the DRO experiments, registered with the training loop (``docs/privacy.md``,
+"""Run metrics of the DRO experiments, which the training loop registers (``docs/privacy.md``,
 "Diagnostics").
 
 Both read the private training data without noise, so both are registered with
@@ -25,7 +25,6 @@ read from the run's algorithm hyper-parameters (``rho``, ``lam0``, ``loss_bound`
 Paper A's ``ρ = 0.5``, ``λ0 = 1e−3``.
 
 Example:
-    >>> from privopt.experiments import dro_metrics
     >>> from privopt.training import available_run_metrics
     >>> {"grad_norm", "mia"} <= set(available_run_metrics())
     True
@@ -37,8 +36,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from privopt.training import register_run_metric
 
 __all__ = ["DEFAULT_LAM0", "DEFAULT_RHO", "class_matched_indices", "grad_norm_metric", "mia_metric"]
 
@@ -137,7 +134,3 @@ def mia_metric(*, model, loss_fn, data, record) -> dict[str, float]:
         slack = MIA_NUM_SE * hanley_mcneil_se(bound, len(im), len(inn))
         out.update(mia_bound=bound, mia_slack=slack, mia_within_bound=float(auc <= bound + slack))
     return out
-
-
-register_run_metric("grad_norm", grad_norm_metric, when="eval", reads_private_data=True)
-register_run_metric("mia", mia_metric, when="final", reads_private_data=True)
