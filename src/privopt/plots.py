@@ -26,14 +26,22 @@ def save_figure(fig, path: Path) -> None:
 
 def plot_training_curves(path: Path, history: Sequence[Mapping[str, float]], *, title: str = "") -> None:
     """Test loss / accuracy / AUC and the spent epsilon against the step (panels for the keys present;
-    ``epsilon_spent`` is ``None`` in non-private runs and gets no panel)."""
+    ``epsilon_spent`` is ``None`` in non-private runs and gets no panel). With groups, the accuracy
+    panel also shows the worst group's accuracy."""
     steps = [r["step"] for r in history]
     keys = ("test_loss", "test_accuracy", "test_roc_auc", "epsilon_spent")
     panels = [k for k in keys if any(r.get(k) is not None for r in history)] or ["step"]
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
     for ax, key in zip(axes[0], panels):
-        ys = [float("nan") if r.get(key) is None else r[key] for r in history]
-        ax.plot(steps, ys, marker=".")
+        overlay = (
+            {key: "all records", "test_worst_group_accuracy": "worst group"} if key == "test_accuracy" else {key: ""}
+        )
+        for k, label in overlay.items():
+            ys = [float("nan") if r.get(k) is None else r[k] for r in history]
+            if any(y == y for y in ys):  # NaN != NaN: a series with no value gets no line
+                ax.plot(steps, ys, marker=".", label=label or None)
+        if len(ax.get_lines()) > 1:
+            ax.legend(fontsize="small")
         ax.set_xlabel("step")
         # During a run the ledger reports an upper bound (RDP of the steps so far, capped by the plan's
         # exact epsilon: docs/accounting.md, "Caching"); only the last point is exact.

@@ -95,11 +95,14 @@ class Run:
         x, y = (
             (self.data.x_val, self.data.y_val) if self.cfg.eval_split == "val" else (self.data.x_test, self.data.y_test)
         )
+        idx = self.eval_index(subsample=subsample)
+        return (x, y) if idx is None else (x[idx], y[idx])
+
+    def eval_index(self, *, subsample: bool = False) -> torch.Tensor | None:
+        """The positions in the evaluation split that :meth:`eval_split` returns (None: all of them)."""
+        n = len(self.data.y_val if self.cfg.eval_split == "val" else self.data.y_test)
         k = self.cfg.eval_subsample
-        if subsample and 0 < k < len(y):
-            idx = torch.linspace(0, len(y) - 1, k).round().long()
-            return x[idx], y[idx]
-        return x, y
+        return torch.linspace(0, n - 1, k).round().long() if subsample and 0 < k < n else None
 
 
 def _interval(value: int, total: int, default_count: int) -> int:

@@ -118,15 +118,16 @@ class _Session:
         diag: dict[str, Any] = {"step": self.state.step}
         # A private algorithm's logs are post-processed releases; a non-private one's read the data.
         (pub if run.algo.private else diag).update({k: float(v) for k, v in (logs or {}).items()})
-        x, y = run.eval_split(subsample=not (final or self._last_row()))
+        whole = final or self._last_row()
+        x, y = run.eval_split(subsample=not whole)
         split = evaluate(run.predictor, run.loss_fn, x, y, num_classes=run.data.num_classes, prefix=cfg.eval_split)
         if not math.isfinite(split[f"{cfg.eval_split}_loss"]):
             raise RunDiverged(
                 f"diverged at step {self.state.step}: non-finite {cfg.eval_split} loss (try a smaller lr)"
             )
         (pub if cfg.eval_split == "test" else diag).update(split, **{f"{cfg.eval_split}_records": len(y)})
-        if final or self._last_row():  # the whole split: group ids of a subsample would need its indices
-            (pub if cfg.eval_split == "test" else diag).update(_group_metrics(run, cfg.eval_split))
+        index = None if whole else run.eval_index(subsample=True)
+        (pub if cfg.eval_split == "test" else diag).update(_group_metrics(run, cfg.eval_split, index))
         # The record view's privacy section holds the exact epsilon (an accountant call, up to seconds
         # per new step count): it is computed only if a metric reads it.
         kw = dict(model=run.model, loss_fn=run.loss_fn, record=self._record_view() if run.metrics else None)
@@ -268,17 +269,20 @@ class _Session:
                 raise
 
 
-def _group_metrics(run: Run, split: str) -> dict[str, float]:
+def _group_metrics(run: Run, split: str, index: Any = None) -> dict[str, float]:
     """Worst-group, mean-group and per-group accuracy on ``split`` of a dataset with groups (``{}``
-    without): ``<split>_group<i>_accuracy`` for group ``i`` of ``Dataset.group_names``, groups absent
-    from the split left out. Each is a metric of the released predictor, like the split's accuracy."""
+    without), or on its records at ``index`` (an evaluation's subsample): ``<split>_group<i>_accuracy``
+    for group ``i`` of ``Dataset.group_names``, groups absent from the records left out. Each is a
+    metric of the released predictor, like the split's accuracy."""
     groups = getattr(run.data, f"g_{split}", None)
     if groups is None or len(groups) == 0:
         return {}
     from privopt.eval.worst_group import evaluate_groups
 
     x, y = (run.data.x_test, run.data.y_test) if split == "test" else (run.data.x_val, run.data.y_val)
-    k = max(run.data.num_groups, int(groups.max()) + 1)
+    k = max(run.data.num_groups, int(groups.max()) + 1)  # of the whole split: the same columns every row
+    if index is not None:
+        x, y, groups = x[index], y[index], groups[index]
     m = evaluate_groups(run.predictor, x, y, groups, num_groups=k)
     out = {f"{split}_worst_group_accuracy": m["worst_group_accuracy"]}
     out[f"{split}_mean_group_accuracy"] = m["mean_group_accuracy"]
