@@ -102,3 +102,20 @@ def test_every_budget_builds_valid_algorithms(budget, clients):
             "parallel" if BUDGETS[budget].sampling == "disjoint" else ("plan" if method == "fed-dp-sgd" else "filter")
         )
         assert inv.composition == expected
+
+
+@pytest.mark.slow
+def test_a_tiny_reproduction_with_one_process_per_client(shared_data, tmp_path):
+    # --launcher torchrun: each run is `torchrun --nproc_per_node=m -m privopt train` on a written config
+    spider = {"b1": 600, "b2": 200, "lr": 0.5, "kappa": 1.0, "gamma": 3.0, "clip_diff_cap": 0.1, "refresh_share": 0.4}
+    tiny = Budget(name="tiny", epochs=1, sampling="poisson", params={"gauss-psgd": spider}, diag_records=100, evals=3,
+                  n_train=2400)  # fmt: skip
+    run_sosp(dataset="mnist", data_dir=str(shared_data), clients=[2], epsilons=[1.0], seeds=1, budget=tiny,
+             methods=["gauss-psgd"], launcher="torchrun", out_dir=tmp_path / "out", workers=1, insecure_seed=0,
+             log=lambda s: None)  # fmt: skip
+    (row,) = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert row["clients"] == 2 and row["epsilon_spent"] <= 1.0 and row["test_accuracy"] > 0.3
+    (record_path,) = list((tmp_path / "out").rglob("record.json"))
+    assert json.loads(record_path.read_text())["status"] == "finished"
+    assert record_path.parent.with_suffix(".yaml").is_file()  # the config torchrun's processes read
+    assert not (record_path.parent / "checkpoint.pt").exists()  # one process's secrets only: none written
