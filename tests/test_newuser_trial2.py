@@ -1,0 +1,98 @@
+"""A second new-user trial: what broke or confused a practitioner on the documented journeys (a CSV
+file of their own from the command line, planning a budget with ``privopt account``, auditing a run,
+``PrivacyEngine.make_private`` in their own loop), each pinned here."""
+
+from __future__ import annotations
+
+import pytest
+
+from privopt.data import load_dataset
+from privopt.errors import DEBUG_ENV, ConfigError, DataError
+
+LABEL = {"column": "y", "classes": ["no", "yes"]}
+REGION = {"region": {"categories": ["nörth", "süd"], "unknown": "other"}}
+
+
+def _csv(tmp_path, body: bytes, name: str = "train.csv"):
+    path = tmp_path / name
+    path.write_bytes(body)
+    return path
+
+
+def _load(path, **params):
+    params = {"label": LABEL, "features": REGION, "test_path": str(path), **params}
+    return load_dataset("csv", path=str(path), **params)
+
+
+# --------------------------------------------------------------------------- csv: encoding
+
+UTF8 = "note,region,y\nx,nörth,yes\nx,süd,no\nx,nörth,no\n".encode()
+
+
+def test_one_record_not_in_utf8_does_not_change_how_the_other_records_read(tmp_path, monkeypatch):
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    ds = _load(_csv(tmp_path, UTF8))
+    assert ds.x_train.tolist() == [[1, 0, 0], [0, 1, 0], [1, 0, 0]]
+    # a neighbouring file: one more record with a Latin-1 byte in a column that is not even read.
+    # A whole-file fallback to Latin-1 used to turn every other record's 'nörth' into '<other>'.
+    neighbour = _csv(tmp_path, UTF8 + b"\xe9,s\xfcd,no\n", "neighbour.csv")
+    with pytest.raises(DataError) as err:
+        _load(neighbour)
+    said = str(err.value)
+    assert said == (
+        f"{neighbour}: some line is not utf-8 text; dataset_params.encoding names the file's encoding "
+        "(e.g. latin-1 or cp1252 for a file saved by older Excel)"
+    )
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    with pytest.raises(DataError, match=r"neighbour\.csv: line 5 is not utf-8 text"):
+        _load(neighbour)
+
+
+def test_a_declared_encoding_reads_a_latin1_file_and_a_bad_one_is_refused_before_reading(tmp_path):
+    path = _csv(tmp_path, "region,y\nnörth,yes\nsüd,no\n".encode("latin-1"))
+    assert _load(path, encoding="latin-1").x_train.tolist() == [[1, 0, 0], [0, 1, 0]]
+    for bad in ("rot13", "no-such-codec", 5):
+        with pytest.raises(ConfigError, match=r"dataset_params.encoding must name a text encoding"):
+            _load(tmp_path / "never-read.csv", encoding=bad)
+
+
+def test_a_bom_crlf_and_blank_lines_read_like_the_plain_file(tmp_path):
+    plain = _load(_csv(tmp_path, UTF8)).x_train.tolist()
+    excel = b"\xef\xbb\xbf" + UTF8.replace(b"\n", b"\r\n") + b"\r\n\r\n"
+    assert _load(_csv(tmp_path, excel, "excel.csv")).x_train.tolist() == plain
+
+
+# --------------------------------------------------------------------------- csv: messages that say what to do
+
+
+def test_numeric_classes_that_do_not_match_say_names_are_compared_as_text(tmp_path, monkeypatch):
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    path = _csv(tmp_path, b"x,y\n1,0.0\n2,1.0\n")
+    features = {"x": {"range": [0, 3]}}
+    with pytest.raises(DataError) as err:
+        _load(path, label={"column": "y", "classes": [0, 1]}, features=features)
+    assert str(err.value).endswith(
+        "not one of the declared names; names are compared as text, so a declared 0 does not match a cell "
+        'written otherwise (declare them as the file writes them, e.g. ["0.0", "1.0"])'
+    )
+    assert _load(path, label={"column": "y", "classes": ["0.0", "1.0"]}, features=features).y_train.tolist() == [0, 1]
+    path = _csv(tmp_path, b"x,y\n1,0\n2,1\n", "ints.csv")  # and the other way round
+    with pytest.raises(DataError, match=r'e\.g\. \["0", "1"\]'):
+        _load(path, label={"column": "y", "classes": ["0.0", "1.0"]}, features=features)
+    with pytest.raises(DataError) as err:  # names that are not numbers get no such hint
+        _load(path, features=features)
+    assert str(err.value).endswith("is not one of the declared names")
+
+
+def test_a_file_with_another_delimiter_or_decimal_commas_says_which_option_to_set(tmp_path, monkeypatch):
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    path = _csv(tmp_path, b"x;y\n1,5;yes\n2,5;no\n")
+    features = {"x": {"range": [0, 3]}}
+    with pytest.raises(DataError) as err:
+        _load(path, features=features)
+    said = str(err.value)
+    assert "separated by ',' (dataset_params.delimiter)" in said and "x;y" not in said
+    with pytest.raises(DataError) as err:
+        _load(path, features=features, delimiter=";")
+    assert str(err.value).endswith("is not a number (written like -1234.5: a decimal point, no thousands separator)")
+    assert "1,5" not in str(err.value)
