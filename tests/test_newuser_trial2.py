@@ -4,6 +4,8 @@ file of their own from the command line, planning a budget with ``privopt accoun
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from privopt.data import load_dataset
@@ -96,3 +98,42 @@ def test_a_file_with_another_delimiter_or_decimal_commas_says_which_option_to_se
         _load(path, features=features, delimiter=";")
     assert str(err.value).endswith("is not a number (written like -1234.5: a decimal point, no thousands separator)")
     assert "1,5" not in str(err.value)
+
+
+# --------------------------------------------------------------------------- privopt account --epochs
+
+
+def _account(capsys, *argv):
+    from privopt.cli import main
+
+    code = main(["account", "--dataset-size", "5000", "--batch-size", "96", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_account_plans_in_epochs_the_steps_privopt_train_runs(capsys):
+    from privopt.algorithms import get_algorithm
+
+    args = ("--epsilon", "1", "--delta", "1e-5", "--accountant", "rdp", "--quiet")
+    code, out, err = _account(capsys, "--epochs", "2.5", *args, "--json")
+    res = json.loads(out)
+    dpsgd = get_algorithm("dp-sgd", epochs=2.5, batch_size=96, lr=0.5, clip=1.0)
+    assert code == 0 and err == "" and res["steps"] == dpsgd.steps_for(n=5000) == 131 and res["epochs"] == 2.5
+    _, by_steps, _ = _account(capsys, "--steps", "131", *args, "--json")
+    assert json.loads(by_steps)["noise_multiplier"] == res["noise_multiplier"]
+    code, out, _ = _account(capsys, "--epochs", "2.5", *args)
+    assert code == 0 and "131 steps = 2.5 epochs" in out
+
+
+@pytest.mark.parametrize(
+    "argv, problem",
+    [
+        (("--epochs", "2", "--steps", "10"), "argument --steps: not allowed with argument --epochs"),
+        ((), "one of the arguments --steps --epochs is required"),
+        (("--epochs", "0"), "argument --epochs: expected a finite number > 0, got '0'"),
+    ],
+)
+def test_account_needs_exactly_one_of_steps_and_epochs(capsys, argv, problem):
+    with pytest.raises(SystemExit) as exit_:
+        _account(capsys, *argv, "--epsilon", "1", "--delta", "1e-5")
+    assert exit_.value.code == 2 and problem in capsys.readouterr().err
