@@ -137,3 +137,38 @@ def test_account_needs_exactly_one_of_steps_and_epochs(capsys, argv, problem):
     with pytest.raises(SystemExit) as exit_:
         _account(capsys, *argv, "--epsilon", "1", "--delta", "1e-5")
     assert exit_.value.code == 2 and problem in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- make_private: a frozen layer
+
+
+def test_a_layer_frozen_before_make_private_may_be_in_the_optimizer_and_is_not_updated():
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import privopt
+    from privopt.errors import ConfigError
+
+    x = torch.rand(400, 5, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] > 0.5).long()
+    model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 2))
+    model[0].requires_grad_(False)  # a "pretrained" first layer, frozen the usual way
+    frozen, head = model[0].weight.detach().clone(), model[2].weight.detach().clone()
+    engine = privopt.PrivacyEngine(accountant="rdp", insecure_seed=0)
+    model, optimizer, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5, weight_decay=0.1, momentum=0.9),
+        data_loader=DataLoader(TensorDataset(x, y), batch_size=40), epochs=1, epsilon=2.0, delta=1e-4,
+        max_grad_norm=1.0, batch_size=40,
+    )  # fmt: skip
+    for xb, yb in loader:
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(xb), yb).backward()
+        optimizer.step()
+    assert engine.steps_taken == 10 and torch.equal(model[0].weight, frozen)
+    assert not torch.equal(model[2].weight, head)
+    with pytest.raises(ConfigError, match="not a parameter of the module"):  # another module's: still refused
+        privopt.PrivacyEngine().make_private(
+            module=nn.Linear(5, 2), optimizer=torch.optim.SGD(nn.Linear(5, 2).parameters(), lr=0.1),
+            dataset=(x, y), batch_size=40, epochs=1, epsilon=1.0, delta=1e-5, max_grad_norm=1.0,
+        )  # fmt: skip

@@ -38,25 +38,27 @@ __all__ = ["DPOptimizer"]
 
 
 _FOREIGN = (
-    "the optimizer updates a parameter that is not a trainable parameter of the module: every "
-    "updated parameter must get its gradient through per-example clipping (build the optimizer "
-    "from module.parameters(), and set requires_grad=False on frozen ones)"
+    "the optimizer updates a parameter that is not a parameter of the module: every updated "
+    "parameter must get its gradient through per-example clipping (build the optimizer from "
+    "module.parameters(); frozen ones, requires_grad=False, may be in it: they are not updated)"
 )
 
 
 def check_optimizer(optimizer: Any, module: nn.Module) -> torch.optim.Optimizer:
-    """The optimizer must update only the module's trainable parameters, with a finite learning rate;
-    neither it nor the module may have been made private already (:func:`~privopt.api.guards.check_unclaimed`)."""
+    """The optimizer must update only the module's parameters, with a finite learning rate; frozen
+    ones get no gradient, so ``step()`` leaves them as they are (``torch.optim.SGD(model.parameters())``
+    with a frozen backbone). Neither the optimizer nor the module may have been made private already
+    (:func:`~privopt.api.guards.check_unclaimed`)."""
     if isinstance(optimizer, DPOptimizer):
         raise ConfigError(f"the optimizer is a DPOptimizer returned by make_private: {AGAIN}")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigError(f"optimizer must be a torch.optim.Optimizer over the module, got {type(optimizer).__name__}")
-    trainable = {id(p) for p in trainable_parameters(module)}
+    own = {id(p) for p in module.parameters()}
     for group in optimizer.param_groups:
         lr = group.get("lr")
         if lr is not None and not (isinstance(lr, (int, float, torch.Tensor)) and math.isfinite(float(lr))):
             raise ConfigError(f"the optimizer's learning rate must be a finite number, got {lr!r}")
-        if any(id(p) not in trainable for p in group["params"]):
+        if any(id(p) not in own for p in group["params"]):
             raise ConfigError(_FOREIGN)
     check_unclaimed(module, optimizer)
     return optimizer
@@ -119,11 +121,11 @@ class DPOptimizer(torch.optim.Optimizer):
         self._backward_draw = self._draws
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """As torch's, for trainable parameters of the module only (they get the released gradient)."""
+        """As torch's, for parameters of the module only (trainable ones get the released gradient)."""
         params = param_group["params"]
         params = [params] if isinstance(params, torch.Tensor) else list(params)
-        trainable = {id(p) for p in trainable_parameters(self._module)}
-        if any(id(p) not in trainable for p in params):
+        own = {id(p) for p in self._module.parameters()}
+        if any(id(p) not in own for p in params):
             raise ConfigError(_FOREIGN)
         self.original_optimizer.add_param_group({**param_group, "params": params})
 
