@@ -172,3 +172,23 @@ def test_a_layer_frozen_before_make_private_may_be_in_the_optimizer_and_is_not_u
             module=nn.Linear(5, 2), optimizer=torch.optim.SGD(nn.Linear(5, 2).parameters(), lr=0.1),
             dataset=(x, y), batch_size=40, epochs=1, epsilon=1.0, delta=1e-5, max_grad_norm=1.0,
         )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- --config given a run
+
+
+def test_a_run_directory_or_record_given_as_config_says_what_it_is(tmp_path):
+    from privopt.config import load_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with pytest.raises(ConfigError, match=r"run is a directory; --config takes a YAML or JSON file$"):
+        load_config(run)
+    record = {"privopt_version": "x", "config": {"algorithm": "dp-sgd"}, "privacy": {}, "status": "finished"}
+    (run / "record.json").write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match=r"a run's directory: its config is the \"config\" of its record\.json"):
+        load_config(run)
+    with pytest.raises(ConfigError, match=r"record\.json is a run's record; the config that run used is its"):
+        load_config(run / "record.json")
+    (run / "c.json").write_text(json.dumps(record["config"]))
+    assert load_config(run / "c.json").algorithm == "dp-sgd"
