@@ -192,3 +192,38 @@ def test_a_run_directory_or_record_given_as_config_says_what_it_is(tmp_path):
         load_config(run / "record.json")
     (run / "c.json").write_text(json.dumps(record["config"]))
     assert load_config(run / "c.json").algorithm == "dp-sgd"
+
+
+# --------------------------------------------------------------------------- make_private: a forgotten step()
+
+
+def test_a_whole_pass_without_step_warns_and_a_pass_with_steps_does_not():
+    import warnings
+
+    import torch
+    from torch import nn
+
+    import privopt
+    from privopt.errors import PrivoptWarning
+
+    x = torch.rand(400, 5, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] > 0.5).long()
+    model = nn.Linear(5, 2)
+    engine = privopt.PrivacyEngine(accountant="rdp", insecure_seed=0)
+    model, optimizer, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), dataset=(x, y), batch_size=40,
+        epochs=3, epsilon=2.0, delta=1e-4, max_grad_norm=1.0,
+    )  # fmt: skip
+    with pytest.warns(PrivoptWarning, match=r"a whole pass over the private loader \(10 batches\) had no optimizer"):
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(xb), yb).backward()  # ... and no optimizer.step()
+    assert engine.steps_taken == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for i, _ in enumerate(loader):  # stepping some batches (not by their content) is fine
+            if i % 2 == 0:
+                optimizer.step()
+        for _ in loader:
+            break  # a pass left early is not a whole pass
+    assert engine.steps_taken == 5

@@ -243,7 +243,7 @@ class PrivacyEngine:
         dp_optimizer = self._attach(request)
         loader = PoissonLoader(
             request.data, rate=request.rate, steps=request.steps, epochs=request.epochs,
-            rng=self._sources["sampler"], on_batch=dp_optimizer._set_batch,
+            rng=self._sources["sampler"], on_batch=dp_optimizer._set_batch, on_pass_end=dp_optimizer._pass_ended,
         )
         return request.module, dp_optimizer, loader
     # fmt: on

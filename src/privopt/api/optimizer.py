@@ -22,6 +22,7 @@ non-private gradient never reaches the update. A ``backward()`` on a second batc
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +30,7 @@ import torch
 from torch import nn
 
 from privopt.api.guards import ACCUMULATION, AGAIN, AccumulationGuard, ModelFingerprint, check_unclaimed
-from privopt.errors import ConfigError
+from privopt.errors import ConfigError, PrivoptWarning
 from privopt.grads.flat import set_flat_grad, trainable_parameters, zero_flat
 from privopt.grads.release import PrivateBatch
 from privopt.grads.sums import BoundedSum, chunked_clipped_sum
@@ -96,6 +97,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self._pending: tuple[Any, Any] | None = None
         # Accumulation guard: batches drawn, and the draw of the user's last backward() since step/zero_grad.
         self._draws, self._backward_draw, self._in_step = 0, None, False
+        self._step_draw = 0  # the draw the last step() released (a pass without one is warned about)
         self._hook = module.register_forward_hook(AccumulationGuard(self))
         self._fingerprint = ModelFingerprint(module)  # after its own hook: another one is the user's
 
@@ -109,6 +111,17 @@ class DPOptimizer(torch.optim.Optimizer):
         """Called by the private loader with each batch it yields."""
         self._pending = batch
         self._draws += 1
+
+    def _pass_ended(self, batches: int) -> None:
+        """Called by the private loader after a whole pass: none of its batches stepped is a forgotten
+        ``step()`` (the loop trained nothing), which would otherwise pass silently."""
+        if self._draws - batches >= self._step_draw:
+            warnings.warn(
+                f"a whole pass over the private loader ({batches} batches) had no optimizer.step(): nothing was "
+                "trained nor charged to the budget (call optimizer.step() after each batch)",
+                PrivoptWarning,
+                stacklevel=3,
+            )
 
     def _on_backward(self, grad: torch.Tensor) -> None:
         """Hook on the module's output: the user's ``backward()`` reached the module."""
@@ -199,6 +212,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self._fingerprint.check(self._module)
         self._guard_updates()
         (x, y), self._pending, self._backward_draw = self._pending, None, None
+        self._step_draw = self._draws
         self._in_step = True
         try:
             # Recorded before anything is computed: the budget guard may refuse the step here.
