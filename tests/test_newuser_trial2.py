@@ -227,3 +227,32 @@ def test_a_whole_pass_without_step_warns_and_a_pass_with_steps_does_not():
         for _ in loader:
             break  # a pass left early is not a whole pass
     assert engine.steps_taken == 5
+
+
+# --------------------------------------------------------------------------- the record names the groups
+
+
+def test_the_record_names_the_classes_and_groups_its_group_metrics_index(tmp_path, capsys):
+    from privopt.cli import main
+
+    rows = "".join(f"{20 + i % 50},{'AB'[i % 2]},{'yes' if i % 3 else 'no'}\n" for i in range(120))
+    path = _csv(tmp_path, ("age,grp,y\n" + rows).encode())
+    config = tmp_path / "run.yaml"
+    config.write_text(f"""
+algorithm: dp-sgd
+algorithm_params: {{epochs: 1, batch_size: 40, lr: 0.5, clip: 1.0}}
+model: logreg
+privacy: {{epsilon: 1.0, delta: 1.0e-5}}
+plots: false
+dataset: csv
+dataset_params:
+  path: {path}
+  test_path: {path}
+  label: {{column: y, classes: ["no", "yes"]}}
+  group: {{column: grp, groups: [B, A]}}
+  features: {{age: {{range: [0, 100]}}}}
+""")
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "run"), "--quiet"]) == 0, capsys.readouterr()
+    record = json.loads((tmp_path / "run" / "record.json").read_text())
+    assert record["dataset"]["group_names"] == ["B", "A"] and record["dataset"]["class_names"] == ["no", "yes"]
+    assert {"test_group0_accuracy", "test_group1_accuracy"} <= set(record["metrics"])
