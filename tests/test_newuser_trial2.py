@@ -256,3 +256,26 @@ dataset_params:
     record = json.loads((tmp_path / "run" / "record.json").read_text())
     assert record["dataset"]["group_names"] == ["B", "A"] and record["dataset"]["class_names"] == ["no", "yes"]
     assert {"test_group0_accuracy", "test_group1_accuracy"} <= set(record["metrics"])
+
+
+def test_an_empty_carved_test_split_says_why_and_what_to_do(tmp_path, capsys):
+    from privopt.cli import main
+
+    path = _csv(tmp_path, b"x,y\n" + b"1,yes\n2,no\n" * 30)  # two distinct records: each split gets all or none
+    params = {"label": LABEL, "features": {"x": {"range": [0, 3]}}}
+    seed = next(s for s in range(50) if len(load_dataset("csv", path=str(path), seed=s, **params).y_test) == 0)
+    config = tmp_path / "run.yaml"
+    config.write_text(f"""
+algorithm: dp-sgd
+algorithm_params: {{epochs: 1, batch_size: 10, lr: 0.5, clip: 1.0}}
+privacy: {{epsilon: 1.0, delta: 1.0e-5}}
+model: logreg
+seed: {seed}
+dataset: csv
+dataset_params: {{path: {path}, label: {{column: y, classes: ["no", "yes"]}}, features: {{x: {{range: [0, 3]}}}}}}
+""")
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "run"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "has no test split to evaluate the released model on: it is carved per record" in err
+    assert "identical records share a split; give a test file (dataset_params.test_path" in err
+    assert "Dataset.from_tensors" not in err and not (tmp_path / "run").exists()
