@@ -10,6 +10,9 @@ from torch import nn
 import privopt
 from privopt.errors import PrivacyBudgetExceeded
 
+# These tests draw whole passes without step() on purpose (they count batches): not a forgotten step.
+pytestmark = pytest.mark.filterwarnings("ignore:a whole pass over the private loader")
+
 
 def _private(*, epochs=1.0, n=400, batch_size=40):
     g = torch.Generator().manual_seed(0)

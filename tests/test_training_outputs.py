@@ -39,6 +39,7 @@ def test_record_has_everything(tmp_path):
         "num_classes": 10,
         "input_shape": [1, 8, 8],
         "source": "config",
+        "class_names": [str(c) for c in range(10)],  # public names (a dataset with groups names them too)
     }
     assert 0 <= saved["metrics"]["test_accuracy"] <= 1
     assert (run / "metrics.csv").read_text().startswith("step,epsilon_spent,test_loss")

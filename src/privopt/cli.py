@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from privopt.cli_audit import add_audit_parser
 from privopt.cli_bench import add_bench_parser
-from privopt.cliargs import DEVICES, non_negative_int, positive_int
+from privopt.cliargs import DEVICES, non_negative_int, positive_float, positive_int
 from privopt.errors import PrivacyBudgetExceeded, PrivoptError, debug_enabled
 from privopt.quiet import debug_mode, foreign_error_line, quiet_warnings
 
@@ -100,10 +101,20 @@ def _record_status(out: str) -> str | None:
         return None
 
 
+def _account_steps(args) -> int:
+    """``--steps``, or ``--epochs`` as ``privopt train`` plans DP-SGD: ``ceil(epochs·n/B)`` steps."""
+    if args.steps is not None:
+        return args.steps
+    if args.dataset_size < 1 or args.batch_size < 1:
+        return 1  # the calibration names the bad size
+    return max(1, math.ceil(args.epochs * args.dataset_size / args.batch_size))
+
+
 def _cmd_account(args) -> int:
     from privopt.privacy import check_delta_for_size, dp_sgd_noise
     from privopt.privacy.search import ProgressLine
 
+    steps = _account_steps(args)
     check_delta_for_size(
         args.delta, dataset_size=args.dataset_size, allow_large=args.allow_large_delta, override="--allow-large-delta"
     )
@@ -111,7 +122,7 @@ def _cmd_account(args) -> int:
     cal = dp_sgd_noise(
         dataset_size=args.dataset_size,
         batch_size=args.batch_size,
-        steps=args.steps,
+        steps=steps,
         epsilon=args.epsilon,
         delta=args.delta,
         accountant=args.accountant,
@@ -130,7 +141,8 @@ def _cmd_account(args) -> int:
         "sampling": args.sampling,
         "neighbouring": cal.neighbouring,
         "sampling_rate": args.batch_size / args.dataset_size,
-        "steps": args.steps,
+        "steps": steps,
+        **({} if args.epochs is None else {"epochs": args.epochs}),
         "search_complete": not cal.extra,
     }
     if args.json:
@@ -141,7 +153,7 @@ def _cmd_account(args) -> int:
         f"achieves epsilon = {cal.epsilon:{'.4f' if cal.epsilon >= 1e-3 else '.4g'}} <= {args.epsilon} "
         f"at delta = {args.delta} "
         f"({cal.accountant.upper()}, {args.sampling} sampling, q = {result['sampling_rate']:.4g}, "
-        f"{args.steps} steps, {cal.neighbouring} neighbours)"
+        f"{steps} steps{'' if args.epochs is None else f' = {args.epochs:g} epochs'}, {cal.neighbouring} neighbours)"
     )
     if cal.extra:
         note = "this noise is valid but may be larger than needed"
@@ -193,7 +205,14 @@ def _add_account_parser(sub) -> None:
     a.add_argument(
         "--batch-size", type=int, required=True, metavar="B", help="expected (poisson) or exact (wor) batch size"
     )
-    a.add_argument("--steps", type=int, required=True, metavar="T", help="number of noisy gradient steps")
+    length = a.add_mutually_exclusive_group(required=True)
+    length.add_argument("--steps", type=int, metavar="T", help="number of noisy gradient steps")
+    length.add_argument(
+        "--epochs",
+        type=positive_float,
+        metavar="E",
+        help="passes over the data instead of --steps: T = ceil(E*N/B) steps, as privopt train plans DP-SGD",
+    )
     a.add_argument("--epsilon", type=float, required=True, help="target epsilon (> 0)")
     a.add_argument("--delta", type=float, required=True, help="target delta, in (0, 1) and below 1/N")
     a.add_argument(

@@ -290,6 +290,13 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     d: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            run = (
+                ' (a run\'s directory: its config is the "config" of its record.json)'
+                if (p / "record.json").is_file()
+                else ""
+            )
+            raise ConfigError(f"config file {p} is a directory{run}; --config takes a YAML or JSON file")
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
         try:
@@ -300,4 +307,6 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             raise ConfigError(f"config file {p} is not a text (UTF-8) YAML file") from None
         if not isinstance(d, dict):  # before --set, which would index into it
             raise ConfigError(f"config file {p} must hold a mapping of keys (key: value), got {type(d).__name__}")
+        if {"config", "privopt_version", "privacy"} <= set(d):
+            raise ConfigError(f'config file {p} is a run\'s record; the config that run used is its "config" key')
     return RunConfig.from_dict(apply_overrides(d, overrides or []))

@@ -53,7 +53,7 @@ class _Request:
     """What :meth:`PrivacyEngine.make_private` was asked for, checked and resolved once."""
 
     module: nn.Module
-    optimizer: Any  # the user's torch optimizer, checked to cover ``module``'s trainable parameters
+    optimizer: Any  # the user's torch optimizer, checked to update only ``module``'s parameters
     loss_fn: LossFn  # per example, from ``criterion``
     data: TrainingData
     epsilon: float
@@ -196,7 +196,7 @@ class PrivacyEngine:
 
         Args:
             module: your ``nn.Module`` (returned unchanged; no layer may mix examples, e.g. BatchNorm).
-            optimizer: a torch optimizer over ``module``'s trainable parameters (SGD, Adam, ...).
+            optimizer: a torch optimizer over ``module``'s parameters (SGD, Adam, ...; frozen ones stay as they are).
             epsilon: target ε (> 0). The noise is calibrated so that ``epochs`` passes spend at most it.
             delta: target δ, below 1/n (``allow_large_delta=True`` to override).
             epochs: planned passes (may be fractional): ``ceil(epochs / q)`` steps, ``q`` the sampling rate.
@@ -243,7 +243,7 @@ class PrivacyEngine:
         dp_optimizer = self._attach(request)
         loader = PoissonLoader(
             request.data, rate=request.rate, steps=request.steps, epochs=request.epochs,
-            rng=self._sources["sampler"], on_batch=dp_optimizer._set_batch,
+            rng=self._sources["sampler"], on_batch=dp_optimizer._set_batch, on_pass_end=dp_optimizer._pass_ended,
         )
         return request.module, dp_optimizer, loader
     # fmt: on

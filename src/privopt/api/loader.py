@@ -180,10 +180,10 @@ class PoissonLoader:
         expected_batch_size: ``q·n``, the data-independent normaliser of the noisy gradient sum.
     """
 
-    def __init__(self, data: TrainingData, *, rate: float, steps: int, epochs: float, rng, on_batch):
+    def __init__(self, data: TrainingData, *, rate: float, steps: int, epochs: float, rng, on_batch, on_pass_end=None):
         self._data, self._steps, self._epochs = data, steps, epochs
         self._sampler = PoissonSampler(n=data.n, rate=rate, rng=rng)
-        self._on_batch = on_batch
+        self._on_batch, self._on_pass_end = on_batch, on_pass_end
         self._passes = 0  # passes started (the next pass's 0-based index)
 
     @property
@@ -224,3 +224,5 @@ class PoissonLoader:
             batch = self._data.batch(idx)
             self._on_batch(batch)
             yield batch
+        if size and self._on_pass_end is not None:  # a whole pass: public (its size is the plan's)
+            self._on_pass_end(size)

@@ -22,6 +22,7 @@ non-private gradient never reaches the update. A ``backward()`` on a second batc
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +30,7 @@ import torch
 from torch import nn
 
 from privopt.api.guards import ACCUMULATION, AGAIN, AccumulationGuard, ModelFingerprint, check_unclaimed
-from privopt.errors import ConfigError
+from privopt.errors import ConfigError, PrivoptWarning
 from privopt.grads.flat import set_flat_grad, trainable_parameters, zero_flat
 from privopt.grads.release import PrivateBatch
 from privopt.grads.sums import BoundedSum, chunked_clipped_sum
@@ -38,25 +39,27 @@ __all__ = ["DPOptimizer"]
 
 
 _FOREIGN = (
-    "the optimizer updates a parameter that is not a trainable parameter of the module: every "
-    "updated parameter must get its gradient through per-example clipping (build the optimizer "
-    "from module.parameters(), and set requires_grad=False on frozen ones)"
+    "the optimizer updates a parameter that is not a parameter of the module: every updated "
+    "parameter must get its gradient through per-example clipping (build the optimizer from "
+    "module.parameters(); frozen ones, requires_grad=False, may be in it: they are not updated)"
 )
 
 
 def check_optimizer(optimizer: Any, module: nn.Module) -> torch.optim.Optimizer:
-    """The optimizer must update only the module's trainable parameters, with a finite learning rate;
-    neither it nor the module may have been made private already (:func:`~privopt.api.guards.check_unclaimed`)."""
+    """The optimizer must update only the module's parameters, with a finite learning rate; frozen
+    ones get no gradient, so ``step()`` leaves them as they are (``torch.optim.SGD(model.parameters())``
+    with a frozen backbone). Neither the optimizer nor the module may have been made private already
+    (:func:`~privopt.api.guards.check_unclaimed`)."""
     if isinstance(optimizer, DPOptimizer):
         raise ConfigError(f"the optimizer is a DPOptimizer returned by make_private: {AGAIN}")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigError(f"optimizer must be a torch.optim.Optimizer over the module, got {type(optimizer).__name__}")
-    trainable = {id(p) for p in trainable_parameters(module)}
+    own = {id(p) for p in module.parameters()}
     for group in optimizer.param_groups:
         lr = group.get("lr")
         if lr is not None and not (isinstance(lr, (int, float, torch.Tensor)) and math.isfinite(float(lr))):
             raise ConfigError(f"the optimizer's learning rate must be a finite number, got {lr!r}")
-        if any(id(p) not in trainable for p in group["params"]):
+        if any(id(p) not in own for p in group["params"]):
             raise ConfigError(_FOREIGN)
     check_unclaimed(module, optimizer)
     return optimizer
@@ -94,6 +97,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self._pending: tuple[Any, Any] | None = None
         # Accumulation guard: batches drawn, and the draw of the user's last backward() since step/zero_grad.
         self._draws, self._backward_draw, self._in_step = 0, None, False
+        self._step_draw = 0  # the draw the last step() released (a pass without one is warned about)
         self._hook = module.register_forward_hook(AccumulationGuard(self))
         self._fingerprint = ModelFingerprint(module)  # after its own hook: another one is the user's
 
@@ -108,6 +112,17 @@ class DPOptimizer(torch.optim.Optimizer):
         self._pending = batch
         self._draws += 1
 
+    def _pass_ended(self, batches: int) -> None:
+        """Called by the private loader after a whole pass: none of its batches stepped is a forgotten
+        ``step()`` (the loop trained nothing), which would otherwise pass silently."""
+        if self._draws - batches >= self._step_draw:
+            warnings.warn(
+                f"a whole pass over the private loader ({batches} batches) had no optimizer.step(): nothing was "
+                "trained nor charged to the budget (call optimizer.step() after each batch)",
+                PrivoptWarning,
+                stacklevel=3,
+            )
+
     def _on_backward(self, grad: torch.Tensor) -> None:
         """Hook on the module's output: the user's ``backward()`` reached the module."""
         if self._in_step:
@@ -119,11 +134,11 @@ class DPOptimizer(torch.optim.Optimizer):
         self._backward_draw = self._draws
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """As torch's, for trainable parameters of the module only (they get the released gradient)."""
+        """As torch's, for parameters of the module only (trainable ones get the released gradient)."""
         params = param_group["params"]
         params = [params] if isinstance(params, torch.Tensor) else list(params)
-        trainable = {id(p) for p in trainable_parameters(self._module)}
-        if any(id(p) not in trainable for p in params):
+        own = {id(p) for p in self._module.parameters()}
+        if any(id(p) not in own for p in params):
             raise ConfigError(_FOREIGN)
         self.original_optimizer.add_param_group({**param_group, "params": params})
 
@@ -197,6 +212,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self._fingerprint.check(self._module)
         self._guard_updates()
         (x, y), self._pending, self._backward_draw = self._pending, None, None
+        self._step_draw = self._draws
         self._in_step = True
         try:
             # Recorded before anything is computed: the budget guard may refuse the step here.

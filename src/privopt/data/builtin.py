@@ -282,7 +282,8 @@ def _csv(
     group: dict | None = None,
     missing: str = "error",
     delimiter: str = ",",
+    encoding: str = "utf-8",
 ) -> RawData:
     """Your own CSV file (header line; label, group and features declared with public ranges/categories)."""
     return csv_source(ctx, path=path, test_path=test_path, label=label, features=features, group=group,
-                      missing=missing, delimiter=delimiter)  # fmt: skip
+                      missing=missing, delimiter=delimiter, encoding=encoding)  # fmt: skip

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ def _file(option: str, value: Any) -> Path:
     return path
 
 
-def _check_header(path: Path, header: list[str], columns: list[str]) -> None:
+def _check_header(path: Path, header: list[str], columns: list[str], delimiter: str) -> None:
     """Each declared column named once. The header's names are shown under ``--debug`` only: a file
     without a header line has a record there."""
     for name in columns:
@@ -47,22 +48,41 @@ def _check_header(path: Path, header: list[str], columns: list[str]) -> None:
             continue
         if name in header:
             raise DataError(f"{path}: column {name!r} is named twice in the header line")
+        sep = f"separated by {delimiter!r} (dataset_params.delimiter)"
         shown = (
-            f"{close_name(name, header)}; the header line has {', '.join(map(repr, header))}"
+            f"{close_name(name, header)}; the header line has {', '.join(map(repr, header))}, {sep}"
             if debug_enabled()
-            else " (the first line must name the columns; privopt --debug shows the names it has)"
+            else f" (the first line must name the columns, {sep}; privopt --debug shows the names it has)"
         )
         raise DataError(f"{path}: column {name!r} is not in the header line{shown}")
 
 
-def read_csv_columns(path: Path, columns: list[str], *, delimiter: str = ",") -> tuple[dict, np.ndarray]:
+def _decode(path: Path, encoding: str) -> str:
+    """The file as text in the declared ``encoding``, strictly. No fallback: a guess made for the whole
+    file (another encoding when some bytes do not decode) would let one record change how every other
+    record's cells read, and so which category they match."""
+    raw = formats.read_bytes(path)
+    try:
+        return raw.decode(encoding).lstrip("\ufeff")  # a byte-order mark is not part of the first name
+    except UnicodeDecodeError as err:
+        line = some("line", raw[: err.start].count(b"\n"))
+        raise DataError(
+            f"{path}: {line} is not {encoding} text; dataset_params.encoding names the file's encoding "
+            "(e.g. latin-1 or cp1252 for a file saved by older Excel)"
+        ) from None
+
+
+def read_csv_columns(
+    path: Path, columns: list[str], *, delimiter: str = ",", encoding: str = "utf-8"
+) -> tuple[dict, np.ndarray]:
     """``({column: stripped cells as an object array}, file line of each record)`` for ``columns``.
 
     Raises:
-        DataError: an empty file, a column missing from the header (or named twice in it), a
-            record with another number of fields than the header, no records.
+        DataError: a file that is not ``encoding`` text, an empty file, a column missing from the
+            header (or named twice in it), a record with another number of fields than the header,
+            no records.
     """
-    text = formats.read_text(path).lstrip("\ufeff")  # a byte-order mark is not part of the first name
+    text = _decode(path, encoding)
     reader = csv.reader(io.StringIO(text), delimiter=delimiter, strict=True)  # an unclosed quote is an error
     header = next((row for row in reader if any(c.strip() for c in row)), None)
     if header is None:
@@ -70,7 +90,7 @@ def read_csv_columns(path: Path, columns: list[str], *, delimiter: str = ",") ->
             f"{path}: the file is empty (expected a header line naming the columns, then one record a line)"
         )
     header = [c.strip() for c in header]
-    _check_header(path, header, columns)
+    _check_header(path, header, columns, delimiter)
     rows, lines = [], []
     try:
         for row in reader:
@@ -101,7 +121,10 @@ def _numbers(path: Path, name: str, cells: np.ndarray, lines: np.ndarray) -> tup
             ok[i] = False
             break
     if not ok.all():
-        raise DataError(f"{path}: column {name!r} of {record_where(ok, lines)} is not a number")
+        raise DataError(
+            f"{path}: column {name!r} of {record_where(ok, lines)} is not a number "
+            "(written like -1234.5: a decimal point, no thousands separator)"
+        )
     missing = np.isnan(values)
     if np.isinf(values).any():
         raise DataError(f"{path}: column {name!r} of {record_where(~np.isinf(values), lines)} is not finite (inf)")
@@ -126,10 +149,26 @@ def _missing(spec: CsvSpec, path: Path, cols: dict, lines: np.ndarray) -> tuple[
     return numbers, missing
 
 
+def _as_written(names: tuple[str, ...]) -> str:
+    """A hint from the config alone when declared names are numbers: cells are compared as text."""
+    try:
+        floats = [float(n) for n in names]
+    except ValueError:
+        return ""
+    alt = lambda n, f: str(f) if n != str(f) else str(int(f)) if f.is_integer() else n
+    other = ", ".join(f'"{alt(n, f)}"' for n, f in zip(names, floats) if math.isfinite(f))
+    return (
+        f"; names are compared as text, so a declared {names[0]} does not match a cell written otherwise "
+        f"(declare them as the file writes them, e.g. [{other}])"
+    )
+
+
 def _ids(path: Path, what: str, cells: np.ndarray, names: tuple[str, ...], lines: np.ndarray) -> np.ndarray:
     ok = np.isin(cells, names)
     if not ok.all():  # the column, never the value (nor the line unless debugging)
-        raise DataError(f"{path}: {what} of {record_where(ok, lines)} is not one of the declared names")
+        raise DataError(
+            f"{path}: {what} of {record_where(ok, lines)} is not one of the declared names{_as_written(names)}"
+        )
     lut = {n: i for i, n in enumerate(names)}
     return np.array([lut[c] for c in cells], dtype=np.int64)
 
@@ -140,6 +179,7 @@ def _categories(path: Path, feature: CsvFeature, cells: np.ndarray, lines: np.nd
         raise DataError(
             f"{path}: column {feature.name!r} of {record_where(known, lines)} is not one of its declared categories "
             f"(dataset_params.features.{feature.name}.unknown: other gives such values an '<other>' slot)"
+            + _as_written(feature.categories)
         )
     block = one_hot(cells, feature.categories)
     return (
@@ -149,7 +189,7 @@ def _categories(path: Path, feature: CsvFeature, cells: np.ndarray, lines: np.nd
 
 def _part(spec: CsvSpec, path: Path) -> tuple[Part, int]:
     """One file's records encoded (``missing: drop`` applied) and how many were dropped."""
-    cols, lines = read_csv_columns(path, spec.columns, delimiter=spec.delimiter)
+    cols, lines = read_csv_columns(path, spec.columns, delimiter=spec.delimiter, encoding=spec.encoding)
     numbers, missing = _missing(spec, path, cols, lines)
     keep = ~missing
     cols, lines = {c: v[keep] for c, v in cols.items()}, lines[keep]
@@ -186,12 +226,13 @@ def _public_meta(spec: CsvSpec, files: dict[str, Path], names: list[str]) -> dic
 
 
 def csv_source(
-    ctx: BuildContext, *, path: Any, test_path: Any, label: Any, features: Any, group: Any, missing: Any, delimiter: Any
+    ctx: BuildContext, *, path: Any, test_path: Any, label: Any, features: Any, group: Any, **layout: Any
 ) -> RawData:
-    """The ``csv`` dataset's builder: schema first (ConfigError), then the files (DataError)."""
+    """The ``csv`` dataset's builder: schema first (ConfigError), then the files (DataError).
+    ``layout``: ``missing``, ``delimiter`` and ``encoding`` (:func:`parse_csv_spec`)."""
     if path is None:
         raise ConfigError("dataset csv needs dataset_params.path: the CSV file of the training records")
-    spec = parse_csv_spec(label=label, features=features, group=group, missing=missing, delimiter=delimiter)
+    spec = parse_csv_spec(label=label, features=features, group=group, **layout)
     if test_path is not None and ctx.test_fraction is not None:
         raise ConfigError("dataset csv: give dataset_params.test_path or test_fraction, not both")
     files = {"train": _file("path", path)}

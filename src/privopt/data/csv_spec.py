@@ -58,6 +58,7 @@ class CsvSpec:
     features: tuple[CsvFeature, ...]
     missing: str = "error"
     delimiter: str = ","
+    encoding: str = "utf-8"
 
     @property
     def columns(self) -> list[str]:
@@ -139,9 +140,19 @@ def _feature(name: Any, entry: Any) -> CsvFeature:
     return CsvFeature(name.strip(), "categorical", categories=cats, unknown=unknown)
 
 
+def _check_encoding(encoding: Any) -> None:
+    try:
+        ok = isinstance(encoding, str) and bool("a".encode(encoding))  # a codec that is not a text encoding fails
+    except LookupError:
+        ok = False
+    if not ok:
+        raise ConfigError(f"{_WHERE}.encoding must name a text encoding (e.g. utf-8, latin-1), got {encoding!r}")
+
+
 def parse_csv_spec(
-    *, label: Any, features: Any, group: Any = None, missing: Any = "error", delimiter: Any = ","
-) -> CsvSpec:
+    *, label: Any, features: Any, group: Any = None, missing: Any = "error", delimiter: Any = ",",
+    encoding: Any = "utf-8",
+) -> CsvSpec:  # fmt: skip
     """Validate the schema options of the ``csv`` dataset (see the module docstring).
 
     Raises:
@@ -167,6 +178,7 @@ def parse_csv_spec(
         raise ConfigError(f"{_WHERE}.missing must be one of {', '.join(MISSING_POLICIES)}, got {missing!r}")
     if not isinstance(delimiter, str) or len(delimiter) != 1 or delimiter in '"\r\n':
         raise ConfigError(f"{_WHERE}.delimiter must be one character (e.g. ',' or ';'), got {delimiter!r}")
+    _check_encoding(encoding)
     numeric = tuple(f for f in feats if f.kind == "numeric")  # the layout's order: numeric, then one-hot
     return CsvSpec(column, classes, gcol, groups, (*numeric, *(f for f in feats if f.kind != "numeric")),
-                   missing, delimiter)  # fmt: skip
+                   missing, delimiter, encoding)  # fmt: skip

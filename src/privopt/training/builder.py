@@ -288,6 +288,16 @@ def stated_config(cfg: Any, *, loss: Any = None, dataset: Any = None) -> RunConf
     return replace(cfg, loss=CUSTOM_LOSS)
 
 
+def _test_hint(data: Any) -> str:
+    """What to do about an empty test split: a carved one is empty when the data has few distinct records."""
+    if str(data.public_meta.get("test_split", "")).startswith("carved"):
+        return (
+            "it is carved per record by a keyed hash of each record's content, so identical records share a "
+            "split; give a test file (dataset_params.test_path for a csv dataset), another seed or test_fraction"
+        )
+    return "pass x_test=/y_test= to Dataset.from_tensors (the test split is public: its records are not protected)"
+
+
 def _data_and_model(cfg: RunConfig, dataset: Any, model: Any, loss: Any, engine: Any) -> tuple[Any, nn.Module, Any]:
     """The validated data, model (initialised with the public seed) and per-example loss, placed on the
     device; with an ``engine`` (private runs), checked to give per-example gradients."""
@@ -300,8 +310,7 @@ def _data_and_model(cfg: RunConfig, dataset: Any, model: Any, loss: Any, engine:
         raise ConfigError("eval_split 'val' needs a validation split: set dataset_params.val_fraction > 0")
     if cfg.eval_split == "test" and data.y_test.shape[0] == 0:
         raise DataError(
-            f"dataset {data.name!r} has no test split to evaluate the released model on: pass x_test=/y_test= "
-            "to Dataset.from_tensors (the test split is public: its records are not protected)"
+            f"dataset {data.name!r} has no test split to evaluate the released model on: {_test_hint(data)}"
         )
     net = _model(cfg, data, model)
     validate_model(net)

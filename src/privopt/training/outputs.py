@@ -203,6 +203,9 @@ def base_record(run: Run) -> dict[str, Any]:
         },
         "files": _files(cfg),
     }
+    for key in ("class_names", "group_names"):  # public names: which group test_group<i>_accuracy is
+        if data.public_meta.get(key) and (key == "class_names" or data.g_train is not None):
+            rec["dataset"][key] = [str(v) for v in data.public_meta[key]]
     if run.released:  # released statistics (noised and charged to the ledger in a private run)
         rec["released"] = dict(run.released)
     if run.logit_offsets is not None:  # from a public prior or the released counts: post-processing
