@@ -172,8 +172,15 @@ def _cli(tmp_path, *extra):
     return main(args)
 
 
-def test_cli_audit_reports_json_and_a_plot(tmp_path, capsys):
+def test_cli_audit_reports_json_and_a_plot(tmp_path, capsys, monkeypatch):
+    from privopt import plots
+
+    figures = []
+    real_save = plots.save_figure
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: (figures.append(fig), real_save(fig, path)))
     assert _cli(tmp_path) == 0
+    # every panel says what its y axis measures (the bar panel's x axis is its named bars)
+    assert figures and all(ax.get_ylabel() for fig in figures for ax in fig.axes)
     out = json.loads(capsys.readouterr().out)
     (audit,) = out["audits"]
     assert out["passed"] and out["algorithm"] == "dp-sgd" and out["epsilon_target"] == 1.0

@@ -91,6 +91,7 @@ def plot_report(report: AuditReport, path: Path) -> None:
         unit = "canary" if r.method == "one-run" else "run"
         hist.set_title(f"{r.mode} {r.method}: membership score per {unit}")
         hist.set_xlabel("log-likelihood ratio" if r.mode == "white-box" else "loss(true label) - loss(canary label)")
+        hist.set_ylabel(f"density (share of {unit}s per unit score)")
         hist.legend()
         bars.bar(["lower bound", "accounted"], [r.epsilon_lower_bound, r.epsilon_accounted], color=["C3", "C0"])
         bars.set_ylabel("epsilon")
