@@ -1,8 +1,10 @@
 """Exceptions and warnings raised by privopt. Each names the problem so a user can fix the input."""
 
 import difflib
+import functools
+import inspect
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 DEBUG_ENV = "PRIVOPT_DEBUG"  # set (not "" or "0"): errors and warnings may quote private data
 
@@ -62,6 +64,43 @@ def close_name(word: str, candidates: Iterable[str]) -> str:
     """
     match = difflib.get_close_matches(str(word), list(candidates), n=1, cutoff=0.6)
     return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def known_keywords(hints: dict[str, str] | None = None) -> Callable[[Callable], Callable]:
+    """Decorator: a call with a keyword the function does not take fails with a :class:`ConfigError`
+    naming it, the close name or ``hints[name]`` (e.g. how another library's argument maps here), and
+    the keywords it takes, instead of Python's bare ``TypeError``.
+
+    Example:
+        >>> @known_keywords({"sigma": "the noise is calibrated from eps"})
+        ... def run(*, eps=1.0):
+        ...     return eps
+        >>> run(epz=2.0)
+        Traceback (most recent call last):
+        ...
+        privopt.errors.ConfigError: run() takes no argument 'epz' (did you mean 'eps'?); it takes: eps
+        >>> run(sigma=2.0)
+        Traceback (most recent call last):
+        ...
+        privopt.errors.ConfigError: run() takes no argument 'sigma': the noise is calibrated from eps; it takes: eps
+    """
+
+    def wrap(fn: Callable) -> Callable:
+        params = inspect.signature(fn).parameters
+        takes = [n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and n != "self"]
+
+        @functools.wraps(fn)
+        def checked(*args, **kwargs):
+            unknown = [k for k in kwargs if k not in params]
+            if unknown:
+                name = unknown[0]
+                why = f": {hints[name]}" if hints and name in hints else close_name(name, takes)
+                raise ConfigError(f"{fn.__name__}() takes no argument {name!r}{why}; it takes: {', '.join(takes)}")
+            return fn(*args, **kwargs)
+
+        return checked
+
+    return wrap
 
 
 def debug_enabled() -> bool:

@@ -20,7 +20,7 @@ from privopt.api.guards import claim
 from privopt.api.loader import PoissonLoader, TrainingData, training_data
 from privopt.api.losses import LossFn, per_sample_loss
 from privopt.api.optimizer import DPOptimizer, check_optimizer
-from privopt.errors import ConfigError, ModelError
+from privopt.errors import ConfigError, ModelError, known_keywords
 from privopt.grads import get_engine, validate_model
 from privopt.privacy import Calibration, Inventory, PlannedStep, Poisson, PrivacyLedger, calibrate
 from privopt.privacy.checks import check_accountant, check_count, check_delta_for_size, check_epsilon, is_real
@@ -46,6 +46,18 @@ def _schedule(*, batch_size: Any, sample_rate: Any, epochs: float, n: int) -> tu
         raise ConfigError(f"sample_rate must be a number in (0, 1], got {sample_rate!r}")
     q = float(sample_rate)
     return q, q * n, max(1, math.ceil(round(epochs / q, 9)))
+
+
+# Arguments of Opacus's make_private(_with_epsilon) a user brings along, and what they are here.
+_OPACUS_HINTS = {
+    "noise_multiplier": "privopt calibrates the noise exactly from epsilon= and delta= for the planned epochs "
+    "(engine.noise_multiplier reports it after make_private)",
+    "target_epsilon": "pass epsilon=",
+    "target_delta": "pass delta=",
+    "poisson_sampling": "batches are always Poisson-sampled, at batch_size= / sample_rate=",
+    "grad_sample_mode": "the per-example gradient engine is PrivacyEngine(engine=...)",
+    "clipping": "clipping is per example with one threshold, max_grad_norm=",
+}
 
 
 @dataclass(frozen=True)
@@ -186,6 +198,7 @@ class PrivacyEngine:
     # ------------------------------------------------------------------ building
     # The signature and the call packed: the docstring alone takes 41 of the 60 lines a function may have.
     # fmt: off
+    @known_keywords(_OPACUS_HINTS)
     def make_private(
         self, *, module: nn.Module, optimizer: Any, epsilon: float, delta: float, epochs: float,
         max_grad_norm: float, dataset: Any = None, data_loader: Any = None, batch_size: int | None = None,
