@@ -62,7 +62,7 @@ def read_csv_columns(path: Path, columns: list[str], *, delimiter: str = ",") ->
         DataError: an empty file, a column missing from the header (or named twice in it), a
             record with another number of fields than the header, no records.
     """
-    text = formats.read_text(path).lstrip("\ufeff")  # a byte-order mark is not part of the first name
+    text = formats.read_utf8(path)  # strict: a latin-1 fallback would re-read every record
     reader = csv.reader(io.StringIO(text), delimiter=delimiter, strict=True)  # an unclosed quote is an error
     header = next((row for row in reader if any(c.strip() for c in row)), None)
     if header is None:
@@ -82,7 +82,8 @@ def read_csv_columns(path: Path, columns: list[str], *, delimiter: str = ",") ->
             lines.append(reader.line_num)
     except csv.Error:
         raise DataError(
-            f"{path}: {some('line', reader.line_num - 1)} is not valid CSV (e.g. an unclosed quote)"
+            f"{path}: {some('line', reader.line_num - 1)} is not valid CSV (an unclosed quote, a character "
+            f"after a closing quote, or a field of more than {csv.field_size_limit()} characters)"
         ) from None
     if not rows:
         raise DataError(f"{path}: no records after the header line")

@@ -24,6 +24,7 @@ from privopt.errors import DataError, debug_enabled, some
 __all__ = [
     "read_bytes",
     "read_text",
+    "read_utf8",
     "read_idx",
     "read_cifar_bin",
     "read_class_names",
@@ -69,7 +70,10 @@ def read_bytes(path: str | os.PathLike) -> bytes:
                 return fh.read()
         return path.read_bytes()
     except (OSError, EOFError, zlib.error) as exc:
-        raise DataError(f"cannot read {path}: corrupt or truncated gzip stream ({exc})") from exc
+        # gzip's own text can quote the data: the first two bytes ("Not a gzipped file (b'30')") or the
+        # CRC-32 of the whole content, a fingerprint to test guesses of a record against; --debug shows it
+        detail = f" ({exc})" if debug_enabled() else " (privopt --debug shows the reader's message)"
+        raise DataError(f"cannot read {path}: not readable, or a corrupt or truncated gzip stream{detail}") from None
 
 
 def read_text(path: str | os.PathLike) -> str:
@@ -79,6 +83,26 @@ def read_text(path: str | os.PathLike) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         return raw.decode("latin-1")
+
+
+def read_utf8(path: str | os.PathLike) -> str:
+    """Read a (possibly gzipped) UTF-8 text file, without a byte-order mark; no fallback.
+
+    A fallback decodes the WHOLE file otherwise when one byte is not UTF-8, so one record would
+    change how every other record's text reads (``Privé`` becoming ``PrivÃ©``).
+
+    Raises:
+        DataError: the file is not UTF-8 (where only under ``--debug``: the position is a record's).
+    """
+    raw = read_bytes(path)
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n")
+        raise DataError(
+            f"{path}: {some('line', line)} is not UTF-8 text; save the file as UTF-8 "
+            "(e.g. iconv -f latin1 -t utf-8 old.csv > new.csv)"
+        ) from None
 
 
 # ------------------------------------------------------------------------------------------ IDX
