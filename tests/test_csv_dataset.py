@@ -137,7 +137,7 @@ DATA_ERRORS = [  # (file body, expected message after the path, the secret value
     (HEADER + GOOD + "41,,Male,>50K\n", "column 'job' of some record is missing", None),
     (HEADER + GOOD + "inf,Gov,Male,>50K\n", "column 'age' of some record is not finite", None),
     (HEADER + GOOD + "41,Gov,Male\n", "some line does not have 4 fields", "3"),
-    (HEADER + GOOD + '41,"Gov,Male,>50K\n' + GOOD, "some line is not valid CSV (e.g. an unclosed quote)", "Gov"),
+    (HEADER + GOOD + '41,"Gov,Male,>50K\n' + GOOD, "some line is not valid CSV (an unclosed quote", "Gov"),
     ("", "the file is empty", None),
     (HEADER, "no records after the header line", None),
     ("agee,job,sex,income\n" + GOOD, "column 'age' is not in the header line (the first line must name", "agee"),

@@ -4,8 +4,10 @@ The file needs a header line naming its columns; columns the schema does not nam
 Labels, groups and categories are matched as text (cells stripped of surrounding spaces) against
 the declared names; numeric cells are clipped to their declared range by the pipeline's public
 scaling. No constant is computed from the file (no min, max, mean or vocabulary), so each record's
-features depend on that record and the config alone. Errors name the file, the column and the
-problem, never a cell's value; the line only under ``--debug`` (as for the other loaders).
+features depend on that record and the config alone (the file is read as UTF-8 with no fallback:
+decoding the whole file otherwise when one record is not UTF-8 would re-read every record). Errors
+name the file, the column and the problem, never a cell's value; the line only under ``--debug``
+(as for the other loaders).
 Guide: ``docs/data.md``, "Your own CSV file from the command line".
 """
 
@@ -102,7 +104,8 @@ def read_csv_columns(
             lines.append(reader.line_num)
     except csv.Error:
         raise DataError(
-            f"{path}: {some('line', reader.line_num - 1)} is not valid CSV (e.g. an unclosed quote)"
+            f"{path}: {some('line', reader.line_num - 1)} is not valid CSV (an unclosed quote, a character "
+            f"after a closing quote, or a field of more than {csv.field_size_limit()} characters)"
         ) from None
     if not rows:
         raise DataError(f"{path}: no records after the header line")

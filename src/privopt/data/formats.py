@@ -69,7 +69,10 @@ def read_bytes(path: str | os.PathLike) -> bytes:
                 return fh.read()
         return path.read_bytes()
     except (OSError, EOFError, zlib.error) as exc:
-        raise DataError(f"cannot read {path}: corrupt or truncated gzip stream ({exc})") from exc
+        # gzip's own text can quote the data: the first two bytes ("Not a gzipped file (b'30')") or the
+        # CRC-32 of the whole content, a fingerprint to test guesses of a record against; --debug shows it
+        detail = f" ({exc})" if debug_enabled() else " (privopt --debug shows the reader's message)"
+        raise DataError(f"cannot read {path}: not readable, or a corrupt or truncated gzip stream{detail}") from None
 
 
 def read_text(path: str | os.PathLike) -> str:

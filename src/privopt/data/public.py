@@ -36,6 +36,21 @@ __all__ = [
 SCALING_MODES = ("public", "unit", "none", "data")
 
 
+def _float32(x: np.ndarray) -> np.ndarray:
+    """``x`` as float32, a finite value past float32's range saturated at its largest value.
+
+    Silently: numpy's overflow warning would tell stderr's readers that some record holds a value
+    above 3.4e38, and a record's feature must not depend on more than that record.
+    """
+    with np.errstate(over="ignore"):
+        out = np.array(x, dtype=np.float32)
+    src = np.asarray(x)
+    if src.dtype.kind == "f" and src.dtype.itemsize > 4:
+        over = np.isinf(out) & np.isfinite(src)
+        out[over] = np.copysign(np.finfo(np.float32).max, src[over])
+    return out
+
+
 @dataclass(frozen=True)
 class PublicScaling:
     """Per-feature public constants: clip bounds ``[lower, upper]`` and a normalisation ``(x - center) / scale``.
@@ -68,7 +83,7 @@ class PublicScaling:
         if mode not in ("none", "unit", "public"):
             raise ConfigError(f"unknown scaling mode {mode!r}; use one of none, unit, public")
         # float32 and in place: full CIFAR-10 is 600 MB as float32, so avoid float64 copies.
-        out = np.array(x, dtype=np.float32)
+        out = _float32(x)
         if mode == "none":
             return out
         f32 = lambda a: np.asarray(a, dtype=np.float32)
