@@ -74,6 +74,7 @@ class _Session:
         self.history: list[dict[str, Any]] = list(ckpt["history"]) if ckpt else []
         self.diag_history: list[dict[str, Any]] = list(ckpt["diag_history"]) if ckpt else []
         self.elapsed_before = float(ckpt["elapsed_s"]) if ckpt else 0.0
+        self._eps_exact = False  # whether the last evaluation's epsilon is the exact one (else a bound)
         self.t0 = time.perf_counter()
         self.base = base_record(run)
         if version_changes:  # a resume under other versions, allowed explicitly: the record says where
@@ -114,7 +115,8 @@ class _Session:
     def _measure(self, *, final: bool, logs: dict[str, float] | None = None) -> tuple[dict, dict]:
         """(public row, non-private row) of the model now; the second is filled only with diagnostics on."""
         run, cfg = self.run, self.run.cfg
-        pub: dict[str, Any] = {"step": self.state.step, "epsilon_spent": self._epsilon(final=final or self._last_row())}
+        self._eps_exact = final or self._last_row()  # during the run: a bound (docs/accounting.md, "Caching")
+        pub: dict[str, Any] = {"step": self.state.step, "epsilon_spent": self._epsilon(final=self._eps_exact)}
         diag: dict[str, Any] = {"step": self.state.step}
         # A private algorithm's logs are post-processed releases; a non-private one's read the data.
         (pub if run.algo.private else diag).update({k: float(v) for k, v in (logs or {}).items()})
@@ -153,7 +155,8 @@ class _Session:
         last = self.history[-1] if self.history else {}
         out = {}
         if last.get("epsilon_spent") is not None:
-            out["eps"] = f"{last['epsilon_spent']:.3g}"
+            bound = "" if self._eps_exact else "≤"  # a bound is not yet what was spent
+            out["eps"] = f"{bound}{last['epsilon_spent']:.3g}"
         if "test_accuracy" in last:
             out["test_acc"] = f"{last['test_accuracy']:.3f}"
         if out and last.get("step") != self.state.step:  # an earlier evaluation's: say which, ε has grown since

@@ -1,0 +1,33 @@
+"""The progress line marks the ε it shows during a run as a bound (``eps=≤0.9``): only the last
+evaluation's ε is the one spent, and it is shown without the mark."""
+
+import re
+
+import torch
+from torch import nn
+
+from privopt.config import RunConfig
+from privopt.data import Dataset
+from privopt.training import train
+
+
+def test_the_progress_line_marks_the_running_epsilon_as_a_bound(capsys, tmp_path):
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(500, 4, generator=g)
+    y = (x[:, 0] > 0.5).long()
+    data = Dataset.from_tensors(x[:400], y[:400], x_test=x[400:], y_test=y[400:], num_classes=2)
+    cfg = RunConfig.from_dict(
+        {
+            "algorithm": "dp-sgd",
+            "algorithm_params": {"epochs": 2, "batch_size": 40, "lr": 0.5},
+            "privacy": {"epsilon": 1.0, "delta": 1e-4, "accountant": "rdp"},
+            "eval_every": 4,
+        }
+    )
+    capsys.readouterr()
+    record = train(cfg, out_dir=tmp_path / "run", progress=True, dataset=data, model=nn.Linear(4, 2))
+    shown = re.findall(r"eps=(≤?)([0-9.e-]+)", capsys.readouterr().err)  # stderr is not a terminal: lines
+    assert len(shown) >= 3
+    assert all(mark == "≤" for mark, _ in shown[:-1])  # while the run is going: the bound
+    mark, value = shown[-1]
+    assert mark == "" and value == f"{record['privacy']['epsilon_spent']:.3g}"  # at the end: what was spent
