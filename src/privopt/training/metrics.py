@@ -48,6 +48,8 @@ def evaluate(
         model.train(was_training)
     out = {"loss": float(loss_fn(logits, y).mean())}
     out.update(classification_metrics(logits, y, num_classes=num_classes))
+    # the record count is the loop's own ``<prefix>_records`` (an int), not a float column beside it
+    out.pop("num_samples", None)
     return {f"{prefix}_{k}": float(v) for k, v in out.items() if isinstance(v, (int, float))}
 
 

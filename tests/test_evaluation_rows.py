@@ -1,5 +1,5 @@
-"""The progress line marks the ε it shows during a run as a bound (``eps=≤0.9``): only the last
-evaluation's ε is the one spent, and it is shown without the mark."""
+"""What an evaluation row and the progress line show: the ε during a run marked as the bound it is
+(``eps=≤0.9``; only the last evaluation's ε is the one spent), and the records read counted once."""
 
 import re
 
@@ -31,3 +31,15 @@ def test_the_progress_line_marks_the_running_epsilon_as_a_bound(capsys, tmp_path
     assert all(mark == "≤" for mark, _ in shown[:-1])  # while the run is going: the bound
     mark, value = shown[-1]
     assert mark == "" and value == f"{record['privacy']['epsilon_spent']:.3g}"  # at the end: what was spent
+
+
+def test_an_evaluation_row_counts_its_records_once(tmp_path):
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(300, 4, generator=g)
+    y = (x[:, 0] > 0.5).long()
+    data = Dataset.from_tensors(x[:200], y[:200], x_test=x[200:], y_test=y[200:], num_classes=2)
+    cfg = RunConfig.from_dict({"algorithm": "sgd", "algorithm_params": {"epochs": 1, "batch_size": 50}})
+    record = train(cfg, out_dir=tmp_path / "run", progress=False, dataset=data, model=nn.Linear(4, 2))
+    row = record["history"][-1]
+    assert row["test_records"] == 100 and isinstance(row["test_records"], int)
+    assert not [k for k in row if "num_samples" in k]
