@@ -247,3 +247,18 @@ def test_load_run_never_reads_the_checkpoint(csv_run, tmp_path):
     (run_dir / "checkpoint.pt").mkdir()  # any attempt to read it would fail
     x, y = privopt.load_run(run_dir).read_csv(csv_run / "test.csv")
     assert privopt.load_run(run_dir).predict(x).shape == y.shape
+
+
+def test_a_run_on_scattering_features_takes_raw_images(tmp_path):
+    from privopt.config import RunConfig
+    from privopt.data import load_dataset
+    from privopt.training import train
+
+    cfg = {"model": "logreg", "dataset": "digits", "features": {"name": "scattering", "J": 1, "cache": False}}
+    cfg |= {"algorithm_params": {"epochs": 1, "batch_size": 128}, "plots": False}
+    record = train(RunConfig.from_dict(cfg), out_dir=tmp_path / "r", progress=False)
+    run, test = privopt.load_run(tmp_path / "r"), load_dataset("digits", seed=0)
+    assert run.record["dataset"]["input_shape"] == [144] and list(test.x_test.shape[1:]) == [1, 8, 8]
+    assert float((run.predict(test.x_test) == test.y_test.numpy()).mean()) == record["metrics"]["test_accuracy"]
+    with pytest.raises(DataError, match="feature map"):
+        run.predict(test.x_test.reshape(-1, 64))
