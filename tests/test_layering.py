@@ -27,7 +27,7 @@ LAYERS: list[set[str]] = [
     {"training"},
     {"api", "experiments", "audit", "bench", "bench_profile"},
     {"bench_e2e"},
-    {"cli_audit", "cli_bench"},
+    {"cli_audit", "cli_bench", "cli_predict"},
     {"cli"},
     {"__main__", "__init__"},
 ]

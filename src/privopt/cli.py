@@ -1,4 +1,4 @@
-"""The ``privopt`` command line: train, account, audit, list, demo, bench, reproduce."""
+"""The ``privopt`` command line: train, predict, account, audit, list, demo, bench, reproduce."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from privopt.cli_audit import add_audit_parser
 from privopt.cli_bench import add_bench_parser
+from privopt.cli_predict import add_predict_parser
 from privopt.cliargs import DEVICES, non_negative_int, positive_float, positive_int
 from privopt.errors import PrivacyBudgetExceeded, PrivoptError, debug_enabled
 from privopt.quiet import debug_mode, foreign_error_line, quiet_warnings
@@ -301,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     _add_train_parser(sub)
+    add_predict_parser(sub)
 
     _add_account_parser(sub)
 
@@ -381,7 +383,9 @@ def _add_reproduce_parser(sub) -> None:
         rsub.add_parser(name, help=exp.help_text, description=exp.help_text, experiment=exp)
 
 
-DESCRIPTION = "Differentially private optimisation on PyTorch: train, account, audit, list, demo, bench, reproduce."
+DESCRIPTION = (
+    "Differentially private optimisation on PyTorch: train, predict, account, audit, list, demo, bench, reproduce."
+)
 EXIT_CODES = """exit codes: 0 done; 2 a user error (one-line message, nothing half-written); 3 privacy budget
 exhausted; 4 the run failed (e.g. diverged, or an error raised by torch or your code: only its type and
 where are printed, --debug prints its message and traceback; a run's record holds the epsilon spent);

@@ -14,5 +14,15 @@ from privopt.api.fit import fit
 from privopt.api.loader import PoissonLoader, training_data
 from privopt.api.losses import per_sample_loss
 from privopt.api.optimizer import DPOptimizer
+from privopt.api.runs import ReleasedRun, load_run
 
-__all__ = ["DPOptimizer", "PoissonLoader", "PrivacyEngine", "fit", "per_sample_loss", "training_data"]
+__all__ = [
+    "DPOptimizer",
+    "PoissonLoader",
+    "PrivacyEngine",
+    "ReleasedRun",
+    "fit",
+    "load_run",
+    "per_sample_loss",
+    "training_data",
+]

@@ -29,7 +29,7 @@ from privopt.data.registry import BuildContext
 from privopt.data.tabular import one_hot, record_where, tabular_layout
 from privopt.errors import ConfigError, DataError, close_name, debug_enabled, some
 
-__all__ = ["csv_source", "read_csv_columns"]
+__all__ = ["csv_layout", "csv_source", "encode_csv", "read_csv_columns"]
 
 
 def _file(option: str, value: Any) -> Path:
@@ -42,11 +42,11 @@ def _file(option: str, value: Any) -> Path:
     return path
 
 
-def _check_header(path: Path, header: list[str], columns: list[str], delimiter: str) -> None:
-    """Each declared column named once. The header's names are shown under ``--debug`` only: a file
-    without a header line has a record there."""
+def _check_header(path: Path, header: list[str], columns: list[str], delimiter: str, optional=()) -> None:
+    """Each declared column named once (an ``optional`` one at most once). The header's names are shown
+    under ``--debug`` only: a file without a header line has a record there."""
     for name in columns:
-        if header.count(name) == 1:
+        if header.count(name) == 1 or (name in optional and name not in header):
             continue
         if name in header:
             raise DataError(f"{path}: column {name!r} is named twice in the header line")
@@ -75,9 +75,10 @@ def _decode(path: Path, encoding: str) -> str:
 
 
 def read_csv_columns(
-    path: Path, columns: list[str], *, delimiter: str = ",", encoding: str = "utf-8"
+    path: Path, columns: list[str], *, delimiter: str = ",", encoding: str = "utf-8", optional=()
 ) -> tuple[dict, np.ndarray]:
-    """``({column: stripped cells as an object array}, file line of each record)`` for ``columns``.
+    """``({column: stripped cells as an object array}, file line of each record)`` for ``columns``;
+    a column of ``optional`` missing from the header is left out of the mapping.
 
     Raises:
         DataError: a file that is not ``encoding`` text, an empty file, a column missing from the
@@ -92,7 +93,8 @@ def read_csv_columns(
             f"{path}: the file is empty (expected a header line naming the columns, then one record a line)"
         )
     header = [c.strip() for c in header]
-    _check_header(path, header, columns, delimiter)
+    _check_header(path, header, columns, delimiter, optional)
+    columns = [c for c in columns if c in header]
     rows, lines = [], []
     try:
         for row in reader:
@@ -134,19 +136,21 @@ def _numbers(path: Path, name: str, cells: np.ndarray, lines: np.ndarray) -> tup
     return np.where(missing, 0.0, values), missing
 
 
-def _missing(spec: CsvSpec, path: Path, cols: dict, lines: np.ndarray) -> tuple[dict, np.ndarray]:
-    """Numeric columns parsed, and which records have a missing cell; ``missing: error`` raises on one."""
+_DROP_HINT = "dataset_params.missing: drop skips such records"
+
+
+def _missing(spec: CsvSpec, path: Path, cols: dict, lines: np.ndarray, *, drop: bool, hint: str):
+    """Numeric columns parsed, and which records have a missing cell; without ``drop``, one raises."""
     numbers, missing = {}, np.zeros(len(lines), dtype=bool)
     numeric = {f.name for f in spec.features if f.kind == "numeric"}
-    for name in spec.columns:
+    for name in cols:
         if name in numeric:
             numbers[name], empty = _numbers(path, name, cols[name], lines)
         else:
             empty = cols[name] == ""
-        if spec.missing == "error" and empty.any():
+        if not drop and empty.any():
             raise DataError(
-                f"{path}: column {name!r} of {record_where(~empty, lines)} is missing (an empty or NaN cell); "
-                "dataset_params.missing: drop skips such records"
+                f"{path}: column {name!r} of {record_where(~empty, lines)} is missing (an empty or NaN cell); {hint}"
             )
         missing |= empty
     return numbers, missing
@@ -190,20 +194,54 @@ def _categories(path: Path, feature: CsvFeature, cells: np.ndarray, lines: np.nd
     )
 
 
-def _part(spec: CsvSpec, path: Path) -> tuple[Part, int]:
-    """One file's records encoded (``missing: drop`` applied) and how many were dropped."""
-    cols, lines = read_csv_columns(path, spec.columns, delimiter=spec.delimiter, encoding=spec.encoding)
-    numbers, missing = _missing(spec, path, cols, lines)
+def encode_csv(
+    spec: CsvSpec, path: Path, *, scoring: bool = False
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, int]:
+    """``(features, label ids, group ids, records dropped)`` of one file, before the public scaling.
+
+    Features are laid out as :func:`csv_layout` names them. For ``scoring`` (new records to predict),
+    the label column is optional (``None`` without it), the group column is not read and every record
+    is kept (an empty or NaN cell is an error: a dropped record would have no prediction).
+
+    Raises:
+        DataError: as :func:`read_csv_columns`, and a cell the schema cannot encode.
+    """
+    if scoring:
+        columns, optional = list(dict.fromkeys([spec.label, *(f.name for f in spec.features)])), (spec.label,)
+        drop, hint = False, "a record to score needs every feature (fill or remove it)"
+    else:
+        columns, optional, drop, hint = spec.columns, (), spec.missing == "drop", _DROP_HINT
+    cols, lines = read_csv_columns(path, columns, delimiter=spec.delimiter, encoding=spec.encoding, optional=optional)
+    numbers, missing = _missing(spec, path, cols, lines, drop=drop, hint=hint)
     keep = ~missing
     cols, lines = {c: v[keep] for c, v in cols.items()}, lines[keep]
     numbers = {c: v[keep] for c, v in numbers.items()}
-    y = _ids(path, f"label column {spec.label!r}", cols[spec.label], spec.classes, lines)
-    g = None if spec.group is None else _ids(path, f"group column {spec.group!r}", cols[spec.group], spec.groups, lines)
+    y = None
+    if spec.label in cols:
+        y = _ids(path, f"label column {spec.label!r}", cols[spec.label], spec.classes, lines)
+    g = (
+        None
+        if spec.group not in cols
+        else _ids(path, f"group column {spec.group!r}", cols[spec.group], spec.groups, lines)
+    )
     blocks = [
         numbers[f.name][:, None] if f.kind == "numeric" else _categories(path, f, cols[f.name], lines)
         for f in spec.features
     ]
-    return Part(np.concatenate(blocks, axis=1), y, g), int(missing.sum())
+    return np.concatenate(blocks, axis=1), y, g, int(missing.sum())
+
+
+def csv_layout(spec: CsvSpec):
+    """``(feature names, public scaling)`` of ``spec``'s encoding (:func:`~privopt.data.tabular.tabular_layout`)."""
+    numeric = {f.name: (f.lower, f.upper) for f in spec.features if f.kind == "numeric"}
+    vocab = {f.name: f.slots for f in spec.features if f.kind == "categorical"}
+    return tabular_layout(numeric, vocab, source="the ranges and categories declared in dataset_params")
+
+
+def _part(spec: CsvSpec, path: Path) -> tuple[Part, int]:
+    """One file's records encoded (``missing: drop`` applied) and how many were dropped."""
+    x, y, g, dropped = encode_csv(spec, path)
+    return Part(x, y, g), dropped
 
 
 def _public_meta(spec: CsvSpec, files: dict[str, Path], names: list[str]) -> dict:
@@ -246,9 +284,7 @@ def csv_source(
         parts[split], dropped = _part(spec, file)
         stats["records_per_file"][str(file)] = len(parts[split]) + dropped
         stats["rows_dropped_missing"][split] = dropped
-    numeric = {f.name: (f.lower, f.upper) for f in spec.features if f.kind == "numeric"}
-    vocab = {f.name: f.slots for f in spec.features if f.kind == "categorical"}
-    names, scaling = tabular_layout(numeric, vocab, source="the ranges and categories declared in dataset_params")
+    names, scaling = csv_layout(spec)
     meta = _public_meta(spec, files, names)
     raw = RawData(parts["train"], parts.get("test"), "tabular", len(spec.classes), scaling, meta=meta, stats=stats)
     return ctx.with_test(raw)

@@ -31,7 +31,14 @@ import torch
 from privopt.errors import ConfigError, DataError
 from privopt.registry import Registry
 
-__all__ = ["FeatureMap", "apply_features", "available_features", "feature_cache_dir", "register_features"]
+__all__ = [
+    "FeatureMap",
+    "apply_features",
+    "available_features",
+    "feature_cache_dir",
+    "features_of",
+    "register_features",
+]
 
 _FEATURES: Registry[Callable[..., FeatureMap]] = Registry("feature map")
 _CHUNK = 512  # records per transform call: bounds the memory of the intermediate wavelet maps
@@ -191,16 +198,14 @@ def apply_features(dataset: Any, name: str | None, *, cache: bool = True, scale:
     Raises:
         ConfigError: unknown map or option, or inputs the map cannot take.
     """
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-        raise ConfigError(f"feature scale must be a finite number > 0, got {scale!r}")
+    _check_scale(scale)
     if name in (None, "none"):
         if params or scale != 1.0:
             given = sorted([*params, *(["scale"] if scale != 1.0 else [])])
             raise ConfigError(f"feature options {given} given without a feature map")
         return dataset
     fmap = build_feature_map(name, input_shape=tuple(dataset.input_shape), **params)
-    splits = {f: _transform_split(fmap, getattr(dataset, f), cache=cache) for f in ("x_train", "x_val", "x_test")}
-    splits = {f: fmap.finish(x) * float(scale) for f, x in splits.items()}
+    splits = {f: _features(fmap, getattr(dataset, f), cache=cache, scale=scale) for f in ("x_train", "x_val", "x_test")}
     meta = dict(dataset.meta)
     public = dict(meta.get("public", {}))
     scaled = "" if scale == 1.0 else f" x {float(scale):g}"
@@ -209,3 +214,27 @@ def apply_features(dataset: Any, name: str | None, *, cache: bool = True, scale:
     )
     meta["public"] = public
     return dataclasses.replace(dataset, **splits, input_shape=tuple(splits["x_train"].shape[1:]), meta=meta)
+
+
+def _check_scale(scale: Any) -> None:
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ConfigError(f"feature scale must be a finite number > 0, got {scale!r}")
+
+
+def _features(fmap: FeatureMap, x: torch.Tensor, *, cache: bool, scale: float) -> torch.Tensor:
+    return fmap.finish(_transform_split(fmap, x, cache=cache)) * float(scale)
+
+
+def features_of(x: torch.Tensor, name: str, *, scale: float = 1.0, **params: Any) -> torch.Tensor:
+    """The features ``name`` of the records ``x`` (``[N, ...]``), as :func:`apply_features` computes
+    them for one split, without the cache (new records to score are not stored).
+
+    Example:
+        >>> import torch
+        >>> features_of(torch.rand(2, 1, 8, 8), "scattering", J=1).shape
+        torch.Size([2, 144])
+    """
+    _check_scale(scale)
+    params.pop("cache", None)  # a run's cache option: how its splits were stored, not what they are
+    fmap = build_feature_map(name, input_shape=tuple(x.shape[1:]), **params)
+    return _features(fmap, x, cache=False, scale=scale)
