@@ -151,9 +151,20 @@ def load_run(path: str | Path) -> ReleasedRun:
         DataError: no run folder, or a corrupt ``record.json`` / ``model.pt``.
 
     Example:
-        >>> run = load_run("runs/my-run")  # doctest: +SKIP
-        >>> run.predict(x_new)  # doctest: +SKIP
-        array([3, 0, ...])
+        >>> import tempfile, torch, privopt
+        >>> from torch import nn
+        >>> from privopt.data import Dataset
+        >>> x = torch.rand(300, 4, generator=torch.Generator().manual_seed(0))
+        >>> y = (x[:, 0] > 0.5).long()
+        >>> data = Dataset.from_tensors(x[:200], y[:200], x_test=x[200:], y_test=y[200:], num_classes=2)
+        >>> folder = tempfile.mkdtemp()
+        >>> record = privopt.fit(model="logreg", dataset=data, algorithm="sgd", epochs=2, batch_size=50,
+        ...                      lr=0.5, out_dir=f"{folder}/run")
+        >>> run = load_run(f"{folder}/run")
+        >>> run.predict_proba(x[:3]).shape, run.predict_proba(x[:3]).sum(1).round(6).tolist()
+        ((3, 2), [1.0, 1.0, 1.0])
+        >>> float((run.predict(x[200:]) == y[200:].numpy()).mean()) == record["metrics"]["test_accuracy"]
+        True
     """
     folder = Path(path).expanduser()
     record = _read_record(folder)
@@ -226,10 +237,7 @@ class ReleasedRun:
 
     def predict_proba(self, x: Any) -> np.ndarray:
         """Class probabilities ``[N, num_classes]`` (float64) of raw records ``x``.
-
-        Example:
-            >>> load_run("runs/my-run").predict_proba(x_new).sum(1)  # doctest: +SKIP
-            array([1., 1., ...])
+        (Example: :func:`load_run`.)
         """
         from privopt.eval.metrics import probabilities
 
@@ -237,10 +245,7 @@ class ReleasedRun:
 
     def predict(self, x: Any) -> np.ndarray:
         """Class ids ``[N]`` (int64) of raw records ``x``: the most probable class, as the run's evaluation.
-
-        Example:
-            >>> load_run("runs/my-run").predict(x_new)  # doctest: +SKIP
-            array([3, 0, ...])
+        (Example: :func:`load_run`.)
         """
         return self.predict_proba(x).argmax(axis=1)
 
