@@ -16,7 +16,7 @@ from pathlib import Path
 from privopt.cli_audit import add_audit_parser
 from privopt.cli_bench import add_bench_parser
 from privopt.cli_predict import add_predict_parser
-from privopt.cliargs import DEVICES, non_negative_int, positive_float, positive_int
+from privopt.cliargs import DEVICES, exact_options, non_negative_int, parse_with_hints, positive_float, positive_int
 from privopt.errors import PrivacyBudgetExceeded, PrivoptError, debug_enabled
 from privopt.quiet import debug_mode, foreign_error_line, quiet_warnings
 
@@ -337,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     _add_reproduce_parser(sub)
-    return p
+    return exact_options(p)
 
 
 class _ExperimentParser(argparse.ArgumentParser):
@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str] | None) -> int:
     command = None
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_with_hints(build_parser(), argv)
         command = args.command
         return int(args.func(args) or 0)
     except PrivacyBudgetExceeded as e:

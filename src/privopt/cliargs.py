@@ -18,13 +18,17 @@ from __future__ import annotations
 import argparse
 import math
 
+from privopt.errors import close_name
+
 __all__ = [
     "DEVICES",
     "add_run_outputs",
+    "exact_options",
     "float_list",
     "int_list",
     "name_list",
     "non_negative_int",
+    "parse_with_hints",
     "positive_float",
     "positive_int",
 ]
@@ -114,3 +118,57 @@ def add_run_outputs(
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     if quiet:
         parser.add_argument("--quiet", action="store_true", help="print nothing (outputs are still written)")
+
+
+def exact_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Turn off argparse's prefix matching in ``parser`` and all its sub-commands: an option is
+    taken only as spelt in full, so a new option can never change what an old abbreviation meant
+    (``--batch-size`` is refused instead of read as ``--batch-sizes``).
+
+    Example:
+        >>> p = argparse.ArgumentParser(prog="x", exit_on_error=False)
+        >>> _ = p.add_argument("--batch-sizes")
+        >>> exact_options(p).parse_known_args(["--batch-size", "8"])[1]
+        ['--batch-size', '8']
+    """
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                exact_options(sub)
+    return parser
+
+
+def parse_with_hints(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, but an unrecognised option is reported with the close name among
+    the options of the sub-command it was given to.
+
+    Example:
+        >>> p = argparse.ArgumentParser(prog="x")
+        >>> sub = p.add_subparsers(dest="command", required=True)
+        >>> _ = sub.add_parser("bench").add_argument("--batch-sizes")
+        >>> import contextlib, io
+        >>> err = io.StringIO()
+        >>> with contextlib.redirect_stderr(err), contextlib.suppress(SystemExit):
+        ...     parse_with_hints(exact_options(p), ["bench", "--batch-size", "8"])
+        >>> print(err.getvalue().splitlines()[-1])
+        x: error: unrecognized arguments: --batch-size 8 (did you mean '--batch-sizes'?)
+    """
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        hint = ""
+        if extra[0].startswith("--"):
+            hint = close_name(extra[0].split("=", 1)[0], _option_strings(parser, args))
+        parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    return args
+
+
+def _option_strings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The long options of the (sub-)command ``args`` was parsed by."""
+    found = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None) or "")
+            if chosen is not None:
+                found += _option_strings(chosen, args)
+    return found
