@@ -15,7 +15,7 @@ from privopt.data import formats
 from privopt.data.dataset import Part, RawData
 from privopt.data.public import ADULT_NUMERIC_BOUNDS, ADULT_VOCABULARY, PublicScaling
 from privopt.data.registry import BuildContext
-from privopt.data.tabular import one_hot, record_where, tabular_layout
+from privopt.data.tabular import one_hot, record_where, tabular_layout, transform
 from privopt.errors import ConfigError, DataError
 
 __all__ = ["adult_source", "ADULT_GROUPINGS", "RACE3"]
@@ -51,9 +51,9 @@ def _group_ids(cols: dict, grouping: str, path, lines: np.ndarray) -> np.ndarray
 def _encode(cols: dict, path, lines: np.ndarray, *, with_missing: bool) -> np.ndarray:
     """Numeric features (fixed transforms) then one-hot categories over the public vocabulary."""
     blocks = []
-    for name, (transform, _lo, _hi, _src) in ADULT_NUMERIC_BOUNDS.items():
-        v = cols[name]
-        blocks.append((np.log1p(np.maximum(v, 0.0)) if transform == "log1p" else v)[:, None])
+    for name, (kind, _lo, _hi, _src) in ADULT_NUMERIC_BOUNDS.items():
+        v = cols[name] if kind == "identity" else np.maximum(cols[name], 0.0)  # the census codes no negatives
+        blocks.append(transform(kind, v)[:, None])
     for name, vocab in ADULT_VOCABULARY.items():
         values = cols[name]
         ok = np.isin(values, (*vocab, "?"))

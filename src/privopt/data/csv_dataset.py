@@ -26,7 +26,7 @@ from privopt.data import formats
 from privopt.data.csv_spec import CsvFeature, CsvSpec, parse_csv_spec
 from privopt.data.dataset import Part, RawData
 from privopt.data.registry import BuildContext
-from privopt.data.tabular import one_hot, record_where, tabular_layout
+from privopt.data.tabular import one_hot, record_where, tabular_layout, transform
 from privopt.errors import ConfigError, DataError, close_name, debug_enabled, some
 
 __all__ = ["csv_layout", "csv_source", "encode_csv", "read_csv_columns"]
@@ -140,12 +140,17 @@ _DROP_HINT = "dataset_params.missing: drop skips such records"
 
 
 def _missing(spec: CsvSpec, path: Path, cols: dict, lines: np.ndarray, *, drop: bool, hint: str):
-    """Numeric columns parsed, and which records have a missing cell; without ``drop``, one raises."""
+    """Numeric columns parsed, and which records have a missing cell; without ``drop``, one raises.
+    A feature's own ``missing: category`` overrides: its empty cells are a slot, not missing (unless
+    the column is the group column too: a group is never guessed)."""
     numbers, missing = {}, np.zeros(len(lines), dtype=bool)
     numeric = {f.name for f in spec.features if f.kind == "numeric"}
+    slotted = {f.name for f in spec.features if f.missing == "category"} - {spec.label, spec.group}
     for name in cols:
         if name in numeric:
             numbers[name], empty = _numbers(path, name, cols[name], lines)
+        elif name in slotted:
+            continue
         else:
             empty = cols[name] == ""
         if not drop and empty.any():
@@ -180,18 +185,32 @@ def _ids(path: Path, what: str, cells: np.ndarray, names: tuple[str, ...], lines
     return np.array([lut[c] for c in cells], dtype=np.int64)
 
 
+def _transformed(path: Path, feature: CsvFeature, values: np.ndarray, lines: np.ndarray) -> np.ndarray:
+    """A numeric column under its fixed transform (each defined for values >= 0, checked per record)."""
+    if feature.transform == "identity":
+        return values
+    ok = values >= 0
+    if not ok.all():  # the column, never the value (nor the line unless debugging)
+        raise DataError(
+            f"{path}: column {feature.name!r} of {record_where(ok, lines)} is negative; its transform "
+            f"{feature.transform} (dataset_params.features.{feature.name}.transform) takes values >= 0"
+        )
+    return transform(feature.transform, values)
+
+
 def _categories(path: Path, feature: CsvFeature, cells: np.ndarray, lines: np.ndarray) -> np.ndarray:
-    known = np.isin(cells, feature.categories)
+    """One-hot over :attr:`CsvFeature.slots`: declared categories, ``<other>``, ``<missing>``."""
+    empty = cells == "" if feature.missing == "category" else np.zeros(len(cells), dtype=bool)
+    known = np.isin(cells, feature.categories) | empty
     if feature.unknown == "error" and not known.all():
         raise DataError(
             f"{path}: column {feature.name!r} of {record_where(known, lines)} is not one of its declared categories "
             f"(dataset_params.features.{feature.name}.unknown: other gives such values an '<other>' slot)"
             + _as_written(feature.categories)
         )
-    block = one_hot(cells, feature.categories)
-    return (
-        np.concatenate([block, (~known)[:, None].astype(np.float64)], axis=1) if feature.unknown == "other" else block
-    )
+    extra = [~known] if feature.unknown == "other" else []
+    extra += [empty] if feature.missing == "category" else []
+    return np.concatenate([one_hot(cells, feature.categories), *(e[:, None].astype(np.float64) for e in extra)], axis=1)
 
 
 def encode_csv(
@@ -225,7 +244,9 @@ def encode_csv(
         else _ids(path, f"group column {spec.group!r}", cols[spec.group], spec.groups, lines)
     )
     blocks = [
-        numbers[f.name][:, None] if f.kind == "numeric" else _categories(path, f, cols[f.name], lines)
+        _transformed(path, f, numbers[f.name], lines)[:, None]
+        if f.kind == "numeric"
+        else _categories(path, f, cols[f.name], lines)
         for f in spec.features
     ]
     return np.concatenate(blocks, axis=1), y, g, int(missing.sum())
@@ -244,21 +265,32 @@ def _part(spec: CsvSpec, path: Path) -> tuple[Part, int]:
     return Part(x, y, g), dropped
 
 
-def _public_meta(spec: CsvSpec, files: dict[str, Path], names: list[str]) -> dict:
+def _steps(spec: CsvSpec) -> list[str]:
+    """The encoding's public steps, from the schema alone."""
     unknown = [f.name for f in spec.features if f.unknown == "other"]
+    slotted = [f.name for f in spec.features if f.missing == "category"]
+    moved = [f"{f.transform}({f.name})" for f in spec.features if f.transform != "identity"]
+    steps = [f"label = position of column {spec.label!r} in the declared classes"]
+    if moved:
+        steps.append(f"fixed per-record transforms, the ranges declared in their units: {', '.join(moved)}")
+    steps.append(
+        "numeric columns clipped to their declared ranges and min-max scaled with them; categorical "
+        "columns one-hot over their declared categories"
+        + (f" (values outside them: an '<other>' slot, in {', '.join(unknown)})" if unknown else "")
+    )
+    if slotted:
+        steps.append(f"empty cells: a '<missing>' slot (per column: missing: category) in {', '.join(slotted)}")
+    policy = "dropped (per record)" if spec.missing == "drop" else "an error"
+    return [*steps, f"records with an empty or NaN cell in {'another' if slotted else 'a'} column read: {policy}"]
+
+
+def _public_meta(spec: CsvSpec, files: dict[str, Path], names: list[str]) -> dict:
     meta = {
         "source": {"format": "CSV with a header line", "files": [str(p) for p in files.values()]},
         "official_splits_present": sorted(files),
         "class_names": list(spec.classes),
         "feature_names": names,
-        "preprocessing": [
-            f"label = position of column {spec.label!r} in the declared classes",
-            "numeric columns clipped to their declared ranges and min-max scaled with them; categorical "
-            "columns one-hot over their declared categories"
-            + (f" (values outside them: an '<other>' slot, in {', '.join(unknown)})" if unknown else ""),
-            "records with an empty or NaN cell in a column read: "
-            + ("dropped (per record)" if spec.missing == "drop" else "an error"),
-        ],
+        "preprocessing": _steps(spec),
     }
     if spec.group is not None:
         meta["group_attribute"] = spec.group

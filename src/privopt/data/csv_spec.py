@@ -20,19 +20,28 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from privopt.data.tabular import TRANSFORMS
 from privopt.errors import ConfigError, close_name
 
-__all__ = ["CsvSpec", "CsvFeature", "parse_csv_spec", "OTHER", "MISSING_POLICIES", "UNKNOWN_POLICIES"]
+__all__ = [
+    "CsvSpec", "CsvFeature", "parse_csv_spec", "OTHER", "MISSING", "MISSING_POLICIES", "UNKNOWN_POLICIES",
+    "TRANSFORM_NAMES",
+]  # fmt: skip
 
 OTHER = "<other>"  # the one-hot slot of values outside a vocabulary declared with unknown: other
-MISSING_POLICIES = ("error", "drop")
+MISSING = "<missing>"  # the one-hot slot of empty cells in a column declared with missing: category
+MISSING_POLICIES = ("error", "drop")  # dataset-wide; a categorical column's own missing: category overrides
+COLUMN_MISSING = ("category",)
 UNKNOWN_POLICIES = ("error", "other")
+TRANSFORM_NAMES = tuple(TRANSFORMS)  # identity (the default), log1p, sqrt
 _WHERE = "dataset_params"
 
 
 @dataclass(frozen=True)
 class CsvFeature:
-    """One feature column: ``numeric`` (public ``lower``/``upper``) or ``categorical`` (public ``categories``)."""
+    """One feature column: ``numeric`` (public ``lower``/``upper``, in the units of its fixed
+    ``transform``) or ``categorical`` (public ``categories``; ``missing="category"``: empty cells
+    have their own slot, whatever the dataset-wide ``missing`` says)."""
 
     name: str
     kind: str
@@ -40,11 +49,14 @@ class CsvFeature:
     upper: float = 1.0
     categories: tuple[str, ...] = ()
     unknown: str = "error"
+    transform: str = "identity"
+    missing: str | None = None
 
     @property
     def slots(self) -> tuple[str, ...]:
-        """The one-hot categories (with the ``<other>`` slot when unknown values go there)."""
-        return (*self.categories, OTHER) if self.unknown == "other" else self.categories
+        """The one-hot categories, then the ``<other>`` slot (unknown: other), then ``<missing>``."""
+        other = (OTHER,) if self.unknown == "other" else ()
+        return (*self.categories, *other, *((MISSING,) if self.missing == "category" else ()))
 
 
 @dataclass(frozen=True)
@@ -105,39 +117,61 @@ def _column(what: str, value: Any) -> str:
     return value.strip()
 
 
-def _range(name: str, value: Any) -> tuple[float, float]:
+def _range(name: str, value: Any, transform: str) -> tuple[float, float]:
     what = f"{_WHERE}.features.{name}.range"
+    units = "" if transform == "identity" else f" (in {transform} units: transform: {transform})"
     real = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     if not isinstance(value, (list, tuple)) or len(value) != 2 or not all(real(v) for v in value):
-        raise ConfigError(f"{what} must be [lower, upper], two finite numbers, got {value!r}")
+        raise ConfigError(f"{what} must be [lower, upper], two finite numbers{units}, got {value!r}")
     lo, hi = float(value[0]), float(value[1])
     if not lo < hi:
-        raise ConfigError(f"{what} needs lower < upper, got [{value[0]}, {value[1]}]")
+        raise ConfigError(f"{what} needs lower < upper{units}, got [{value[0]}, {value[1]}]")
     return lo, hi
+
+
+def _numeric(name: str, entry: dict) -> CsvFeature:
+    what = f"{_WHERE}.features.{name}"
+    for key in ("unknown", "missing"):
+        if key in entry:
+            raise ConfigError(f"{what}.{key} applies to categorical columns (categories: [...]) only")
+    transform = entry.get("transform", "identity")
+    if transform not in TRANSFORMS:
+        hint = close_name(str(transform), TRANSFORM_NAMES)
+        raise ConfigError(f"{what}.transform must be one of {', '.join(TRANSFORM_NAMES)}, got {transform!r}{hint}")
+    lo, hi = _range(name, entry["range"], transform)
+    return CsvFeature(name, "numeric", lower=lo, upper=hi, transform=transform)
+
+
+def _categorical(name: str, entry: dict) -> CsvFeature:
+    what = f"{_WHERE}.features.{name}"
+    if "transform" in entry:
+        raise ConfigError(f"{what}.transform applies to numeric columns (range: [lower, upper]) only")
+    unknown, missing = entry.get("unknown", "error"), entry.get("missing")
+    if unknown not in UNKNOWN_POLICIES:
+        raise ConfigError(f"{what}.unknown must be one of {', '.join(UNKNOWN_POLICIES)}, got {unknown!r}")
+    if missing is not None and missing not in COLUMN_MISSING:
+        raise ConfigError(
+            f"{what}.missing must be category (empty cells get a {MISSING!r} slot), got {missing!r}"
+            f"{close_name(str(missing), COLUMN_MISSING)}; the dataset-wide dataset_params.missing is error or drop"
+        )
+    cats = _names(f"features.{name}.categories", entry["categories"], at_least=1)
+    for slot, used in ((OTHER, unknown == "other"), (MISSING, missing is not None)):
+        if used and slot in cats:
+            raise ConfigError(f"{what}.categories: {slot!r} is the slot the feature's options add")
+    return CsvFeature(name, "categorical", categories=cats, unknown=unknown, missing=missing)
 
 
 def _feature(name: Any, entry: Any) -> CsvFeature:
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"{_WHERE}.features: {name!r} is not a column name")
     what = f"features.{name}"
-    entry = _mapping(what, entry, ("range", "categories", "unknown"))
+    entry = _mapping(what, entry, ("range", "categories", "unknown", "transform", "missing"))
     if ("range" in entry) == ("categories" in entry):
         raise ConfigError(
             f"{_WHERE}.{what} needs exactly one of range: [lower, upper] (a numeric column) or "
             "categories: [...] (a categorical column)"
         )
-    if "range" in entry:
-        if "unknown" in entry:
-            raise ConfigError(f"{_WHERE}.{what}.unknown applies to categorical columns (categories: [...]) only")
-        lo, hi = _range(name, entry["range"])
-        return CsvFeature(name.strip(), "numeric", lower=lo, upper=hi)
-    unknown = entry.get("unknown", "error")
-    if unknown not in UNKNOWN_POLICIES:
-        raise ConfigError(f"{_WHERE}.{what}.unknown must be one of {', '.join(UNKNOWN_POLICIES)}, got {unknown!r}")
-    cats = _names(f"{what}.categories", entry["categories"], at_least=1)
-    if unknown == "other" and OTHER in cats:
-        raise ConfigError(f"{_WHERE}.{what}.categories: {OTHER!r} is the slot of unknown values (unknown: other)")
-    return CsvFeature(name.strip(), "categorical", categories=cats, unknown=unknown)
+    return (_numeric if "range" in entry else _categorical)(name.strip(), entry)
 
 
 def _check_encoding(encoding: Any) -> None:
@@ -158,7 +192,9 @@ def parse_csv_spec(
     Raises:
         ConfigError: a missing or unknown key (with the close name), a class/group/category list
             that is not a list of distinct names, a range with lower >= upper, a feature that is
-            the label column, an unknown ``missing``/``unknown`` policy.
+            the label column, an unknown ``missing``/``unknown`` policy or ``transform`` (with the
+            close name), a ``transform`` on a categorical column or a ``missing``/``unknown`` on a
+            numeric one.
     """
     label = _mapping("label", label, ("column", "classes"), ("column", "classes"))
     column, classes = _column("label", label["column"]), _names("label.classes", label["classes"], at_least=2)

@@ -22,7 +22,11 @@ import numpy as np
 from privopt.data.public import PublicScaling
 from privopt.errors import debug_enabled
 
-__all__ = ["one_hot", "record_where", "tabular_layout"]
+__all__ = ["TRANSFORMS", "one_hot", "record_where", "tabular_layout", "transform"]
+
+# Fixed per-record transforms of a numeric column, applied before its public range (which is in the
+# transformed units). Each is defined for values >= 0; ``identity`` for any value.
+TRANSFORMS = {"identity": None, "log1p": np.log1p, "sqrt": np.sqrt}
 
 
 def record_where(ok: np.ndarray, lines: np.ndarray) -> str:
@@ -31,6 +35,13 @@ def record_where(ok: np.ndarray, lines: np.ndarray) -> str:
     if not debug_enabled():
         return "some record"
     return f"line {int(lines[np.flatnonzero(~ok)[0]])}"
+
+
+def transform(name: str, values: np.ndarray) -> np.ndarray:
+    """``values`` under the fixed transform ``name`` of :data:`TRANSFORMS` (callers check the domain:
+    values >= 0 unless ``identity``)."""
+    fn = TRANSFORMS[name]
+    return values if fn is None else fn(values)
 
 
 def one_hot(values: np.ndarray, categories: Sequence[str]) -> np.ndarray:
