@@ -1,9 +1,10 @@
 """Red-team of the ``csv`` dataset: an attacker who knows every record but one reads everything a run
 writes. Neighbouring CSV files (one record added, or one record's values changed: an extreme
 number, a value outside its declared range, an unknown category, a missing cell under
-``missing: drop``) must give runs whose published files and output differ only through the
-released model and public facts (n, by docs/privacy.md "What is public"); one record must not move
-another between the splits nor change how another is read; errors quote nothing without --debug.
+``missing: drop``, an empty cell in a ``missing: category`` column) must give runs whose published
+files and output differ only through the released model and public facts (n, by docs/privacy.md
+"What is public"); one record must not move another between the splits nor change how another is
+read; errors quote nothing without --debug.
 """
 
 import gzip
@@ -24,7 +25,10 @@ from privopt.errors import DEBUG_ENV, DataError
 
 HEADER = "age,job,sex,income\n"
 LABEL = {"column": "income", "classes": ["<=50K", ">50K"]}
-FEATURES = {"age": {"range": [17, 90]}, "job": {"categories": ["Privé", "Gov"], "unknown": "other"}}
+FEATURES = {
+    "age": {"range": [17, 90]},
+    "job": {"categories": ["Privé", "Gov"], "unknown": "other", "missing": "category"},
+}
 YAML = """\
 algorithm: dp-sgd
 algorithm_params: {{epochs: 1, batch_size: 20, lr: 0.5, clip: 1.0e-30}}
@@ -40,7 +44,7 @@ dataset_params:
   group: {{column: sex, groups: [Female, Male]}}
   features:
     age: {{range: [17, 90]}}
-    job: {{categories: [Privé, Gov], unknown: other}}
+    job: {{categories: [Privé, Gov], unknown: other, missing: category}}
 """
 ROWS = [f"{20 + i % 60},{('Privé', 'Gov', 'Self')[i % 3]},{('Female', 'Male')[i % 2]},{'>50K' if i % 3 else '<=50K'}\n"
         for i in range(80)]  # fmt: skip
@@ -48,6 +52,7 @@ NEIGHBOURS = {  # one record changed (same n) or one record that is dropped adde
     "extreme": ROWS[:-1] + ["1e300,Gov,Male,>50K\n"],
     "out_of_range": ROWS[:-1] + ["-5,Gov,Male,>50K\n"],
     "unknown_category": ROWS[:-1] + ["30,Astronaut,Male,>50K\n"],
+    "missing_category": ROWS[:-1] + ["30,,Male,>50K\n"],  # its <missing> slot, not dropped
     "missing_dropped": ROWS + [",Gov,Male,>50K\n"],
     "nan_dropped": ROWS + ["nan,Gov,Male,>50K\n"],
 }
