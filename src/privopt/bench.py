@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import itertools
 import json
 import math
 import os
@@ -48,6 +49,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import nn
 
+from privopt.config import resolve_device
 from privopt.errors import ConfigError
 from privopt.grads.alloc import retain_freed_memory
 
@@ -308,6 +310,11 @@ def _peak_mb(model_name: str, batch_size: int, method: str, threads: int | None)
 # ------------------------------------------------------------------------------------------
 
 
+def _check_count(value, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+
+
 def _check_args(*, models, batch_sizes, repeats, threads, methods) -> None:
     """Every argument is checked before the first model is built (nothing runs on a bad one)."""
     bad = [m for m in methods if m not in METHODS]
@@ -318,8 +325,7 @@ def _check_args(*, models, batch_sizes, repeats, threads, methods) -> None:
         raise ConfigError(f"unknown benchmark model(s) {bad or list(models)}; choose from {', '.join(MODELS)}")
     if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
         raise ConfigError(f"batch sizes must be integers >= 1, got {list(batch_sizes)}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ConfigError(f"repeats must be an integer >= 1, got {repeats!r}")
+    _check_count(repeats, "repeats")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"threads must be an integer >= 1 (or None: PyTorch's setting), got {threads!r}")
 
@@ -334,6 +340,7 @@ def run_bench(
     methods: Iterable[str] = METHODS,
     memory: bool = True,
     device: str = "cpu",
+    processes: int = 1,
 ) -> list[dict]:
     """Time one optimiser step of each method (median of ``repeats``) and measure its peak memory.
 
@@ -346,12 +353,13 @@ def run_bench(
         methods: subset of :data:`METHODS`.
         memory: also measure ``peak_mb`` (one subprocess per row; ``None`` when off; CPU only).
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (model, batch and noise on that device).
+        processes: time each (model, batch size) in this many fresh processes, one after the other
+            (:mod:`privopt.bench_procs`): the median of their ratios, and ``ratio_range``.
 
     Returns:
-        One dict per (model, batch size, method) with keys ``model``, ``batch_size``, ``method``,
-        ``mode`` (``"step"``), ``load_avg`` (1-minute load average before and after), ``median_s``,
-        ``min_s``, ``peak_mb``, ``ratio_to_nonprivate``, ``mem_ratio_to_nonprivate``,
-        ``threads``, ``repeats`` and ``note`` (why a row was skipped, else ``""``).
+        One dict per (model, batch size, method): ``model``, ``batch_size``, ``method``, ``mode`` ("step"),
+        ``median_s``, ``min_s``, ``peak_mb``, ``ratio_to_nonprivate``, ``mem_ratio_to_nonprivate``, ``threads``,
+        ``repeats``, ``processes``, ``ratio_range``, ``load_avg`` (before, after) and ``note`` (why skipped).
 
     Example:
         >>> rows = run_bench(models=("tiny",), batch_sizes=(4,), repeats=1, progress=False,
@@ -359,11 +367,10 @@ def run_bench(
         >>> [r["method"] for r in rows]
         ['nonprivate', 'dp-sgd']
     """
-    from privopt.config import resolve_device
-
     dev = resolve_device(device)
     memory, methods = memory and dev.type == "cpu", list(methods)  # the peak-RSS probe measures host memory
     _check_args(models=models, batch_sizes=batch_sizes, repeats=repeats, threads=threads, methods=methods)
+    _check_count(processes, "processes")
     methods = [*([] if "nonprivate" in methods else ["nonprivate"]), *methods]  # every ratio needs the baseline
     old_threads = torch.get_num_threads()
     if threads:
@@ -371,13 +378,12 @@ def run_bench(
     rows: list[dict] = []
     load0 = os.getloadavg()[0]
     try:
-        for name in models:
-            for bs in batch_sizes:
-                block = _bench_block(name, int(bs), methods, repeats=repeats, memory=memory, dev=dev)
-                if progress:
-                    for row in block:
-                        print(_fmt_row(row), file=sys.stderr, flush=True)
-                rows.extend(block)
+        kw = dict(repeats=repeats, memory=memory, dev=dev, processes=processes)
+        for name, bs in itertools.product(models, batch_sizes):
+            block = _bench_block(name, int(bs), methods, **kw)
+            if progress:
+                print("\n".join(map(_fmt_row, block)), file=sys.stderr, flush=True)
+            rows.extend(block)
     finally:
         torch.set_num_threads(old_threads)
     load = [load0, os.getloadavg()[0]]  # 1-minute load average before and after: how busy the machine was
@@ -406,9 +412,19 @@ def _time_steps(name: str, bs: int, methods: list[str], *, repeats: int, dev) ->
     return times
 
 
-def _bench_block(name: str, bs: int, methods: list[str], *, repeats: int, memory: bool, dev) -> list[dict]:
-    """The rows of one (model, batch size); ratios against the first method (non-private)."""
-    times = _time_steps(name, bs, methods, repeats=repeats, dev=dev)
+def _bench_block(name: str, bs: int, methods: list[str], *, repeats: int, memory: bool, dev, processes=1) -> list[dict]:
+    """The rows of one (model, batch size); ratios against the first method (non-private). With
+    ``processes > 1`` timed in that many fresh processes (:mod:`privopt.bench_procs`)."""
+    ratios: dict[str, list[float]] = {}
+    if processes > 1:
+        from privopt.bench_procs import times_in_processes
+
+        threads = torch.get_num_threads()
+        times, ratios = times_in_processes(
+            name, bs, methods, repeats=repeats, processes=processes, threads=threads, device=str(dev)
+        )
+    else:
+        times = _time_steps(name, bs, methods, repeats=repeats, dev=dev)
     block = []
     for m in methods:
         row = {
@@ -424,6 +440,8 @@ def _bench_block(name: str, bs: int, methods: list[str], *, repeats: int, memory
             "ratio_to_nonprivate": None,
             "mem_ratio_to_nonprivate": None,
             "note": "",
+            "processes": processes,
+            "ratio_range": [min(ratios[m]), max(ratios[m])] if m in ratios else None,
         }
         if m not in times:
             row["note"] = "opacus not importable (pip install 'privopt[bench]', or make bench)"
@@ -435,8 +453,9 @@ def _bench_block(name: str, bs: int, methods: list[str], *, repeats: int, memory
         block.append(row)
     ref = block[0]
     for row in block:
-        if row["median_s"] is not None:
-            row["ratio_to_nonprivate"] = row["median_s"] / ref["median_s"]
+        if row["median_s"] is not None:  # several processes: the median of their own ratios
+            own = ratios.get(row["method"])
+            row["ratio_to_nonprivate"] = statistics.median(own) if own else row["median_s"] / ref["median_s"]
         # below ~1 MB the baseline is allocator noise and a ratio would mean nothing
         if row["peak_mb"] is not None and ref["peak_mb"] is not None and ref["peak_mb"] >= 1.0:
             row["mem_ratio_to_nonprivate"] = row["peak_mb"] / ref["peak_mb"]

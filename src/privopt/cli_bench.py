@@ -35,8 +35,9 @@ def _cmd_bench(args) -> int:
 
     methods = METHODS if args.methods is None else tuple(args.methods)
     rows = run_bench(
-        **common, batch_sizes=tuple(args.batch_sizes), device=args.device, methods=methods, memory=not args.no_memory
-    )
+        **common, batch_sizes=tuple(args.batch_sizes), device=args.device, methods=methods,
+        memory=not args.no_memory, processes=args.processes,
+    )  # fmt: skip
     print(json.dumps(rows) if args.json else format_table(rows))
     return 0
 
@@ -72,6 +73,13 @@ def add_bench_parser(sub) -> None:
     )
     b.add_argument(
         "--threads", type=positive_int, default=None, help="torch threads for every method (default: torch's)"
+    )
+    b.add_argument(
+        "--processes",
+        type=positive_int,
+        default=1,
+        help="time each (model, batch) in this many fresh processes, one after the other: the median of "
+        "their ratios, with their range (a fresh process moves the ratios more than the repeats do) (default 1)",
     )
     b.add_argument("--device", choices=DEVICES, default="cpu", help="time the steps on cpu or cuda (default cpu)")
     b.add_argument(
