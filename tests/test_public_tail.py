@@ -12,7 +12,7 @@ SECRET = "row 3 holds 7.25"
 
 # torchrun 2.x's stderr when its one worker raised (trimmed: the launcher's traceback is longer).
 TORCHRUN_STDERR = f"""Traceback (most recent call last):
-  File "/tmp/fail_child.py", line 1, in <module>
+  File "fail_child.py", line 1, in <module>
     raise ValueError("{SECRET}")
 ValueError: {SECRET}
 E1125 07:30:05.750000 5849 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0
@@ -21,7 +21,7 @@ Traceback (most recent call last):
     raise ChildFailedError(
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
 ============================================================
-/tmp/fail_child.py FAILED
+fail_child.py FAILED
 ------------------------------------------------------------
 Failures:
   <NO_OTHER_FAILURES>
