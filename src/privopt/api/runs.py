@@ -221,14 +221,15 @@ class ReleasedRun:
 
     def logits(self, x: Any) -> torch.Tensor:
         """The released predictor's logits on raw records ``x`` (the logit adjustment applied)."""
+        from privopt.eval.metrics import model_logits
+
         inputs = self.prepare(x)
-        with torch.no_grad():
-            try:
-                out = torch.cat([self.model(inputs[i : i + _CHUNK]) for i in range(0, inputs.shape[0], _CHUNK)])
-            except RuntimeError:  # torch's text may quote values: the shape and type say enough
-                raise DataError(
-                    f"the model cannot take inputs of shape {list(inputs.shape[1:])} and dtype {inputs.dtype}"
-                ) from None
+        try:
+            out = model_logits(self.model, inputs, chunk=_CHUNK)
+        except RuntimeError:  # torch's text may quote values: the shape and type say enough
+            raise DataError(
+                f"the model cannot take inputs of shape {list(inputs.shape[1:])} and dtype {inputs.dtype}"
+            ) from None
         if self.logit_offsets is None:
             return out
         from privopt.data.class_prior import AdjustedLogits

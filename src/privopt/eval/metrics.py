@@ -42,6 +42,23 @@ def _labels(y: ArrayLike, n: int, num_classes: int) -> np.ndarray:
     return yy.astype(np.int64)
 
 
+@torch.no_grad()
+def model_logits(model: torch.nn.Module, x: torch.Tensor, *, chunk: int = 2048) -> torch.Tensor:
+    """``model``'s outputs on ``x`` in eval mode, in chunks of ``chunk`` records (the model's own
+    train/eval mode is restored).
+
+    Example:
+        >>> model_logits(torch.nn.Linear(3, 2), torch.zeros(5, 3), chunk=2).shape
+        torch.Size([5, 2])
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        return torch.cat([model(x[i : i + chunk]) for i in range(0, x.shape[0], chunk)])
+    finally:
+        model.train(was_training)
+
+
 def probabilities(logits: ArrayLike, *, num_classes: int) -> np.ndarray:
     """Class probabilities ``[N, num_classes]`` from logits.
 

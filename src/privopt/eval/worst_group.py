@@ -77,12 +77,9 @@ def worst_group_metrics(
 @torch.no_grad()
 def evaluate_groups(model: nn.Module, x, y, groups, *, num_groups: int, group_names=None, chunk: int = 8192):
     """:func:`worst_group_metrics` of ``model`` on ``(x, y, groups)`` (evaluated in chunks)."""
-    was_training = model.training
-    model.eval()
-    try:
-        logits = torch.cat([model(x[i : i + chunk]) for i in range(0, x.shape[0], chunk)])
-    finally:
-        model.train(was_training)
+    from privopt.eval.metrics import model_logits
+
+    logits = model_logits(model, x, chunk=chunk)
     return worst_group_metrics(logits, y, groups, num_groups=num_groups, group_names=group_names)
 
 

@@ -35,17 +35,21 @@ __all__ = [
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, loss_fn: LossFn, x: torch.Tensor, y: torch.Tensor, *, num_classes: int, prefix: str, chunk=2048
+    model: nn.Module,
+    loss_fn: LossFn,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    num_classes: int,
+    prefix: str,
+    chunk=2048,
+    logits: torch.Tensor | None = None,
 ) -> dict[str, float]:
-    """Loss and classification metrics of ``model`` on (x, y), keys prefixed by ``prefix``."""
-    from privopt.eval.metrics import classification_metrics
+    """Loss and classification metrics of ``model`` on (x, y), keys prefixed by ``prefix``
+    (``logits``: its outputs on ``x`` when the caller already has them)."""
+    from privopt.eval.metrics import classification_metrics, model_logits
 
-    was_training = model.training
-    model.eval()
-    try:
-        logits = torch.cat([model(x[i : i + chunk]) for i in range(0, x.shape[0], chunk)])
-    finally:
-        model.train(was_training)
+    logits = model_logits(model, x, chunk=chunk) if logits is None else logits
     out = {"loss": float(loss_fn(logits, y).mean())}
     out.update(classification_metrics(logits, y, num_classes=num_classes))
     # the record count is the loop's own ``<prefix>_records`` (an int), not a float column beside it

@@ -21,6 +21,7 @@ from privopt.checkpoint import load_checkpoint, save_checkpoint
 from privopt.config import RunConfig
 from privopt.distributed import torchrun_comm
 from privopt.errors import ConfigError, DataError, PrivacyBudgetExceeded, public_reason
+from privopt.eval.metrics import model_logits
 from privopt.privacy import EpsilonResult, PrivacyLedger, epsilon_of
 from privopt.training.builder import Run, build_run, stated_config
 from privopt.training.callbacks import AlgorithmDone, DivergenceGuard, ProgressCallback, RunDiverged, SignalGuard
@@ -122,14 +123,17 @@ class _Session:
         (pub if run.algo.private else diag).update({k: float(v) for k, v in (logs or {}).items()})
         whole = final or self._last_row()
         x, y = run.eval_split(subsample=not whole)
-        split = evaluate(run.predictor, run.loss_fn, x, y, num_classes=run.data.num_classes, prefix=cfg.eval_split)
+        logits = model_logits(run.predictor, x)  # once: the split's metrics and its groups' read them
+        split = evaluate(
+            run.predictor, run.loss_fn, x, y, num_classes=run.data.num_classes, prefix=cfg.eval_split, logits=logits
+        )
         if not math.isfinite(split[f"{cfg.eval_split}_loss"]):
             raise RunDiverged(
                 f"diverged at step {self.state.step}: non-finite {cfg.eval_split} loss (try a smaller lr)"
             )
         (pub if cfg.eval_split == "test" else diag).update(split, **{f"{cfg.eval_split}_records": len(y)})
         index = None if whole else run.eval_index(subsample=True)
-        (pub if cfg.eval_split == "test" else diag).update(_group_metrics(run, cfg.eval_split, index))
+        (pub if cfg.eval_split == "test" else diag).update(_group_metrics(run, cfg.eval_split, logits, y, index))
         # The record view's privacy section holds the exact epsilon (an accountant call, up to seconds
         # per new step count): it is computed only if a metric reads it.
         kw = dict(model=run.model, loss_fn=run.loss_fn, record=self._record_view() if run.metrics else None)
@@ -272,21 +276,19 @@ class _Session:
                 raise
 
 
-def _group_metrics(run: Run, split: str, index: Any = None) -> dict[str, float]:
-    """Worst-group, mean-group and per-group accuracy on ``split`` of a dataset with groups (``{}``
-    without), or on its records at ``index`` (an evaluation's subsample): ``<split>_group<i>_accuracy``
-    for group ``i`` of ``Dataset.group_names``, groups absent from the records left out. Each is a
-    metric of the released predictor, like the split's accuracy."""
+def _group_metrics(run: Run, split: str, logits: Any, y: Any, index: Any = None) -> dict[str, float]:
+    """Worst-group, mean-group and per-group accuracy from the released predictor's ``logits`` on
+    the records ``y`` of ``split`` (all of them, or those at ``index``: an evaluation's subsample), for
+    a dataset with groups (``{}`` without): ``<split>_group<i>_accuracy`` for group ``i`` of
+    ``Dataset.group_names``, groups absent from the records left out. Each is a metric of the released
+    predictor, like the split's accuracy."""
     groups = getattr(run.data, f"g_{split}", None)
     if groups is None or len(groups) == 0:
         return {}
-    from privopt.eval.worst_group import evaluate_groups
+    from privopt.eval.worst_group import worst_group_metrics
 
-    x, y = (run.data.x_test, run.data.y_test) if split == "test" else (run.data.x_val, run.data.y_val)
     k = max(run.data.num_groups, int(groups.max()) + 1)  # of the whole split: the same columns every row
-    if index is not None:
-        x, y, groups = x[index], y[index], groups[index]
-    m = evaluate_groups(run.predictor, x, y, groups, num_groups=k)
+    m = worst_group_metrics(logits, y, groups if index is None else groups[index], num_groups=k)
     out = {f"{split}_worst_group_accuracy": m["worst_group_accuracy"]}
     out[f"{split}_mean_group_accuracy"] = m["mean_group_accuracy"]
     for i, g in enumerate(m["per_group"].values()):
