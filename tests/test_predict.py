@@ -262,3 +262,69 @@ def test_a_run_on_scattering_features_takes_raw_images(tmp_path):
     assert float((run.predict(test.x_test) == test.y_test.numpy()).mean()) == record["metrics"]["test_accuracy"]
     with pytest.raises(DataError, match="feature map"):
         run.predict(test.x_test.reshape(-1, 64))
+
+
+def _digits_test_arrays(folder: Path) -> tuple[Path, np.ndarray]:
+    from privopt.data import load_dataset
+
+    test = load_dataset("digits", seed=0)
+    np.save(folder / "x.npy", test.x_test.numpy())
+    return folder / "x.npy", test.y_test.numpy()
+
+
+def test_predict_labels_give_the_recorded_accuracy_and_balanced_accuracy(digits_run, csv_run, tmp_path, capsys):
+    metrics = json.loads((digits_run / "record.json").read_text())["metrics"]
+    x, y = _digits_test_arrays(tmp_path)
+    np.save(tmp_path / "ids.npy", y)
+    np.save(tmp_path / "names.npy", np.array([str(int(v)) for v in y]))  # the run's class names, as text
+    for i, labels in enumerate(("ids.npy", "names.npy")):
+        argv = ["predict", "--run", str(digits_run), "--input", str(x), "--labels", str(tmp_path / labels)]
+        assert main([*argv, "--out", str(tmp_path / f"p{i}.csv"), "--json", "--device", "cpu"]) == 0
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["records"] == len(y) and summary["accuracy"] == metrics["test_accuracy"]
+        assert summary["balanced_accuracy"] == metrics["test_balanced_accuracy"]
+    assert main([*argv, "--out", str(tmp_path / "p2.csv")]) == 0
+    assert "(balanced " in capsys.readouterr().out
+    csv_metrics = json.loads((csv_run / "run" / "record.json").read_text())["metrics"]
+    argv = ["predict", "--run", str(csv_run / "run"), "--input", str(csv_run / "test.csv"), "--json"]
+    assert main([*argv, "--out", str(tmp_path / "c.csv")]) == 0  # a CSV's label column: the same scores
+    assert json.loads(capsys.readouterr().out)["balanced_accuracy"] == csv_metrics["test_balanced_accuracy"]
+
+
+def test_predict_refuses_bad_labels_before_writing(digits_run, csv_run, tmp_path, capsys):
+    x, y = _digits_test_arrays(tmp_path)
+    cases = {
+        "short.npy": (y[:-1], f"has shape [{len(y) - 1}]; expected [{len(y)}]"),
+        "column.npy": (y[:, None], f"has shape [{len(y)}, 1]; expected [{len(y)}]"),
+        "range.npy": (np.where(np.arange(len(y)) < 3, 10, y), f"3 of {len(y)} labels are not one of the run's 10"),
+        "negative.npy": (np.where(np.arange(len(y)) < 1, -1, y), "1 of"),
+        "float.npy": (y.astype(np.float64), "holds float64 values"),
+        "names.npy": (np.array(["cat"] + [str(int(v)) for v in y[1:]]), f"1 of {len(y)} labels are not one"),
+        "objects.npy": (np.array([{"a": 1}] * len(y), dtype=object), "not a NumPy .npy array"),
+    }
+    for name, (labels, needle) in cases.items():
+        np.save(tmp_path / name, labels, allow_pickle=True)
+        out = tmp_path / f"{name}.csv"
+        argv = ["predict", "--run", str(digits_run), "--input", str(x), "--labels", str(tmp_path / name)]
+        assert main([*argv, "--out", str(out)]) == 2, name
+        assert needle in capsys.readouterr().err and not out.exists(), name
+    out = tmp_path / "q.csv"
+    argv = ["predict", "--run", str(digits_run), "--input", str(x), "--labels", str(tmp_path / "absent.npy")]
+    assert main([*argv, "--out", str(out)]) == 2
+    assert "give an existing .npy file" in capsys.readouterr().err and not out.exists()
+    argv = ["predict", "--run", str(csv_run / "run"), "--input", str(csv_run / "test.csv")]
+    assert main([*argv, "--labels", str(tmp_path / "short.npy"), "--out", str(out)]) == 2
+    assert "--labels applies to a .npy --input" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has a GPU")
+def test_predict_on_an_unavailable_device_is_refused_before_writing(digits_run, tmp_path, capsys):
+    x, _ = _digits_test_arrays(tmp_path)
+    out = tmp_path / "p.csv"
+    assert main(["predict", "--run", str(digits_run), "--input", str(x), "--out", str(out), "--device", "cuda"]) == 2
+    assert "device 'cuda' requested but CUDA is not available" in capsys.readouterr().err and not out.exists()
+    with pytest.raises(ConfigError, match="CUDA is not available"):  # before the (missing) folder is read
+        privopt.load_run(tmp_path / "no-such-run", device="cuda")
+    with pytest.raises(ConfigError, match="device must be"):
+        privopt.load_run(digits_run, device="gpu")
+    assert privopt.load_run(digits_run, device="cpu").device == torch.device("cpu")

@@ -1,5 +1,6 @@
 """The ``privopt predict`` command: score new records with a finished run's released model
-(:func:`privopt.api.load_run`) and write one CSV row of predictions per record."""
+(:func:`privopt.api.load_run`) and write one CSV row of predictions per record; with labels (a CSV's
+label column, or ``--labels`` for a .npy input), print the accuracy and balanced accuracy too."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import io
 import json
 from pathlib import Path
 
+from privopt.cliargs import DEVICES
 from privopt.errors import DataError, PrivoptError
 
 __all__ = ["add_predict_parser"]
@@ -42,6 +44,43 @@ def _inputs(run, path: Path):
         raise DataError(f"--input {path} is not a NumPy .npy array of numbers") from None
 
 
+def _labels(run, path: Path, n: int):
+    """Class ids ``[n]`` from the .npy file ``path``: integer ids ``0..k-1`` or the run's class names."""
+    import numpy as np
+
+    if not path.name.lower().endswith(".npy") or not path.is_file():
+        raise DataError(f"--labels {path}: give an existing .npy file of {n} labels, one per record of --input")
+    try:
+        y = np.load(path, allow_pickle=False)  # never unpickle an input file
+    except (ValueError, OSError, EOFError):
+        raise DataError(f"--labels {path} is not a NumPy .npy array (of class ids or class names)") from None
+    if y.shape != (n,):
+        raise DataError(f"--labels {path} has shape {list(y.shape)}; expected [{n}]: one label per record of --input")
+    names, k = run.class_names, run.num_classes
+    if y.dtype.kind == "U":  # class names, compared as text
+        ok = np.isin(y, names)
+        ids = np.array([names.index(v) if good else -1 for v, good in zip(y.tolist(), ok)], dtype=np.int64)
+    elif y.dtype.kind in "iu":
+        ids = y.astype(np.int64)
+    else:
+        raise DataError(f"--labels {path} holds {y.dtype} values; give integer class ids 0..{k - 1} or class names")
+    bad = int(((ids < 0) | (ids >= k)).sum())
+    if bad:  # how many, never which values
+        raise DataError(
+            f"--labels {path}: {bad} of {n} labels are not one of the run's {k} classes "
+            f"(ids 0..{k - 1} or the names {', '.join(names)})"
+        )
+    return ids
+
+
+def _scores(pred, y) -> dict:
+    """Accuracy, and balanced accuracy (the mean per-class recall over the classes present in ``y``)."""
+    import numpy as np
+
+    recalls = [float((pred[y == c] == c).mean()) for c in np.unique(y)]
+    return {"accuracy": float((pred == y).mean()), "balanced_accuracy": float(np.mean(recalls))}
+
+
 def _table(run, proba) -> str:
     names = run.class_names
     buf = io.StringIO()
@@ -59,17 +98,26 @@ def _cmd_predict(args) -> int:
     out = Path(args.out)
     if out.exists():  # before any work: a prediction file is never replaced
         raise PrivoptError(f"--out {out} exists; give a new file name (an earlier output is never overwritten)")
-    run = load_run(args.run)
+    if args.labels is not None and _is_csv(Path(args.input)):
+        raise PrivoptError("--labels applies to a .npy --input; a CSV file's label column gives its labels")
+    run = load_run(args.run, device=args.device)  # an unavailable device fails here, before any output
     x, y = _inputs(run, Path(args.input))
+    if args.labels is not None:
+        y = _labels(run, Path(args.labels), int(x.shape[0]))
     proba = run.predict_proba(x)
     atomic_write_text(out, _table(run, proba))
     result = {"records": int(proba.shape[0]), "out": str(out), "classes": run.class_names}
     if y is not None:
-        result["accuracy"] = float((proba.argmax(axis=1) == y).mean())
+        result.update(_scores(proba.argmax(axis=1), y))
     if args.json:
         print(json.dumps(result))
     elif not args.quiet:
-        acc = "" if y is None else f"; accuracy {result['accuracy']:.4f} against the file's labels"
+        against = "--labels" if args.labels is not None else "the file's labels"
+        acc = (
+            ""
+            if y is None
+            else (f"; accuracy {result['accuracy']:.4f} (balanced {result['balanced_accuracy']:.4f}) against {against}")
+        )
         print(f"predicted {result['records']} records with {args.run}{acc}; wrote {out}")
     return 0
 
@@ -90,6 +138,13 @@ def add_predict_parser(sub) -> None:
         metavar="FILE",
         help="new records: a .csv/.csv.gz file (dataset: csv runs) or a .npy array [N, ...] (other datasets)",
     )
+    p.add_argument(
+        "--labels",
+        metavar="FILE.npy",
+        help="with a .npy --input: the true labels [N] (class ids 0..k-1 or class names); the accuracy and "
+        "balanced accuracy of the predictions are printed",
+    )
+    p.add_argument("--device", choices=DEVICES, default="cpu", help="compute on cpu (default) or cuda")
     p.add_argument("--out", required=True, metavar="PREDS_CSV", help="CSV file to write (an existing one is refused)")
     p.add_argument("--quiet", action="store_true", help="no summary line")
     p.add_argument("--json", action="store_true", help="print the summary (records, accuracy, output) as JSON")

@@ -27,7 +27,20 @@ import yaml
 
 from privopt.errors import ConfigError, close_name
 
-__all__ = ["RunConfig", "PrivacyConfig", "load_config", "apply_overrides", "resolve_device", "yaml_load"]
+__all__ = [
+    "RunConfig",
+    "PrivacyConfig",
+    "load_config",
+    "apply_overrides",
+    "resolve_device",
+    "yaml_load",
+    "FILE_OPTIONS",
+    "file_folders",
+]
+
+# The dataset_params that name a file (dataset: csv). Read from a config file, a relative one is
+# relative to the file's folder; given with --set or through the Python API, to the current directory.
+FILE_OPTIONS = ("path", "test_path")
 
 
 def resolve_device(name: Any) -> Any:
@@ -232,7 +245,7 @@ class RunConfig:
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return asdict(self)  # never the config file's folder (file_folders): a record holds no machine path
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
@@ -309,4 +322,32 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             raise ConfigError(f"config file {p} must hold a mapping of keys (key: value), got {type(d).__name__}")
         if {"config", "privopt_version", "privacy"} <= set(d):
             raise ConfigError(f'config file {p} is a run\'s record; the config that run used is its "config" key')
-    return RunConfig.from_dict(apply_overrides(d, overrides or []))
+    cfg = RunConfig.from_dict(apply_overrides(d, overrides or []))
+    if path is not None:
+        cfg._file_folders = _file_folders(d, Path(path), overrides or [])
+    return cfg
+
+
+def _file_folders(d: dict[str, Any], path: Path, overrides: list[str]) -> dict[str, tuple[str, str]]:
+    """``{option: (absolute folder of the config file, the file as given)}`` for the file options the
+    config file gives as relative paths and ``--set`` does not replace."""
+    params = d.get("dataset_params")
+    if not isinstance(params, dict):
+        return {}
+    replaced = {item.split("=", 1)[0].strip() for item in overrides}
+    folder = str(path.parent.absolute())
+    out = {}
+    for key in FILE_OPTIONS:
+        value = params.get(key)
+        if not isinstance(value, str) or not value.strip() or Path(value).expanduser().is_absolute():
+            continue
+        if not replaced & {"dataset_params", f"dataset_params.{key}"}:
+            out[key] = (folder, str(path))
+    return out
+
+
+def file_folders(cfg: RunConfig) -> dict[str, tuple[str, str]]:
+    """``{option: (folder, config file)}``: the relative file options of ``cfg`` that :func:`load_config`
+    read from a config file, and the folder they are relative to (the others: the current directory).
+    Kept on the object only, never in :meth:`RunConfig.to_dict`, so never in a record."""
+    return dict(getattr(cfg, "_file_folders", None) or {})

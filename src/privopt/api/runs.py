@@ -11,7 +11,7 @@ training data). Guide: ``docs/api.md``, "Using a trained model".
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -135,17 +135,20 @@ def _mean(folder: Path, record: dict[str, Any]) -> torch.Tensor | None:
     return torch.tensor(released["feature_mean"], dtype=torch.float32)
 
 
-def load_run(path: str | Path) -> ReleasedRun:
+def load_run(path: str | Path, *, device: str = "cpu") -> ReleasedRun:
     """The released model of the finished run in ``path``, ready to predict.
 
     Args:
         path: a run folder written by ``privopt train --out`` or ``privopt.fit(out_dir=...)``.
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``: where the model computes (its outputs come back
+            to the CPU).
 
     Returns:
         A :class:`ReleasedRun` (``.record``, ``.model`` in eval mode, ``.predict``, ``.predict_proba``).
 
     Raises:
-        ConfigError: the run has not finished (paused, interrupted: the message says how to resume;
+        ConfigError: an unknown ``device`` or one this machine does not have (checked first); the
+            run has not finished (paused, interrupted: the message says how to resume;
             failed), or its model was passed as a Python object (rebuild it yourself), or its
             predictions need a statistic its record does not hold.
         DataError: no run folder, or a corrupt ``record.json`` / ``model.pt``.
@@ -166,17 +169,21 @@ def load_run(path: str | Path) -> ReleasedRun:
         >>> float((run.predict(x[200:]) == y[200:].numpy()).mean()) == record["metrics"]["test_accuracy"]
         True
     """
+    from privopt.config import resolve_device
+
+    dev = resolve_device(device)  # before any file is read
     folder = Path(path).expanduser()
     record = _read_record(folder)
     _check_finished(folder, record)
     _check_rebuildable(folder, record)
-    model = _model(folder, record, _state_dict(folder))
+    model = _model(folder, record, _state_dict(folder)).to(dev)
     return ReleasedRun(
         path=folder,
         record=record,
         model=model,
         logit_offsets=_offsets(folder, record),
         feature_mean=_mean(folder, record),
+        device=dev,
     )
 
 
@@ -190,6 +197,7 @@ class ReleasedRun:
         model: the released ``nn.Module`` (eval mode), taking the inputs after the run's feature map.
         logit_offsets: the logit adjustment's offsets subtracted from the model's logits (or ``None``).
         feature_mean: the released feature mean the inputs are centred on (or ``None``).
+        device: where :attr:`model` computes (:func:`load_run`'s ``device``).
     """
 
     path: Path
@@ -197,6 +205,7 @@ class ReleasedRun:
     model: nn.Module
     logit_offsets: torch.Tensor | None = None
     feature_mean: torch.Tensor | None = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property
     def class_names(self) -> list[str]:
@@ -220,12 +229,12 @@ class ReleasedRun:
         return prepare_inputs(self, x)
 
     def logits(self, x: Any) -> torch.Tensor:
-        """The released predictor's logits on raw records ``x`` (the logit adjustment applied)."""
+        """The released predictor's logits on raw records ``x`` (the logit adjustment applied), on the CPU."""
         from privopt.eval.metrics import model_logits
 
         inputs = self.prepare(x)
         try:
-            out = model_logits(self.model, inputs, chunk=_CHUNK)
+            out = model_logits(self.model, inputs.to(self.device), chunk=_CHUNK).cpu()
         except RuntimeError:  # torch's text may quote values: the shape and type say enough
             raise DataError(
                 f"the model cannot take inputs of shape {list(inputs.shape[1:])} and dtype {inputs.dtype}"

@@ -41,9 +41,9 @@ class CanaryRun:
 
 def load_base(cfg: RunConfig):
     """The config's dataset, loaded as ``privopt train`` loads it (public preprocessing)."""
-    from privopt.data import load_dataset
+    from privopt.training.data_files import load_config_dataset
 
-    return load_dataset(cfg.dataset, data_dir=cfg.data_dir, seed=cfg.seed, **cfg.dataset_params)
+    return load_config_dataset(cfg)[0]  # a csv file of a config file: relative to its folder
 
 
 def _with_records(base, extra: tuple, *, x_fn):

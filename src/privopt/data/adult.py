@@ -122,4 +122,6 @@ def adult_source(ctx: BuildContext, *, group: str | None, missing: str) -> RawDa
             )
     if with_missing:
         del stats["rows_dropped_missing"]
+    else:
+        meta["per_record_selection"] = ["adult missing: drop"]
     return RawData(parts["train"], parts.get("test"), "tabular", 2, scaling, meta=meta, stats=stats)

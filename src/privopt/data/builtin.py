@@ -67,6 +67,7 @@ def select_classes(raw: RawData, classes: Sequence[int] | None) -> RawData:
         return q
 
     raw.train, raw.test = pick(raw.train), pick(raw.test)
+    raw.per_record(f"classes {classes} kept by label")
     names = raw.meta.get("class_names")
     if names:
         raw.meta["class_names"] = [names[c] for c in classes]
@@ -116,6 +117,7 @@ def imbalance(
         f"are {imratio:g} of the split in expectation on the official files)"
     )
     raw.stats["imbalance"] = {"train_before": before, "train_after": len(raw.train)}
+    raw.per_record(f"imratio {imratio:g}: label-{label} records thinned")
     if test_imratio is not None:
         before = len(raw.test)
         raw.test = balance_exact(raw.test, test_imratio, seed=ctx.seed, stage="test_balance")
@@ -186,6 +188,7 @@ def _cifar10_st(
     if minority_fraction is not None:
         keep = ~minority | (uniforms(raw.train, seed=ctx.seed, stage="minority") < minority_fraction)
         rule = f"each image of classes 0-4 kept with probability {minority_fraction:g} (per record, keyed hash)"
+        raw.per_record(f"cifar10-st minority_fraction {minority_fraction:g}")
     else:
         keep = ~minority
         for c in range(5):

@@ -295,6 +295,8 @@ def _public_meta(spec: CsvSpec, files: dict[str, Path], names: list[str]) -> dic
     if spec.group is not None:
         meta["group_attribute"] = spec.group
         meta["group_names"] = list(spec.groups)
+    if spec.missing == "drop":  # whether or not a record was dropped: public facts never depend on the data
+        meta["per_record_selection"] = ["csv missing: drop"]
     return meta
 
 

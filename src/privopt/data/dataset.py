@@ -230,3 +230,8 @@ class RawData:
     def note(self, step: str) -> None:
         """Append a preprocessing step to the public description."""
         self.meta.setdefault("preprocessing", []).append(step)
+
+    def per_record(self, step: str) -> None:
+        """Name a step that keeps or drops each training record on its own (its hash, label or cells):
+        a record replaced by another may then enter or leave the training split (n changes)."""
+        self.meta.setdefault("per_record_selection", []).append(step)

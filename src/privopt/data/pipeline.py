@@ -36,6 +36,7 @@ def _select(raw: RawData, ctx: BuildContext, *, val_fraction: float, max_train, 
     """Validation carve, then thinning/capping of the training split; returns the parts and notes."""
     public = raw.meta
     count_based = list(public.pop("count_based_selection", []))
+    per_record = list(public.pop("per_record_selection", []))
     train, test = raw.train, raw.test
     val = train.take(np.zeros(0, dtype=np.int64))
     if val_fraction > 0:
@@ -44,10 +45,12 @@ def _select(raw: RawData, ctx: BuildContext, *, val_fraction: float, max_train, 
             f"carved per record: each training record moves to validation with probability {val_fraction:g} "
             f"(keyed hash, seed {ctx.seed})"
         )
+        per_record.append(f"validation carve: val_fraction {val_fraction:g}")
     if train_fraction is not None:
         u = uniforms(train, seed=ctx.seed, stage="max_train")
         train = train.take(np.flatnonzero(u < train_fraction))
         public["train_fraction"] = f"each training record kept with probability {train_fraction:g} (per record)"
+        per_record.append(f"train_fraction {train_fraction:g}")
     if max_train is not None:  # noted whether or not it bites: the public facts must not depend on the count
         train = cap_count(train, int(max_train), seed=ctx.seed, stage="max_train")
         public["max_train"] = (
@@ -59,6 +62,7 @@ def _select(raw: RawData, ctx: BuildContext, *, val_fraction: float, max_train, 
         "per stage; a record is kept/moved iff its uniform is below the stage's fixed probability",
         "protected_unit": protected_unit(count_based),
         "count_based": list(count_based),  # the steps named, whatever the counts: public
+        "per_record": per_record,  # steps that may take a replaced record in or out of the training split
     }
     return {"train": train, "val": val, "test": test}
 

@@ -196,6 +196,7 @@ class BuildContext:
             return raw
         frac = DEFAULT_TEST_FRACTION if self.test_fraction is None else self.test_fraction
         raw.train, raw.test = self.carve(raw.train, frac, "test")
+        raw.per_record(f"test carve: test_fraction {frac:g}")
         raw.meta["test_split"] = (
             f"carved per record: each record of the available data goes to the test split with probability "
             f"{frac:g} (keyed hash of its content, seed {self.seed}); the rest is the training pool"

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from privopt.algorithms.base import Algorithm, RunContext, get_algorithm
-from privopt.config import RunConfig
+from privopt.config import RunConfig, file_folders
 from privopt.errors import ConfigError, DataError, ModelError
 from privopt.grads import get_engine, validate_model
 from privopt.grads.ahead import run_noise_source
@@ -60,6 +60,7 @@ class Run:
     provenance: dict[str, str] = field(default_factory=dict)
     released: dict[str, Any] = field(default_factory=dict)  # released statistics (e.g. the feature mean)
     logit_offsets: torch.Tensor | None = None  # the logit adjustment's τ·log π (privopt.data.class_prior)
+    data_files: dict[str, str] = field(default_factory=dict)  # absolute paths read (checkpoint only: machine paths)
 
     @property
     def predictor(self) -> nn.Module:
@@ -150,12 +151,15 @@ def run_sources(insecure_seed: int | None, *, client: int = 0) -> dict[str, Rand
     return {**sources, "noise": run_noise_source(sources["noise"])}
 
 
-def _dataset(cfg: RunConfig, dataset: Any) -> Any:
-    from privopt.data import load_dataset
+def _dataset(cfg: RunConfig, dataset: Any, files: dict[str, str]) -> Any:
+    """The run's data; ``files`` (in: a resumed run's recorded paths) gets the absolute paths read."""
     from privopt.data.user import ensure_dataset
+    from privopt.training.data_files import load_config_dataset
 
     if dataset is None:
-        data = load_dataset(cfg.dataset, data_dir=cfg.data_dir, seed=cfg.seed, **cfg.dataset_params)
+        data, read = load_config_dataset(cfg, files)
+        files.clear()
+        files.update(read)
     else:
         data = ensure_dataset(dataset)
         _check_dataset_params(cfg, data)
@@ -285,7 +289,9 @@ def stated_config(cfg: Any, *, loss: Any = None, dataset: Any = None) -> RunConf
         return cfg
     if not callable(loss):
         raise ConfigError(f"loss must be a callable (outputs, targets) -> per-example losses, got {loss!r}")
-    return replace(cfg, loss=CUSTOM_LOSS)
+    stated = replace(cfg, loss=CUSTOM_LOSS)
+    stated._file_folders = file_folders(cfg)  # not a field: replace() drops it
+    return stated
 
 
 def _test_hint(data: Any) -> str:
@@ -298,11 +304,14 @@ def _test_hint(data: Any) -> str:
     return "pass x_test=/y_test= to Dataset.from_tensors (the test split is public: its records are not protected)"
 
 
-def _data_and_model(cfg: RunConfig, dataset: Any, model: Any, loss: Any, engine: Any) -> tuple[Any, nn.Module, Any]:
+def _data_and_model(
+    cfg: RunConfig, dataset: Any, model: Any, loss: Any, engine: Any, files: dict[str, str]
+) -> tuple[Any, nn.Module, Any]:
     """The validated data, model (initialised with the public seed) and per-example loss, placed on the
-    device; with an ``engine`` (private runs), checked to give per-example gradients."""
+    device; with an ``engine`` (private runs), checked to give per-example gradients. ``files``: as
+    :func:`_dataset`."""
     torch.manual_seed(cfg.seed)  # public randomness: model initialisation
-    data = _dataset(cfg, dataset)
+    data = _dataset(cfg, dataset, files)
     data.validate()  # user datasets especially: NaN/inf, shapes and labels fail here, before any output
     if cfg.feature_centering and not data.x_train.is_floating_point():  # a mean of ids is no feature
         raise ConfigError(f"feature_centering needs floating features; dataset {data.name!r} holds integer ids")
@@ -336,6 +345,7 @@ def build_run(
     ledger_state: Any = None,
     comm: Any = None,
     released: Any = None,
+    data_files: dict | None = None,
 ) -> Run:
     """Everything a run needs, validated, from ``cfg`` (and your own ``dataset``/``model``/``loss``).
 
@@ -343,7 +353,8 @@ def build_run(
     ``loss: custom``. ``ledger_state`` (a :meth:`PrivacyLedger.to_dict`) restores a checkpointed
     ledger instead of a new one (and ``released`` the statistics it released), so the algorithm is set up with
     the ledger it will record into. ``comm`` (a :class:`privopt.distributed.Communicator`, under torchrun) makes
-    this process one client of a federated run (algorithms with ``clients``; docs/algorithms/sosp.md)."""
+    this process one client of a federated run (algorithms with ``clients``; docs/algorithms/sosp.md).
+    ``data_files`` (a resumed run's checkpoint's): the files it read."""
     cfg = stated_config(cfg, loss=loss, dataset=dataset)
     algo = get_algorithm(cfg.algorithm, **cfg.algorithm_params)
     engine = get_engine(cfg.engine)  # a bad name fails before any data is loaded
@@ -351,7 +362,8 @@ def build_run(
     if algo.private and cfg.privacy.epsilon is None:
         raise ConfigError(f"algorithm {cfg.algorithm!r} is private: set privacy.epsilon")
     metrics = _check_metrics(cfg)
-    data, net, loss_fn = _data_and_model(cfg, dataset, model, loss, engine if algo.private else None)
+    files = dict(data_files or {})  # then the files read
+    data, net, loss_fn = _data_and_model(cfg, dataset, model, loss, engine if algo.private else None, files)
     inventory, calibration, ledger = _privacy(cfg, algo, int(data.y_train.shape[0]), ledger_state, plan)
     sources = run_sources(cfg.insecure_seed, client=comm.rank if comm is not None else 0)
     data, offsets, now = apply_pretraining(
@@ -371,19 +383,8 @@ def build_run(
     )
     algo.setup(ctx)
     return Run(
-        cfg=cfg,
-        data=data,
-        model=net,
-        loss_fn=loss_fn,
-        algo=algo,
-        ctx=ctx,
-        sources=sources,
-        ledger=ledger,
-        inventory=inventory,
-        calibration=calibration,
-        metrics=metrics,
-        total=int(algo.num_steps()),
-        provenance=_provenance(dataset=dataset, model=model, loss=loss),
-        released=now,
-        logit_offsets=offsets,
-    )
+        cfg=cfg, data=data, model=net, loss_fn=loss_fn, algo=algo, ctx=ctx, sources=sources, ledger=ledger,
+        inventory=inventory, calibration=calibration, metrics=metrics, total=int(algo.num_steps()),
+        provenance=_provenance(dataset=dataset, model=model, loss=loss), released=now, logit_offsets=offsets,
+        data_files=files,
+    )  # fmt: skip

@@ -94,6 +94,27 @@ def preprocessing_note(data: Any) -> str | None:
     return note
 
 
+def replace_one_selection_note(cfg: Any, data: Any) -> str | None:
+    """Under ``replace_one``, what per-record selection of the training split voids (``None``: nothing).
+
+    A step that keeps or drops each record on its own (a carved split, ``train_fraction``, a dataset's
+    thinning, ``missing: drop``) protects one record of the source under add/remove: a record replaced
+    by another may enter or leave the training split, so neighbouring sources give training splits of
+    different sizes, which a replace-one guarantee says nothing about."""
+    if getattr(getattr(cfg, "privacy", None), "neighbouring", None) != "replace_one":
+        return None
+    steps = ((getattr(data, "public_meta", None) or {}).get("selection") or {}).get("per_record")
+    if not steps:
+        return None
+    return (
+        f"per-record selection of the training split ({'; '.join(steps)}) under neighbouring replace_one: a "
+        "record of the source data replaced by another may enter or leave the training split, changing n, which "
+        "a replace-one guarantee does not cover, so epsilon_spent is about the training split as selected, NOT "
+        "about a record of the source data (neighbouring: add_remove covers it; docs/data.md, 'Selection and the "
+        "protected unit')"
+    )
+
+
 EX_POST_NOTE = (
     "the run stopped before the end of its plan (a stop rule read from its own releases, a time limit, a pause "
     "or an interruption): it is (epsilon_guarantee, delta)-DP, the plan's epsilon; epsilon_spent is the "
@@ -127,7 +148,7 @@ def privacy_section(cfg: Any, ledger: PrivacyLedger | None, data: Any = None, *,
     ``epsilon_guarantee`` is the run's DP guarantee, the ε of its whole plan; ``epsilon_spent`` the ε of
     the releases made, which is smaller only when the run stopped early (then flagged as ex-post).
     ``not_accounted`` names what that ε does not cover: the hyper-parameters' choice, the data's
-    preparation (``data``) and a federated run's client split.
+    preparation (``data``), a federated run's client split and, under ``replace_one``, per-record selection.
 
     ``spent`` (an :class:`~privopt.privacy.EpsilonResult` bounding ``ledger.spent()`` from above)
     replaces the exact ε of the releases: a running run's checkpoint reports it, at no PLD evaluation.
@@ -154,6 +175,7 @@ def privacy_section(cfg: Any, ledger: PrivacyLedger | None, data: Any = None, *,
         "hyperparameter_tuning": getattr(cfg, "hyperparameter_tuning", None),  # this run, not how it was chosen
         "preprocessing": preprocessing_note(data),  # like an insecure seed: an opt-in that voids part of it
         "client_split": client_split_note(cfg),
+        "selection": replace_one_selection_note(cfg, data),
     }
     if any(notes.values()):
         out["not_accounted"] = {k: v for k, v in notes.items() if v}
