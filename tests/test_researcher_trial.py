@@ -1,0 +1,82 @@
+"""Findings of a researcher's trial: extension points, fit options and the reproductions' reports."""
+
+from __future__ import annotations
+
+import pytest
+from torch import nn
+
+from privopt.algorithms import base as algorithms_base
+from privopt.algorithms import get_algorithm, register_algorithm
+from privopt.algorithms.dpsgd import DPSGD
+from privopt.errors import ConfigError
+from privopt.models import registry as model_registry
+from privopt.models.registry import build_model, register_model
+from privopt.objectives import divergences, register_divergence
+from privopt.objectives.divergences import KL, get_divergence
+
+
+@pytest.fixture(autouse=True)
+def _forget_registrations():
+    """Other test files in this process list the registries: drop what a test here registered."""
+    model_registry.available_models(), algorithms_base.available_algorithms()  # built-ins register lazily
+    registries = (model_registry._MODELS, divergences.DIVERGENCES, algorithms_base._ALGORITHMS)
+    before = [dict(r._entries) for r in registries]
+    yield
+    for registry, entries in zip(registries, before):
+        registry._entries.clear()
+        registry._entries.update(entries)
+
+
+def test_a_divergence_named_with_a_hyphen_or_capitals_is_found_by_that_name():
+    @register_divergence
+    class TrialKL(KL):
+        name = "Trial-KL"
+
+    assert isinstance(get_divergence("Trial-KL"), TrialKL)
+    assert isinstance(get_divergence("trial_kl"), TrialKL)
+
+
+def test_a_divergence_subclass_without_its_own_name_is_refused_at_registration():
+    class Unnamed(KL):
+        pass
+
+    with pytest.raises(ConfigError, match="Unnamed needs its own class attribute `name`"):
+        register_divergence(Unnamed)
+
+
+def test_an_algorithm_subclass_without_its_own_name_is_refused_not_reported_as_a_duplicate():
+    class MyDPSGD(DPSGD):  # forgot `name`: would inherit "dp-sgd"
+        pass
+
+    with pytest.raises(ConfigError, match="MyDPSGD needs its own class attribute `name`"):
+        register_algorithm(MyDPSGD)
+
+
+def test_a_registered_algorithm_subclass_with_a_name_is_built_by_it():
+    @register_algorithm
+    class TrialDPSGD(DPSGD):
+        name = "trial-dp-sgd"
+
+    assert isinstance(get_algorithm("trial-dp-sgd", epochs=1), TrialDPSGD)
+
+
+def test_a_model_factory_with_positional_options_is_refused_when_registered():
+    def positional(input_shape, num_classes, hidden=8):  # `hidden` could never be set by model_params
+        return nn.Linear(4, num_classes)
+
+    with pytest.raises(ConfigError, match=r"\['hidden'\] not keyword-only"):
+        register_model("trial-positional")(positional)
+
+    def no_shape(*, num_classes):
+        return nn.Linear(4, num_classes)
+
+    with pytest.raises(ConfigError, match=r"missing \['input_shape'\]"):
+        register_model("trial-no-shape")(no_shape)
+
+
+def test_a_keyword_only_model_factory_still_registers_and_builds():
+    @register_model("trial-keyword")
+    def keyword(*, input_shape, num_classes, hidden=3):
+        return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], hidden), nn.Linear(hidden, num_classes))
+
+    assert build_model("trial-keyword", input_shape=(4,), num_classes=2, hidden=5)[1].out_features == 5
