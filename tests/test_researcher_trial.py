@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
+import privopt
 from privopt.algorithms import base as algorithms_base
 from privopt.algorithms import get_algorithm, register_algorithm
 from privopt.algorithms.dpsgd import DPSGD
@@ -80,3 +81,28 @@ def test_a_keyword_only_model_factory_still_registers_and_builds():
         return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], hidden), nn.Linear(hidden, num_classes))
 
     assert build_model("trial-keyword", input_shape=(4,), num_classes=2, hidden=5)[1].out_features == 5
+
+
+def test_fit_passes_model_params_to_a_registered_model():
+    # The linear ERM algorithms need logreg with one logit and no bias: only model_params can say so.
+    record = privopt.fit(
+        model="logreg",
+        model_params={"bias": False, "single_logit": True},
+        loss="logistic",
+        algorithm="dp-gd-erm",
+        dataset="breast-cancer",
+        epsilon=1.0,
+        delta=1e-4,
+        allow_large_delta=True,
+        iterations=5,
+        insecure_seed=0,
+    )
+    assert record["status"] == "finished"
+    assert record["config"]["model_params"] == {"bias": False, "single_logit": True}
+
+
+def test_fit_refuses_model_params_with_a_module_and_names_a_close_algorithm():
+    with pytest.raises(ConfigError, match="model_params configure a registered model"):
+        privopt.fit(model=nn.Linear(30, 2), model_params={"bias": False}, dataset="digits", epsilon=1, delta=1e-5)
+    with pytest.raises(ConfigError, match="did you mean 'dp-sgd'"):
+        privopt.fit(model="mlp", dataset="digits", algorithm="dp-sgdd", epsilon=1.0, delta=1e-5)
