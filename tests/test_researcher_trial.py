@@ -106,3 +106,31 @@ def test_fit_refuses_model_params_with_a_module_and_names_a_close_algorithm():
         privopt.fit(model=nn.Linear(30, 2), model_params={"bias": False}, dataset="digits", epsilon=1, delta=1e-5)
     with pytest.raises(ConfigError, match="did you mean 'dp-sgd'"):
         privopt.fit(model="mlp", dataset="digits", algorithm="dp-sgdd", epsilon=1.0, delta=1e-5)
+
+
+def _erm_rows(method: str, gaps: list[float]) -> list[dict]:
+    curve = [{"wall_s": 0.1, "passes": 1.0, "gap": 0.5}]
+    return [
+        {"phase": "final", "setting": "regularized", "method": method, "epsilon": 1.0, "schedule": {"iterations": 10},
+         "gap": g, "wall_s": 0.1, "cpu_s": 0.1, "passes": 10.0, "epsilon_spent": 1.0,
+         "noise_multipliers": {"grad": 1.0}, "curve": curve}
+        for g in gaps
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("runs", [1, 3])
+def test_the_erm_summary_gives_no_verdict_and_no_spread_from_one_run(runs):
+    from privopt.experiments.erm_covertype_report import summarize, summary_markdown
+
+    rows = _erm_rows("dp-svrg", [0.03 + 0.001 * r for r in range(runs)]) + _erm_rows("dp-gd", [0.001] * runs)
+    sel = {"setting": "regularized", "epsilon": 1.0, "tuning_gap": 0.1, "interior": True, "last_gain": 0.0}
+    selections = [{**sel, "method": m, "profile": []} for m in ("dp-svrg", "dp-gd")]
+    summary = summarize(rows, selections, {"regularized": "dp-svrg"})
+    (comparison,) = summary["comparisons"]
+    text = summary_markdown(summary)
+    if runs == 1:  # one run has no standard error: "larger beyond 2 standard errors" would be unfounded
+        assert comparison["gap_verdict"] == "n/a (1 run)" and comparison["claim_holds"] is None
+        assert "not tested (1 run)" in text and "(1 run)" in text and "± 0 " not in text
+    else:
+        assert comparison["gap_verdict"] == "larger" and comparison["claim_holds"] is False
+        assert "does not hold" in text
