@@ -134,3 +134,25 @@ def test_the_erm_summary_gives_no_verdict_and_no_spread_from_one_run(runs):
     else:
         assert comparison["gap_verdict"] == "larger" and comparison["claim_holds"] is False
         assert "does not hold" in text
+
+
+def _sosp_row(method: str, clients: int, acc: float, seed: int = 0) -> dict:
+    certified = False if method == "gauss-psgd" else None
+    return {"method": method, "clients": clients, "epsilon": 1.0, "seed": seed, "test_accuracy": acc,
+            "test_loss": 0.5961 + 0.001 * seed, "grad_norm": 1.25, "hessian_min_eig": -0.5,
+            "lanczos_converged": seed == 0, "certified": certified}  # fmt: skip
+
+
+def test_the_sosp_report_tests_no_trend_in_m_from_one_m_and_shows_losses_to_three_decimals():
+    from privopt.experiments.sosp_report import check_claims, format_claims, format_diagnostics, format_table
+
+    one_m = [_sosp_row("gauss-psgd", 1, 0.85), _sosp_row("dp-spider-sosp", 1, 0.86)]
+    claims = check_claims(one_m)
+    assert claims["gap_widens_with_m"] is None
+    assert "The gap widens with m: not tested" in format_claims(claims)
+    two_m = one_m + [_sosp_row("gauss-psgd", 2, 0.80), _sosp_row("dp-spider-sosp", 2, 0.70)]
+    assert check_claims(two_m)["gap_widens_with_m"] is False  # behind at m = 1
+    assert "| 1 | 1 | 0.596 | 0.596 |" in format_table(one_m, key="test_loss", scale=1.0, digits=3)
+    assert "± 0.0" not in format_table(one_m)  # one run: no spread to show
+    seeds = [_sosp_row("gauss-psgd", 1, 0.85, seed=s) for s in (0, 1)]
+    assert "| 1 | 1 | Gauss-PSGD | 1.25 | -0.5 | 1 of 2 | 0 of 2 |" in format_diagnostics(seeds)
