@@ -106,10 +106,8 @@ def fit(
     """Train ``model`` on ``dataset`` with a privopt algorithm; returns the run record.
 
     Args:
-        model: your ``nn.Module`` (trained in place) or a registered model name (``privopt list``).
-        model_params: options of a registered model (``docs/models.md``), e.g. ``{"bias": False,
-            "single_logit": True}`` for ``"logreg"`` with ``loss="logistic"``.
-        dataset: a :class:`privopt.data.Dataset` with a (public) test split, or a registered dataset name.
+        model, model_params: your ``nn.Module`` (trained in place), or a registered model name and its options.
+        dataset, data_dir: a ``Dataset`` with a (public) test split, or a registered name (its files in data_dir).
         loss: ``None`` (cross-entropy), ``"logistic"`` (one logit, labels 0/1: the linear ERM algorithms), a
             torch loss module (``reduction="none"``) or a per-example callable.
         algorithm: a registered algorithm name, e.g. ``"dp-sgd"``, ``"dp-double-spider"`` (docs/algorithms/).
@@ -118,7 +116,6 @@ def fit(
         engine, accountant: per-example gradient engine and accountant (``"auto"`` each).
         seed, insecure_seed: public seed (model init, data selection); noise/sampling seed (NOT private).
         progress: ``None`` (auto): a bar if stderr is a terminal and training lasts 3 s; ``True``/``False``: on/off.
-        data_dir: folder of the files of a named dataset that needs them.
         logit_adjustment: e.g. ``{"noise_ratio": 10.0}``: predict with ``logits − log π`` (docs/data.md).
         **params: the algorithm's hyper-parameters (``lr``, ``epochs``, ``clip``, ...; unknown names are refused).
 
@@ -143,8 +140,7 @@ def fit(
     private = _check_algorithm(algorithm, epsilon=epsilon, delta=delta)
     privacy = {"epsilon": epsilon, "delta": delta, "allow_large_delta": allow_large_delta, "accountant": accountant}
     options = {"engine": engine, "seed": seed, "insecure_seed": insecure_seed, "data_dir": data_dir}
-    options["logit_adjustment"] = dict(logit_adjustment or {})
-    options["model_params"] = model_params
+    options.update(logit_adjustment=dict(logit_adjustment or {}), model_params=model_params)
     cfg = _config(model=model, dataset=dataset, algorithm=algorithm, privacy=privacy, params=params, options=options)
     return _claimed_run(cfg, private, model, out_dir=out_dir, progress=progress, dataset=dataset, loss=loss)
 
