@@ -156,3 +156,15 @@ def test_the_sosp_report_tests_no_trend_in_m_from_one_m_and_shows_losses_to_thre
     assert "± 0.0" not in format_table(one_m)  # one run: no spread to show
     seeds = [_sosp_row("gauss-psgd", 1, 0.85, seed=s) for s in (0, 1)]
     assert "| 1 | 1 | Gauss-PSGD | 1.25 | -0.5 | 1 of 2 | 0 of 2 |" in format_diagnostics(seeds)
+
+
+def test_the_worst_group_summary_says_it_was_not_tuned_and_shows_no_spread_from_one_seed(tmp_path):
+    from privopt.experiments.worst_group import run_worst_group
+
+    result = run_worst_group(
+        dataset="synthetic", epsilons=[1.0], seeds=1, out_dir=tmp_path / "wg", methods=["noisy-sgd-mgr", "dp-sgd"],
+        tune_grid=False, rates=False, insecure_seed=0, log=lambda *a: None,
+    )  # fmt: skip
+    text = (tmp_path / "wg" / "summary.md").read_text()
+    assert result["tuned"] is False and "NOT tuned (--no-tune)" in text
+    assert "± 0.000" not in text
