@@ -168,3 +168,11 @@ def test_the_worst_group_summary_says_it_was_not_tuned_and_shows_no_spread_from_
     text = (tmp_path / "wg" / "summary.md").read_text()
     assert result["tuned"] is False and "NOT tuned (--no-tune)" in text
     assert "± 0.000" not in text
+
+
+def test_the_logistic_loss_on_a_two_logit_logreg_names_the_model_params_that_fix_it():
+    from privopt.errors import ModelError
+
+    with pytest.raises(ModelError, match="model_params {single_logit: true"):
+        privopt.fit(model="logreg", loss="logistic", algorithm="dp-gd-erm", dataset="breast-cancer",
+                    epsilon=1.0, delta=1e-4, allow_large_delta=True, iterations=2)  # fmt: skip
