@@ -147,7 +147,18 @@ class Algorithm(abc.ABC):
 
 
 _ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
-register_algorithm = _ALGORITHMS.register  # class decorator: available by ``cls.name`` to configs and the CLI
+
+
+def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
+    """Class decorator: make an :class:`Algorithm` subclass available by its own ``name`` to configs,
+    :func:`privopt.fit` and the CLI of the process that registers it. A subclass that does not set
+    ``name`` itself (it would inherit its parent's) is refused."""
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise ConfigError(f"register_algorithm needs an Algorithm subclass, got {cls!r}")
+    name = cls.__dict__.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"register_algorithm: {cls.__name__} needs its own class attribute `name` (a string)")
+    return _ALGORITHMS.register(cls)
 
 
 def available_algorithms() -> dict[str, type[Algorithm]]:

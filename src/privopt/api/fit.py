@@ -17,7 +17,7 @@ from torch import nn
 
 from privopt.api.guards import check_unclaimed, claim
 from privopt.api.losses import per_sample_loss
-from privopt.errors import ConfigError
+from privopt.errors import ConfigError, close_name
 
 __all__ = ["fit"]
 
@@ -33,10 +33,19 @@ def _config(*, model: Any, dataset: Any, algorithm: str, privacy: dict, params: 
             "algorithm_params": params,
             "dataset": dataset if isinstance(dataset, str) else getattr(dataset, "name", "custom"),
             "model": model if isinstance(model, str) else "mlp",  # unused: the module is passed in
+            "model_params": _model_params(model, options.pop("model_params")),
             "privacy": {k: v for k, v in privacy.items() if k != "delta" or v is not None},  # None: the default
             **options,
         }
     )
+
+
+def _model_params(model: Any, params: dict[str, Any] | None) -> dict[str, Any]:
+    if params and not isinstance(model, str):
+        raise ConfigError(
+            "model_params configure a registered model (model='name'); build your nn.Module with its options"
+        )
+    return dict(params or {})
 
 
 def _check_algorithm(algorithm: Any, *, epsilon: Any, delta: Any) -> bool:
@@ -44,7 +53,8 @@ def _check_algorithm(algorithm: Any, *, epsilon: Any, delta: Any) -> bool:
 
     algos = available_algorithms()
     if algorithm not in algos:
-        raise ConfigError(f"unknown algorithm {algorithm!r}; available: {', '.join(sorted(algos))}")
+        hint = close_name(algorithm, sorted(algos)) if isinstance(algorithm, str) else ""
+        raise ConfigError(f"unknown algorithm {algorithm!r}{hint}; available: {', '.join(sorted(algos))}")
     private = algos[algorithm].private
     if private and (epsilon is None or delta is None):
         raise ConfigError(f"algorithm {algorithm!r} is private: pass epsilon= and delta= (delta below 1/n)")
@@ -90,13 +100,14 @@ def fit(
     progress: bool | None = None,
     data_dir: str | None = None,
     logit_adjustment: dict[str, Any] | None = None,
+    model_params: dict[str, Any] | None = None,
     **params: Any,
 ) -> dict[str, Any]:
     """Train ``model`` on ``dataset`` with a privopt algorithm; returns the run record.
 
     Args:
-        model: your ``nn.Module`` (trained in place) or a registered model name (``privopt list``).
-        dataset: a :class:`privopt.data.Dataset` with a (public) test split, or a registered dataset name.
+        model, model_params: your ``nn.Module`` (trained in place), or a registered model name and its options.
+        dataset, data_dir: a ``Dataset`` with a (public) test split, or a registered name (its files in data_dir).
         loss: ``None`` (cross-entropy), ``"logistic"`` (one logit, labels 0/1: the linear ERM algorithms), a
             torch loss module (``reduction="none"``) or a per-example callable.
         algorithm: a registered algorithm name, e.g. ``"dp-sgd"``, ``"dp-double-spider"`` (docs/algorithms/).
@@ -105,7 +116,6 @@ def fit(
         engine, accountant: per-example gradient engine and accountant (``"auto"`` each).
         seed, insecure_seed: public seed (model init, data selection); noise/sampling seed (NOT private).
         progress: ``None`` (auto): a bar if stderr is a terminal and training lasts 3 s; ``True``/``False``: on/off.
-        data_dir: folder of the files of a named dataset that needs them.
         logit_adjustment: e.g. ``{"noise_ratio": 10.0}``: predict with ``logits − log π`` (docs/data.md).
         **params: the algorithm's hyper-parameters (``lr``, ``epochs``, ``clip``, ...; unknown names are refused).
 
@@ -130,7 +140,7 @@ def fit(
     private = _check_algorithm(algorithm, epsilon=epsilon, delta=delta)
     privacy = {"epsilon": epsilon, "delta": delta, "allow_large_delta": allow_large_delta, "accountant": accountant}
     options = {"engine": engine, "seed": seed, "insecure_seed": insecure_seed, "data_dir": data_dir}
-    options["logit_adjustment"] = dict(logit_adjustment or {})
+    options.update(logit_adjustment=dict(logit_adjustment or {}), model_params=model_params)
     cfg = _config(model=model, dataset=dataset, algorithm=algorithm, privacy=privacy, params=params, options=options)
     return _claimed_run(cfg, private, model, out_dir=out_dir, progress=progress, dataset=dataset, loss=loss)
 

@@ -52,7 +52,9 @@ def _groups(rows: list[dict], phase: str) -> dict[tuple, list[dict]]:
 def _compare(setting: str, eps: float, proposed: dict, gd: dict) -> dict[str, Any]:
     diff = proposed["gap_mean"] - gd["gap_mean"]
     se = math.sqrt(proposed["gap_std"] ** 2 / proposed["runs"] + gd["gap_std"] ** 2 / gd["runs"])
-    if abs(diff) <= 2 * se:
+    if min(proposed["runs"], gd["runs"]) < 2:  # no standard error from one run: no verdict either
+        verdict = "n/a (1 run)"
+    elif abs(diff) <= 2 * se:
         verdict = "tie"
     else:
         verdict = "smaller" if diff < 0 else "larger"
@@ -69,7 +71,9 @@ def _compare(setting: str, eps: float, proposed: dict, gd: dict) -> dict[str, An
         "method_passes": proposed["passes"],
         "dp_gd_passes": gd["passes"],
         "both_interior": bool(proposed["interior"] and gd["interior"]),
-        "claim_holds": bool(verdict == "smaller" and proposed["wall_s_mean"] < gd["wall_s_mean"]),
+        "claim_holds": None
+        if verdict.startswith("n/a")
+        else bool(verdict == "smaller" and proposed["wall_s_mean"] < gd["wall_s_mean"]),
     }
 
 
@@ -110,6 +114,15 @@ def _convergence(e: dict[str, Any]) -> str:
     return f"edge ({100 * e['last_gain']:+.0f}% from the last ×length)"
 
 
+def _gap(e: dict[str, Any]) -> str:
+    """``mean ± std``; a single run has no spread to show (not ``± 0``)."""
+    return f"{e['gap_mean']:.4g} ± {e['gap_std']:.2g}" if e["runs"] > 1 else f"{e['gap_mean']:.4g} (1 run)"
+
+
+def _claim(c: dict[str, Any]) -> str:
+    return {True: "holds", False: "does not hold", None: "not tested (1 run)"}[c["claim_holds"]]
+
+
 def _method_table(summary: dict[str, Any]) -> list[str]:
     lines = [
         "| setting | method | ε | tuned schedule | interior length | gap on training set (mean ± std) | wall s | CPU s "
@@ -119,7 +132,7 @@ def _method_table(summary: dict[str, Any]) -> list[str]:
     for e in summary["methods"]:
         lines.append(
             f"| {e['setting']} | {e['method']} | {e['epsilon']:g} | {_schedule(e['schedule'])} | "
-            f"{_convergence(e)} | {e['gap_mean']:.4g} ± {e['gap_std']:.2g} | "
+            f"{_convergence(e)} | {_gap(e)} | "
             f"{e['wall_s_mean']:.2f} | {e['cpu_s_mean']:.2f} | {e['passes']:.1f} | {e['epsilon_spent_max']:.4f} |"
         )
     return lines
@@ -153,7 +166,7 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         lines.append(
             f"| {c['setting']} | {c['method']} | {c['epsilon']:g} | {c['method_gap']:.4g} | {c['dp_gd_gap']:.4g} | "
             f"{c['gap_ratio']:.3g} | {c['gap_verdict']} | {c['method_wall_s']:.2f} / {c['method_passes']:.1f} | "
-            f"{c['dp_gd_wall_s']:.2f} / {c['dp_gd_passes']:.1f} | {'holds' if c['claim_holds'] else 'does not hold'} |"
+            f"{c['dp_gd_wall_s']:.2f} / {c['dp_gd_passes']:.1f} | {_claim(c)} |"
         )
     if summary["printed"]:
         lines += [
@@ -166,7 +179,7 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         for e in summary["printed"]:
             lines.append(
                 f"| {e['setting']} | {e['method']} | {e['epsilon']:g} | {_schedule(e['schedule'])} | "
-                f"{e['gap_mean']:.4g} ± {e['gap_std']:.2g} | {e['wall_s_mean']:.2f} | {e['passes']:.1f} |"
+                f"{_gap(e)} | {e['wall_s_mean']:.2f} | {e['passes']:.1f} |"
             )
     if summary.get("not_private"):
         lines += ["", notes_markdown(summary)]

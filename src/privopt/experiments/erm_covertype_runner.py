@@ -253,9 +253,10 @@ class Runner:
             self.write(row)
             rows.append(row)
         gaps = [r["gap"] for r in rows]
+        spread = f"± {np.std(gaps, ddof=1):.2g}" if len(gaps) > 1 else "(1 run)"  # as summary.md gives it
         self.log(
             f"[{setting.name}] {method.label:10s} eps={epsilon:g} {phase} {schedule}: gap {np.mean(gaps):.4g} "
-            f"± {np.std(gaps):.2g}, wall {np.mean([r['wall_s'] for r in rows]):.2f}s, "
+            f"{spread}, wall {np.mean([r['wall_s'] for r in rows]):.2f}s, "
             f"passes {rows[-1]['passes']:.1f}, eps spent {max(r['epsilon_spent'] for r in rows):.4f}"
         )
         return rows

@@ -37,7 +37,7 @@ from privopt.experiments.sosp_protocol import (
     Budget,
     run_config,
 )
-from privopt.experiments.sosp_report import check_claims, format_claims, format_table, plot_curves
+from privopt.experiments.sosp_report import check_claims, format_claims, format_diagnostics, format_table, plot_curves
 from privopt.quiet import hide_foreign_warnings, public_tail
 
 __all__ = ["add_arguments", "main", "run_sosp", "run_one"]
@@ -308,7 +308,7 @@ def _tuning_note(rows, *, dataset: str, plan) -> dict[str, str]:
 def _report(rows, *, out: Path, dataset: str, plan, timing: dict, launcher: str) -> dict[str, Any]:
     claims = check_claims(rows)
     table = format_table(rows)
-    loss_table = format_table(rows, key="test_loss", scale=1.0)
+    loss_table = format_table(rows, key="test_loss", scale=1.0, digits=3)
     n = plan.n_train if dataset == "mnist" else f"up to {plan.n_train}"
     not_private = {"not_private": SOSP_TRAINING_MEASUREMENTS, **_tuning_note(rows, dataset=dataset, plan=plan)}
     markdown = (
@@ -321,7 +321,12 @@ def _report(rows, *, out: Path, dataset: str, plan, timing: dict, launcher: str)
     figures = [str(p) for p in plot_curves(rows, out, dataset=dataset)]
     summary = {"claims": claims, "timing": timing, "budget": plan.name, "figures": figures, "runs": len(rows),
                **not_private}  # fmt: skip
-    (out / "table.md").write_text(markdown + "\nTest loss:\n\n" + loss_table + "\n")
+    diagnostics = (
+        "\nSecond-order diagnostics of the released models (means over seeds): ‖∇F‖ and λ_min on training records, "
+        "NOT private (the note above; λ_min is an upper bound where Lanczos did not converge); 'certified': "
+        f"Gauss-PSGD's own certificate, from released values.\n\n{format_diagnostics(rows)}\n"
+    )
+    (out / "table.md").write_text(markdown + "\nTest loss:\n\n" + loss_table + "\n" + diagnostics)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return {"rows": rows, "summary": summary, "markdown": markdown, "out_dir": str(out)}
 

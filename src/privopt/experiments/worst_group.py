@@ -98,7 +98,7 @@ def run_worst_group(
         "dataset": dataset, "epsilons": eps, "seeds": seeds, "methods": methods,
         "hyperparameters": best, "summary": summary, "verdict": verdict(summary),
         "randomness": "secret (OS entropy)" if insecure_seed is None else f"seeded, INSECURE ({insecure_seed} + seed)",
-        "jobs": workers.jobs, "hyperparameter_tuning": hyperparameter_note(tuning),
+        "jobs": workers.jobs, "hyperparameter_tuning": hyperparameter_note(tuning), "tuned": bool(tuning["tuned"]),
     }  # fmt: skip
     if rates and dataset == "synthetic":
         from privopt.experiments.worst_group_rates import run_rates
@@ -149,7 +149,13 @@ def _markdown(result: dict, rows, names) -> str:
     eps = result["epsilons"]
     parts = [
         f"# Worst-group reproduction: {result['dataset']}",
-        f"Worst-group test accuracy, mean ± std over {result['seeds']} seeds (average accuracy in brackets).",
+        f"Worst-group test accuracy, mean ± std over {result['seeds']} seeds (average accuracy in brackets); "
+        + (
+            "hyper-parameters tuned on a validation split."
+            if result["tuned"]
+            else "NOT tuned (--no-tune): each "
+            "method at the middle point of its grid, so methods are not compared at their best."
+        ),
         notes_markdown(result),
         results_table(result["summary"], eps),
         f"\nPer-group test accuracy at ε = {eps[len(eps) // 2]:g} (mean over seeds):",

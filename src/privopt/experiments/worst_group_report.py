@@ -48,7 +48,7 @@ def summarize(rows: Sequence[dict]) -> list[dict[str, Any]]:
 
 def _cell(stat: tuple[float, float, int]) -> str:
     mean, std, n = stat
-    return "failed" if n == 0 else f"{mean:.3f} ± {std:.3f}"
+    return "failed" if n == 0 else f"{mean:.3f} ± {std:.3f}" if n > 1 else f"{mean:.3f}"  # one run: no spread
 
 
 def results_table(summary: Sequence[dict], epsilons: Sequence[float]) -> str:

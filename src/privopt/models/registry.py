@@ -22,8 +22,36 @@ _MODELS: Registry[Callable[..., nn.Module]] = Registry("model")
 
 
 def register_model(name: str) -> Callable:
-    """Decorator registering ``factory(*, input_shape, num_classes, **kw) -> nn.Module`` as ``name``."""
-    return _MODELS.register_as(name)
+    """Decorator registering ``factory(*, input_shape, num_classes, **kw) -> nn.Module`` as ``name``.
+
+    A factory of another signature is refused here (``ConfigError``), not when a run builds it: it
+    must take ``input_shape`` and ``num_classes`` by keyword and its options keyword-only (after
+    ``*``), which is how ``model_params`` reach it.
+    """
+    register = _MODELS.register_as(name)
+
+    def deco(factory: Callable) -> Callable:
+        _check_factory(name, factory)
+        return register(factory)
+
+    return deco
+
+
+def _check_factory(name: str, factory: Callable) -> None:
+    want = f"model {name!r}: the factory must be `def f(*, input_shape, num_classes, <options>=...)`"
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        raise ConfigError(f"{want}, got {factory!r}") from None
+    kinds = {p: v.kind for p, v in params.items()}
+    takes_any = inspect.Parameter.VAR_KEYWORD in kinds.values()
+    missing = [p for p in ("input_shape", "num_classes") if p not in kinds and not takes_any]
+    free = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+    by_name = inspect.Parameter.POSITIONAL_OR_KEYWORD  # fine for the two the loop passes by keyword
+    bad = [p for p, k in kinds.items() if k not in free and not (p in ("input_shape", "num_classes") and k is by_name)]
+    if missing or bad:
+        why = f"missing {missing}" if missing else f"{bad} not keyword-only (put them after `*`)"
+        raise ConfigError(f"{want}; {why}")
 
 
 def available_models() -> list[str]:

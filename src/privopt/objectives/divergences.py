@@ -135,6 +135,10 @@ def _kl_psi(t: torch.Tensor) -> torch.Tensor:
 DIVERGENCES: Registry[type[Divergence]] = Registry("divergence")
 
 
+def _key(name: str) -> str:
+    return name.strip().lower().replace("-", "_")
+
+
 def register_divergence(cls: type[Divergence]) -> type[Divergence]:
     """Class decorator: make a :class:`Divergence` subclass available to :func:`get_divergence` by its ``name``.
 
@@ -146,7 +150,11 @@ def register_divergence(cls: type[Divergence]) -> type[Divergence]:
     """
     if not (isinstance(cls, type) and issubclass(cls, Divergence)):
         raise ConfigError(f"register_divergence needs a Divergence subclass, got {cls!r}")
-    return DIVERGENCES.register(cls)
+    name = cls.__dict__.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"register_divergence: {cls.__name__} needs its own class attribute `name` (a string)")
+    # Looked up case-insensitively with '-' = '_' (get_divergence): register under that key.
+    return DIVERGENCES.add(_key(name), cls)
 
 
 @register_divergence
@@ -424,7 +432,7 @@ def get_divergence(name: str, **params: Any) -> Divergence:
         if params:
             raise ConfigError(f"parameters {sorted(params)} given together with a Divergence instance")
         return name
-    key = str(name).strip().lower().replace("-", "_")
+    key = _key(str(name))
     fixed: dict[str, Any] = {}
     if key in _ALIASES:
         key, fixed = _ALIASES[key]

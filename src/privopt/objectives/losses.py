@@ -52,7 +52,10 @@ def _readable(t: torch.Tensor) -> bool:
 def _logistic_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if out.dim() > 2 or (out.dim() == 2 and out.shape[1] != 1):
         # The shape per example only: the batch's size is the secret sampling's.
-        raise ValueError(f"the logistic loss needs one logit per example, got {tuple(out.shape[1:])} per example")
+        raise ValueError(
+            f"the logistic loss needs one logit per example, got {tuple(out.shape[1:])} per example "
+            "(model logreg: model_params {single_logit: true, bias: false} for the linear ERM algorithms)"
+        )
     if y.is_floating_point() or (_readable(y) and bool(((y != 0) & (y != 1)).any())):
         raise ValueError("the logistic loss needs integer labels 0 or 1")
     return nn.functional.softplus(-(2 * y - 1).to(out.dtype) * out.reshape(-1))
