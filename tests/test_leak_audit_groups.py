@@ -99,21 +99,13 @@ def _same_model(a: Path, b: Path) -> bool:
     return ma.keys() == mb.keys() and all(float((ma[k] - mb[k]).abs().max()) < 1e-28 for k in ma)
 
 
-@pytest.mark.parametrize("algorithm", sorted(RUNS))
-def test_neighbouring_group_data_publish_the_same_bytes_when_the_releases_are_the_same(
-    algorithm, tmp_path, monkeypatch, capsys
-):
-    monkeypatch.delenv(DEBUG_ENV, raising=False)
-    monkeypatch.chdir(tmp_path)
+def _check_neighbours(algorithm: str, tmp_path: Path, capsys) -> dict:
+    """Train ``algorithm`` on ROWS and on each neighbour; everything published and printed must agree."""
+    os.chdir(tmp_path)
     (tmp_path / "test.csv").write_text(HEADER + "".join(ROWS[:30]), encoding="utf-8")
     (tmp_path / "run.yaml").write_text(YAML.format(algorithm=algorithm, params=RUNS[algorithm]), encoding="utf-8")
     base_printed = _train(capsys, ROWS, "base")
     base = _published(tmp_path / "base")
-    history = base["record"]["history"]
-    # not vacuous: the history holds the per-group test metrics and the algorithm's own logs
-    assert {"test_worst_group_accuracy", "test_group2_accuracy"} <= set(history[-1])
-    if algorithm in ("noisy-sgd-mgr", "dp-oco-exp3"):
-        assert {"group", "lambda_2"} <= set(history[0])
     for name, rows in NEIGHBOURS.items():
         assert _train(capsys, rows, name) == base_printed, name  # stdout and stderr
         other = _published(tmp_path / name)
@@ -122,6 +114,32 @@ def test_neighbouring_group_data_publish_the_same_bytes_when_the_releases_are_th
         assert _same_model(tmp_path / "base", tmp_path / name), name
     model = torch.load(tmp_path / "base" / "model.pt")
     assert any(float(v.abs().max()) > 1e-3 for v in model.values())  # the premise: the weights dwarf 1e-30
+    return base["record"]
+
+
+@pytest.mark.parametrize("algorithm", ["noisy-sgd-mgr", "noisy-sgd-ags", "dp-oco-exp3"])
+def test_neighbouring_group_data_publish_the_same_bytes_when_the_releases_are_the_same(
+    algorithm, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    history = _check_neighbours(algorithm, tmp_path, capsys)["history"]
+    # not vacuous: the history holds the per-group test metrics and the algorithm's own logs
+    assert {"test_worst_group_accuracy", "test_group2_accuracy"} <= set(history[-1]) and "group" in history[0]
+    if algorithm != "noisy-sgd-ags":
+        assert "lambda_2" in history[0]
+
+
+@pytest.mark.parametrize("algorithm", ["gauss-psgd", "dp-spider-sosp"])
+def test_neighbouring_client_data_publish_the_same_bytes_when_the_releases_are_the_same(
+    algorithm, tmp_path, monkeypatch, capsys
+):
+    """Two clients (local noise; central noise with the baseline), simulated in one process: under
+    torchrun rank 0 writes the same files (tests/test_sosp_distributed.py) and the other ranks none."""
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    record = _check_neighbours(algorithm, tmp_path, capsys)
+    assert record["hyperparameters"]["clients"] == 2 and {"o1", "o2"} <= set(record["history"][-1])
 
 
 def _masked(printed: tuple[str, str]) -> tuple[str, ...]:
