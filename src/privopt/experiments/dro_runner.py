@@ -219,13 +219,14 @@ def _trial(
     method: str, spec: RunSpec, *, data, eps, hp: dict, repeat: int, run_dir: Path
 ) -> tuple[float, float, str | None]:
     """(balanced validation accuracy, wall seconds, error) of one run of a grid point (``repeat``: its
-    seed, hence its initialisation and an insecure seed's noise); a diverging trial loses."""
+    seed, hence its initialisation and an insecure seed's noise); a diverging trial loses. The error
+    is printed: only its type when torch or the user's code raised it (its text may quote a record)."""
     try:
         point = dict(hp=hp, epochs=spec.budget.tune_epochs, epsilon=eps, seed=repeat)
         row = run_one(method, spec, data=data, **point, out_dir=run_dir, eval_split="val", metrics=[])
         return (row["val_score"] if finite(row["val_score"]) else -math.inf), row["wall_s"], None
     except (PrivoptError, ArithmeticError, RuntimeError, ValueError) as e:
-        return -math.inf, float("nan"), str(e)
+        return -math.inf, float("nan"), public_reason(e)
 
 
 def _tuning_plan(methods: Sequence[str], budget: Budget, epsilons) -> list[tuple[str, Any, int, dict, int]]:
