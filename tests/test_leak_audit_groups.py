@@ -168,3 +168,37 @@ def test_phased_erm_neighbours_differ_only_through_the_released_model(tmp_path, 
             r["history"] = [{k: v for k, v in h.items() if not k.startswith("test_")} for h in r.pop("history")]
         assert a == b, name
         assert other["files"] == base["files"]
+
+
+def _group_world(changed: bool):
+    from privopt.data import Dataset
+
+    g = torch.Generator().manual_seed(0)
+    x, xt = torch.rand(90, 3, generator=g), torch.rand(30, 3, generator=g)
+    y, yt = (x[:, 0] > 0.5).long(), (xt[:, 0] > 0.5).long()
+    if changed:  # one extreme record with the other label (n and the group sizes stay)
+        x[0], y[0] = torch.tensor([1e5, -1e5, 1e5]), 1 - y[0]
+    groups, groups_test = torch.arange(90) % 3, torch.arange(30) % 3
+    return Dataset.from_tensors(
+        x, y, x_test=xt, y_test=yt, groups=groups, groups_test=groups_test, num_classes=2,
+        group_names=["a", "b", "c"], name="neighbours",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("method", ["noisy-sgd-mgr", "noisy-sgd-ags", "dp-oco-exp3", "dp-sgd"])
+def test_worst_group_reproduction_rows_of_neighbours_agree_when_the_releases_do(method):
+    """A final run of ``privopt reproduce worst-group`` (its result row: test metrics per group, ε
+    spent, steps, the worst group's name) on neighbouring training sets: with every release
+    data-independent in floating point (clip and lr 1e-30 leave the logistic model at 0), the rows
+    differ only in timings."""
+    from privopt.experiments.worst_group_runner import Spec, run_one
+
+    point = {"clip": 1e-30, "lr": 1e-30, "batch_size": 10 if method == "dp-oco-exp3" else 20}
+    if method != "dp-sgd":
+        point.update(count_noise=1e30, loss_noise_ratio=1e30)
+    spec = Spec("adult", insecure_seed=3)
+    rows = [run_one(method, spec, data=_group_world(c), point=point, epsilon=1.0, seed=0) for c in (False, True)]
+    for row in rows:
+        assert "error" not in row and row["per_group"]["c"]["n"] == 10
+        row.pop("wall_s"), row.pop("cpu_s")
+    assert rows[0] == rows[1]
