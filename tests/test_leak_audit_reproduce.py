@@ -7,6 +7,8 @@
 * ``reproduce dro-table3`` / ``dro-mia``: a tuning trial that fails prints the message of
   privopt's own errors only; an error from torch or the user's code (whose text may quote a
   training record) prints its type.
+* the tuning reports (``tuning.json``) of the DRO and worst-group reproductions say that their
+  trials' validation scores, measured on records of the training split, are NOT private.
 """
 
 import json
@@ -120,3 +122,18 @@ def test_a_failed_dro_tuning_trial_prints_no_message_of_foreign_code(tmp_path, m
     assert failed[1].endswith("ConfigError: lr must be > 0")  # privopt's own message names the problem
     assert all(math.isinf(t["val_balanced_accuracy"]) for t in report["trials"])
     assert "0.4375" not in json.dumps(report) and best  # the report holds no message either
+    assert report["privacy_note"] == privacy_notes.VALIDATION_SCORES  # the trials' scores read training records
+
+
+def test_worst_group_tuning_reports_say_their_validation_scores_are_not_private(monkeypatch):
+    """adult and celeba carve the validation split from the training split; the synthetic benchmark
+    draws it independently (no training record is read)."""
+    from privopt.experiments import worst_group_runner as runner
+
+    row = {"worst_group_accuracy": 0.5, "average_accuracy": 0.75, "worst_group_loss": 0.7, "wall_s": 0.0}
+    monkeypatch.setattr(runner, "run_one", lambda *a, **kw: dict(row))
+    monkeypatch.setattr(runner, "load_group_dataset", lambda **kw: None)  # run_one is faked: no data needed
+    notes = {d: runner.tune(["dp-sgd"], runner.Spec(d), log=lambda s: None)[1] for d in ("adult", "synthetic")}
+    assert notes["adult"]["privacy_note"] == privacy_notes.VALIDATION_SCORES
+    assert notes["adult"]["selection"] == privacy_notes.TUNED_ON_TRAINING
+    assert "NOT private" not in notes["synthetic"]["privacy_note"] and notes["synthetic"]["selection"] is None

@@ -39,7 +39,12 @@ from privopt.experiments.dro_protocol import (
 from privopt.experiments.dro_rows import failed_row, finite, log_row, result_row
 from privopt.experiments.jobs import SHARED, Call, DataRef, Workers, picklable, single_threaded
 from privopt.experiments.outdir import reproduction_output
-from privopt.experiments.privacy_notes import TRAINING_MEASUREMENTS, dro_defaults_note, hyperparameter_note
+from privopt.experiments.privacy_notes import (
+    TRAINING_MEASUREMENTS,
+    VALIDATION_SCORES,
+    dro_defaults_note,
+    hyperparameter_note,
+)
 
 __all__ = ["GridRequest", "ModelSpec", "RunSpec", "randomness_note", "run_grid", "run_one", "single_threaded", "tune"]
 
@@ -315,7 +320,7 @@ def _tuning_report(budget: Budget, methods, trials, best, wall: float, per_metho
         "n_trials": len(trials),
         "wall_s": wall,
         "wall_s_per_method": per_method_s,
-        "privacy_note": "tuning runs are not accounted in epsilon (as in the paper)",
+        "privacy_note": VALIDATION_SCORES,
         "best": [{"method": m, "epsilon": e, **hp} for (m, e), hp in best.items()],
         "trials": trials,
     }

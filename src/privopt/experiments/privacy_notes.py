@@ -28,6 +28,7 @@ __all__ = [
     "SOSP_TRAINING_MEASUREMENTS",
     "TRAINING_MEASUREMENTS",
     "TUNED_ON_TRAINING",
+    "VALIDATION_SCORES",
     "hyperparameter_note",
     "notes_markdown",
 ]
@@ -35,6 +36,10 @@ __all__ = [
 TUNED_ON_TRAINING = (
     "tuned by grid search on a validation split carved from the training data (tuning.json): "
     "that choice read private records and is NOT accounted in epsilon_spent"
+)
+VALIDATION_SCORES = (
+    "the trials' validation scores are measured on records carved from the training split, without "
+    "noise: NOT private; the tuning runs are not accounted in epsilon"
 )
 DEMO_SELECTION = (
     "fixed in code (privopt.experiments.demo.DEMO_HYPERPARAMETERS), chosen by the developers on "
