@@ -200,7 +200,7 @@ def _write_figures(
     written = []
     all_methods = list(dict.fromkeys(list(methods) + [r["method"] for r in rows if not r["private"]]))
     for fig, key, ylabel, logy in (
-        ("fig1_gradnorm", "grad_norm", "‖∇ₓΨ_KL‖ (full training set)", True),
+        ("fig1_gradnorm", "grad_norm", "‖∇ₓΨ_KL‖ (full training set, NOT private)", True),
         ("fig2_auc", "test_roc_auc", "test ROC AUC", False),
         ("fig3_f1", "test_f1", "test F1", False),
     ):

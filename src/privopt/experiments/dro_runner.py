@@ -39,7 +39,12 @@ from privopt.experiments.dro_protocol import (
 from privopt.experiments.dro_rows import failed_row, finite, log_row, result_row
 from privopt.experiments.jobs import SHARED, Call, DataRef, Workers, picklable, single_threaded
 from privopt.experiments.outdir import reproduction_output
-from privopt.experiments.privacy_notes import TRAINING_MEASUREMENTS, dro_defaults_note, hyperparameter_note
+from privopt.experiments.privacy_notes import (
+    TRAINING_MEASUREMENTS,
+    VALIDATION_SCORES,
+    dro_defaults_note,
+    hyperparameter_note,
+)
 
 __all__ = ["GridRequest", "ModelSpec", "RunSpec", "randomness_note", "run_grid", "run_one", "single_threaded", "tune"]
 
@@ -219,13 +224,14 @@ def _trial(
     method: str, spec: RunSpec, *, data, eps, hp: dict, repeat: int, run_dir: Path
 ) -> tuple[float, float, str | None]:
     """(balanced validation accuracy, wall seconds, error) of one run of a grid point (``repeat``: its
-    seed, hence its initialisation and an insecure seed's noise); a diverging trial loses."""
+    seed, hence its initialisation and an insecure seed's noise); a diverging trial loses. The error
+    is printed: only its type when torch or the user's code raised it (its text may quote a record)."""
     try:
         point = dict(hp=hp, epochs=spec.budget.tune_epochs, epsilon=eps, seed=repeat)
         row = run_one(method, spec, data=data, **point, out_dir=run_dir, eval_split="val", metrics=[])
         return (row["val_score"] if finite(row["val_score"]) else -math.inf), row["wall_s"], None
     except (PrivoptError, ArithmeticError, RuntimeError, ValueError) as e:
-        return -math.inf, float("nan"), str(e)
+        return -math.inf, float("nan"), public_reason(e)
 
 
 def _tuning_plan(methods: Sequence[str], budget: Budget, epsilons) -> list[tuple[str, Any, int, dict, int]]:
@@ -314,7 +320,7 @@ def _tuning_report(budget: Budget, methods, trials, best, wall: float, per_metho
         "n_trials": len(trials),
         "wall_s": wall,
         "wall_s_per_method": per_method_s,
-        "privacy_note": "tuning runs are not accounted in epsilon (as in the paper)",
+        "privacy_note": VALIDATION_SCORES,
         "best": [{"method": m, "epsilon": e, **hp} for (m, e), hp in best.items()],
         "trials": trials,
     }

@@ -53,8 +53,8 @@ def _setting_figure(entries: list[dict], printed: list[dict], title: str, path: 
         for row in range(3):
             axes[row][col].grid(alpha=0.3)
             axes[row][col].legend(fontsize=7)
-    axes[0][0].set_ylabel("gap F(w) − F* (training)")
-    axes[1][0].set_ylabel("gap F(w) − F* (training)")
+    axes[0][0].set_ylabel("gap F(w) − F* (training, NOT private)")
+    axes[1][0].set_ylabel("gap F(w) − F* (training, NOT private)")
     axes[2][0].set_ylabel("best tuning-set gap")
     fig.suptitle(title)
     save_figure(fig, path)

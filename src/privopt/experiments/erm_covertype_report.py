@@ -181,6 +181,6 @@ def summary_markdown(summary: dict[str, Any]) -> str:
                 f"| {e['setting']} | {e['method']} | {e['epsilon']:g} | {_schedule(e['schedule'])} | "
                 f"{_gap(e)} | {e['wall_s_mean']:.2f} | {e['passes']:.1f} |"
             )
-    if summary.get("not_private"):
+    if summary.get("not_private") or summary.get("hyperparameter_tuning"):
         lines += ["", notes_markdown(summary)]
     return "\n".join(lines) + "\n"

@@ -21,6 +21,7 @@ import torch
 from privopt.algorithms.base import Algorithm, RunContext
 from privopt.algorithms.erm_common import single_thread_blas
 from privopt.experiments.erm_covertype_protocol import MethodSpec, Setting
+from privopt.experiments.privacy_notes import ERM_TUNING_ROWS
 from privopt.objectives.erm import LogisticERM, logistic_loss
 from privopt.training import Every, LoopState, run_loop, run_sources
 
@@ -249,6 +250,8 @@ class Runner:
                 "f_star": problem.f_star,
                 "n_train": problem.erm.n,
                 **res,
+                # how the schedule was chosen (not accounted); the paper's printed schedules were not
+                "hyperparameter_tuning": ERM_TUNING_ROWS if phase == "final" else None,
             }
             self.write(row)
             rows.append(row)

@@ -21,7 +21,7 @@ from typing import Any
 
 from privopt.errors import PrivoptError, public_reason
 from privopt.experiments.jobs import Call, DataRef, Workers
-from privopt.experiments.privacy_notes import TUNED_ON_TRAINING
+from privopt.experiments.privacy_notes import TUNED_ON_TRAINING, VALIDATION_SCORES
 from privopt.experiments.worst_group_protocol import (
     DATASETS,
     METHOD_LABELS,
@@ -152,7 +152,9 @@ def tune(methods: Sequence[str], spec: Spec, *, log: Log, workers: Workers | Non
         "tune_epsilon": TUNE_EPSILON,
         "score": "worst-group accuracy on the validation split (ties: average accuracy)",
         "validation": f"{spec.schedule.val_fraction:g} of the training split, seed 0 (synthetic: an independent draw)",
-        "privacy_note": "tuning runs are not accounted in epsilon",
+        "privacy_note": "tuning runs are not accounted in epsilon"
+        if spec.dataset == "synthetic"
+        else VALIDATION_SCORES,
         "tuned": True,
         # the synthetic generator's validation records are an independent draw: no training record is read
         "selection": None if spec.dataset == "synthetic" else TUNED_ON_TRAINING,
