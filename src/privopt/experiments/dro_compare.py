@@ -34,11 +34,9 @@ METRICS = (("test_balanced_accuracy", "balanced"), ("test_worst_class_accuracy",
 class Comparison:
     """One (ε, metric) cell: the better candidate's mean minus the baseline's.
 
-    ``low`` / ``high`` bound the 95 % interval of the difference (NaN with fewer than two
-    finite runs on either side); ``verdict`` is one of :data:`VERDICTS`: ``"ahead"`` (the whole
-    interval above 0), ``"level"`` (no difference and no spread), ``"ahead within noise"``
-    (difference ≥ 0, the interval reaches 0), ``"behind within noise"``, ``"behind"`` (the whole
-    interval below 0) or ``"no interval"`` (fewer than two runs on a side).
+    ``difference`` … ``verdict`` are those of :class:`privopt.eval.compare.Difference` (``verdict``
+    one of :data:`VERDICTS`), repeated flat after the cell's keys so that ``summary.json``'s
+    ``baseline_comparison`` keeps its layout.
     """
 
     epsilon: float
