@@ -136,6 +136,32 @@ def test_the_erm_summary_gives_no_verdict_and_no_spread_from_one_run(runs):
         assert "does not hold" in text
 
 
+def test_the_erm_gap_verdict_is_the_shared_welch_rule_not_two_standard_errors():
+    from scipy import stats
+
+    from privopt.experiments.erm_covertype_report import summarize, summary_markdown
+
+    sel = {"setting": "regularized", "epsilon": 1.0, "tuning_gap": 0.1, "interior": True, "last_gain": 0.0}
+    selections = [{**sel, "method": m, "profile": []} for m in ("dp-svrg", "dp-gd")]
+    verdicts = {}
+    # 0.005 apart: beyond 2 standard errors (0.0035), inside Welch's interval (t = 4.3 at 2 degrees of freedom)
+    for name, svrg, gd in (
+        ("noise", [0.017, 0.020, 0.023], [0.0149, 0.015, 0.0151]),
+        ("clear", [0.010, 0.011], [0.02, 0.021]),
+    ):
+        summary = summarize(_erm_rows("dp-svrg", svrg) + _erm_rows("dp-gd", gd), selections, {"regularized": "dp-svrg"})
+        (c,) = summary["comparisons"]
+        verdicts[name] = c["gap_verdict"]
+        ci = stats.ttest_ind(svrg, gd, equal_var=False).confidence_interval(0.95)
+        assert c["gap_ci95"] == pytest.approx([ci.low, ci.high]) and c["gap_difference"] == pytest.approx(
+            sum(svrg) / len(svrg) - sum(gd) / len(gd)
+        )
+    assert verdicts == {"noise": "tie", "clear": "smaller"}
+    assert f"| {c['gap_difference']:+.3g} [{c['gap_ci95'][0]:+.3g}, {c['gap_ci95'][1]:+.3g}] | smaller |" in (
+        summary_markdown(summary)
+    )
+
+
 def _sosp_row(method: str, clients: int, acc: float, seed: int = 0) -> dict:
     certified = False if method == "gauss-psgd" else None
     return {"method": method, "clients": clients, "epsilon": 1.0, "seed": seed, "test_accuracy": acc,

@@ -41,6 +41,24 @@ def test_claims_are_read_from_the_means():
     assert claims["loses_to_baseline_in"] == [[10, 1.0]]
 
 
+def test_beside_the_means_the_claims_give_the_welch_interval_over_the_seeds():
+    acc = {
+        ("gauss-psgd", 1, 1.0): [0.851, 0.853, 0.852], ("fed-dp-sgd", 1, 1.0): [0.850, 0.853, 0.851],
+        ("dp-spider-sosp", 1, 1.0): [0.80, 0.81, 0.80],
+        ("gauss-psgd", 10, 1.0): [0.70], ("dp-spider-sosp", 10, 1.0): [0.60],
+    }  # fmt: skip
+    claims = check_claims(_rows(acc))
+    assert claims["gauss_at_least_dpsgd_eps1_m1"]  # on the means; the interval says it is a tie
+    tie = claims["gauss_vs_dpsgd_eps1_m1_interval"]
+    assert tie["low"] < 0 < tie["high"] and tie["verdict"] == "ahead within noise"
+    m1, m10 = claims["against_baseline"]
+    assert (m1["clients"], m1["verdict"], m10["clients"], m10["verdict"]) == (1, "ahead", 10, "no interval")
+    text = format_claims(claims)
+    assert "1 ahead, 0 within noise, 0 behind, 1 without an interval" in text
+    assert f"holds (85.2 vs 85.1); difference +0.1 [{100 * tie['low']:+.1f}, {100 * tie['high']:+.1f}] points" in text
+    assert "points over the seeds: ahead within noise.\n" in text
+
+
 def test_batch_sizes_are_split_over_clients_and_local_noise_scales_the_step():
     quick = BUDGETS["quick"]
     one = method_params("gauss-psgd", quick, clients=1, split="label", trust="local")

@@ -6,13 +6,14 @@ import math
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 
 from privopt.errors import ConfigError
 from privopt.eval.worst_group import evaluate_groups, worst_group_metrics
 from privopt.experiments import worst_group_protocol as protocol
 from privopt.experiments.worst_group import run_worst_group
 from privopt.experiments.worst_group_rates import _fit, run_rates, theorem2_terms
-from privopt.experiments.worst_group_report import summarize, verdict
+from privopt.experiments.worst_group_report import summarize, verdict, verdict_markdown
 
 
 def test_worst_group_metrics_by_hand():
@@ -52,6 +53,37 @@ def test_verdict_compares_the_best_paper_d_method_with_dp_sgd_at_each_epsilon():
     v = {x["epsilon"]: x for x in verdict(summarize(rows), epsilons=(1.0, 2.0))}
     assert v[1.0]["best_method"] == "noisy-sgd-mgr" and v[1.0]["higher"]  # AGS averages 0.60 over seeds
     assert v[2.0]["best_method"] == "dp-oco-exp3" and not v[2.0]["higher"]
+
+
+def _seeds(method, eps, wgs):
+    return [_row(method, eps, wg, 0.9, seed=s) for s, wg in enumerate(wgs)]
+
+
+def test_the_verdict_claims_a_side_only_when_the_welch_interval_over_the_seeds_is_on_it():
+    rows = (
+        _seeds("dp-sgd", 1.0, [0.60, 0.62, 0.61]) + _seeds("noisy-sgd-ags", 1.0, [0.80, 0.82, 0.81])  # a clear win
+        + _seeds("dp-sgd", 2.0, [0.60, 0.70, 0.65]) + _seeds("noisy-sgd-mgr", 2.0, [0.62, 0.72, 0.64])  # noise
+        + _seeds("dp-sgd", 5.0, [0.60]) + _seeds("noisy-sgd-mgr", 5.0, [0.90])  # one seed: no claim
+    )  # fmt: skip
+    v = {x["epsilon"]: x for x in verdict(summarize(rows), epsilons=(1.0, 2.0, 5.0))}
+    win, tie, one = v[1.0], v[2.0], v[5.0]
+    ci = stats.ttest_ind([0.80, 0.82, 0.81], [0.60, 0.62, 0.61], equal_var=False).confidence_interval(0.95)
+    assert (win["low"], win["high"]) == pytest.approx((ci.low, ci.high)) and win["low"] > 0
+    assert win["difference"] == pytest.approx(0.2) and win["verdict"] == "ahead" and win["runs"] == 3
+    assert tie["difference"] == pytest.approx(0.01) and tie["low"] < 0 < tie["high"]
+    assert tie["verdict"] == "ahead within noise" and tie["higher"]  # above on the means, no claim
+    assert one["verdict"] == "no interval" and math.isnan(one["low"]) and (one["runs"], one["baseline_runs"]) == (1, 1)
+    text = verdict_markdown(list(v.values()))
+    assert (
+        f"| 1 | noisy-sgd-ags | 0.810 (0.900) | 0.610 (0.900) | +0.200 | [{ci.low:+.3f}, {ci.high:+.3f}] | 3 / 3 |"
+        in text
+    )
+    assert "| 5 | noisy-sgd-mgr | 0.900 (0.900) | 0.600 (0.900) | +0.300 | – | 1 / 1 | no interval |" in text
+    assert text.endswith(
+        "Of 3 ε values: 1 ahead of DP-SGD with the whole interval above zero, 1 within the seeds' noise, 0 behind with "
+        "the whole interval below zero, 1 without an interval (fewer than two runs on a side)."
+    )
+    assert "higher" not in text and verdict_markdown([]) == ""
 
 
 def _runs(ks, private, twin):
@@ -114,6 +146,8 @@ def test_reproduction_writes_every_output(tmp_path, small_protocol):
     for name in ("summary.md", "summary.json", "tuning.json", "worst_group_vs_epsilon.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert res["verdict"] and "Per-group test accuracy" in res["markdown"]
+    (saved,) = json.loads((tmp_path / "summary.json").read_text())["verdict"]  # one seed: never a claim
+    assert saved["verdict"] == "no interval" and "| 1 / 1 | no interval |" in res["markdown"]
     with pytest.raises(ConfigError, match="already holds"):
         run_worst_group(dataset="synthetic", epsilons=[2.0], seeds=1, out_dir=tmp_path, methods=methods)
 

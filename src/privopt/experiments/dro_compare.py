@@ -6,8 +6,8 @@ better of the proposed methods (by its mean on that metric), its difference to t
 mean and a Welch two-sample 95 % confidence interval of that difference (the runs of different
 methods share no noise, so they are compared as independent samples). The verdict reads the sign
 and the interval together: *ahead* or *behind* only when the whole interval lies on that side of
-zero, *ahead within noise* / *behind within noise* when it reaches zero. See
-``docs/algorithms/dro.md``.
+zero, *ahead within noise* / *behind within noise* when it reaches zero (the shared rule of
+:func:`privopt.eval.compare.compare_means`, ``docs/RESULTS.md``). See ``docs/algorithms/dro.md``.
 
 Choosing the better of two methods after the fact favours them slightly; the interval does not
 correct for that choice, which is one more reason to read "within noise" as a tie.
@@ -20,6 +20,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from privopt.eval.compare import VERDICTS, compare_means, finite_values
 from privopt.experiments.dro_protocol import METHOD_LABELS
 
 __all__ = ["BASELINE", "CANDIDATES", "VERDICTS", "Comparison", "compare_to_baseline", "comparison_markdown"]
@@ -33,11 +34,9 @@ METRICS = (("test_balanced_accuracy", "balanced"), ("test_worst_class_accuracy",
 class Comparison:
     """One (ε, metric) cell: the better candidate's mean minus the baseline's.
 
-    ``low`` / ``high`` bound the 95 % interval of the difference (NaN with fewer than two
-    finite runs on either side); ``verdict`` is one of :data:`VERDICTS`: ``"ahead"`` (the whole
-    interval above 0), ``"level"`` (no difference and no spread), ``"ahead within noise"``
-    (difference ≥ 0, the interval reaches 0), ``"behind within noise"``, ``"behind"`` (the whole
-    interval below 0) or ``"no interval"`` (fewer than two runs on a side).
+    ``difference`` … ``verdict`` are those of :class:`privopt.eval.compare.Difference` (``verdict``
+    one of :data:`VERDICTS`), repeated flat after the cell's keys so that ``summary.json``'s
+    ``baseline_comparison`` keeps its layout.
     """
 
     epsilon: float
@@ -49,43 +48,6 @@ class Comparison:
     runs: int
     baseline_runs: int
     verdict: str
-
-
-def _finite(values) -> list[float]:
-    return [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
-
-
-def _welch_interval(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
-    """95 % confidence interval of mean(a) - mean(b) (Welch; unequal variances).
-
-    By the formula rather than ``scipy.stats.ttest_ind``, which warns on samples whose values are
-    all equal (worst-class accuracies of 0 % on every seed are common)."""
-    from scipy import stats
-
-    if len(a) < 2 or len(b) < 2:
-        return math.nan, math.nan
-    d = statistics.fmean(a) - statistics.fmean(b)
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    if va + vb == 0:  # no spread at all: the interval is the point
-        return d, d
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    half = float(stats.t.ppf(0.975, df)) * math.sqrt(va + vb)
-    return d - half, d + half
-
-
-VERDICTS = ("ahead", "level", "ahead within noise", "behind within noise", "behind", "no interval")
-
-
-def _verdict(difference: float, low: float, high: float) -> str:
-    if math.isnan(low):
-        return "no interval"
-    if low > 0:
-        return "ahead"
-    if high < 0:
-        return "behind"
-    if difference == 0 and low == high:
-        return "level"
-    return "ahead within noise" if difference >= 0 else "behind within noise"
 
 
 def compare_to_baseline(
@@ -111,7 +73,7 @@ def compare_to_baseline(
     """
 
     def values(method: str, eps: float, key: str) -> list[float]:
-        return _finite(r.get(key) for r in rows if r["method"] == method and r["epsilon"] == eps)
+        return finite_values(r.get(key) for r in rows if r["method"] == method and r["epsilon"] == eps)
 
     out = []
     for eps in epsilons:
@@ -121,11 +83,8 @@ def compare_to_baseline(
             if not base or not runs:
                 continue
             best = max(runs, key=lambda m: statistics.fmean(runs[m]))
-            diff = statistics.fmean(runs[best]) - statistics.fmean(base)
-            low, high = _welch_interval(runs[best], base)
-            out.append(
-                Comparison(eps, name, best, diff, low, high, len(runs[best]), len(base), _verdict(diff, low, high))
-            )
+            d = compare_means(runs[best], base)
+            out.append(Comparison(eps, name, best, d.difference, d.low, d.high, d.runs, d.baseline_runs, d.verdict))
     return out
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from privopt.eval.compare import compare_means
 from privopt.experiments.privacy_notes import notes_markdown
 
 __all__ = ["summarize", "summary_markdown"]
@@ -49,15 +50,15 @@ def _groups(rows: list[dict], phase: str) -> dict[tuple, list[dict]]:
     return out
 
 
-def _compare(setting: str, eps: float, proposed: dict, gd: dict) -> dict[str, Any]:
-    diff = proposed["gap_mean"] - gd["gap_mean"]
-    se = math.sqrt(proposed["gap_std"] ** 2 / proposed["runs"] + gd["gap_std"] ** 2 / gd["runs"])
-    if min(proposed["runs"], gd["runs"]) < 2:  # no standard error from one run: no verdict either
-        verdict = "n/a (1 run)"
-    elif abs(diff) <= 2 * se:
-        verdict = "tie"
-    else:
-        verdict = "smaller" if diff < 0 else "larger"
+# The shared verdict (privopt.eval.compare) in the gap's words: a gap above DP-GD's is "larger".
+_GAP_VERDICTS = {"ahead": "larger", "behind": "smaller", "no interval": "n/a (1 run)"}  # the rest: "tie"
+
+
+def _compare(setting: str, eps: float, proposed: dict, gd: dict, gaps: list[float], gd_gaps: list[float]):
+    """The proposed method's runs against DP-GD's: the difference of the mean gaps with its Welch 95 %
+    interval; "smaller" / "larger" only when the whole interval is on that side of 0."""
+    d = compare_means(gaps, gd_gaps)
+    verdict = _GAP_VERDICTS.get(d.verdict, "tie")  # no interval from one run: no verdict either
     return {
         "setting": setting,
         "epsilon": eps,
@@ -65,7 +66,9 @@ def _compare(setting: str, eps: float, proposed: dict, gd: dict) -> dict[str, An
         "method_gap": proposed["gap_mean"],
         "dp_gd_gap": gd["gap_mean"],
         "gap_ratio": proposed["gap_mean"] / gd["gap_mean"] if gd["gap_mean"] > 0 else math.inf,
-        "gap_verdict": verdict,  # the method's gap vs DP-GD's, beyond 2 standard errors
+        "gap_difference": d.difference,
+        "gap_ci95": [d.low, d.high],  # Welch, over the runs; NaN with one run
+        "gap_verdict": verdict,
         "method_wall_s": proposed["wall_s_mean"],
         "dp_gd_wall_s": gd["wall_s_mean"],
         "method_passes": proposed["passes"],
@@ -75,6 +78,10 @@ def _compare(setting: str, eps: float, proposed: dict, gd: dict) -> dict[str, An
         if verdict.startswith("n/a")
         else bool(verdict == "smaller" and proposed["wall_s_mean"] < gd["wall_s_mean"]),
     }
+
+
+def _gaps(rs: list[dict]) -> list[float]:
+    return [r["gap"] for r in rs]
 
 
 def summarize(rows: list[dict], selections: list[dict], proposed: dict[str, str]) -> dict[str, Any]:
@@ -95,8 +102,9 @@ def summarize(rows: list[dict], selections: list[dict], proposed: dict[str, str]
             {"setting": key[0], "method": key[1], "epsilon": key[2], "schedule": rs[0]["schedule"], **_aggregate(rs)}
         )
     by_key = {(m["setting"], m["method"], m["epsilon"]): m for m in methods}
+    finals = _groups(rows, "final")
     comparisons = [
-        _compare(s, e, m, by_key[(s, "dp-gd", e)])
+        _compare(s, e, m, by_key[(s, "dp-gd", e)], _gaps(finals[(s, meth, e)]), _gaps(finals[(s, "dp-gd", e)]))
         for (s, meth, e), m in by_key.items()
         if meth == proposed.get(s) and (s, "dp-gd", e) in by_key
     ]
@@ -117,6 +125,11 @@ def _convergence(e: dict[str, Any]) -> str:
 def _gap(e: dict[str, Any]) -> str:
     """``mean ± std``; a single run has no spread to show (not ``± 0``)."""
     return f"{e['gap_mean']:.4g} ± {e['gap_std']:.2g}" if e["runs"] > 1 else f"{e['gap_mean']:.4g} (1 run)"
+
+
+def _difference(c: dict[str, Any]) -> str:
+    low, high = c["gap_ci95"]
+    return f"{c['gap_difference']:+.3g}" + ("" if math.isnan(low) else f" [{low:+.3g}, {high:+.3g}]")
 
 
 def _claim(c: dict[str, Any]) -> str:
@@ -156,16 +169,19 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         "",
         *_method_table(summary),
         "",
-        "Proposed method against DP-GD (both tuned). Gap verdict: beyond 2 standard errors.",
+        "Proposed method against DP-GD (both tuned). Gap verdict: the difference of the mean gaps and its Welch "
+        "95 % interval over the runs; 'smaller' / 'larger' only when the whole interval is on that side of 0, "
+        "else 'tie' (docs/RESULTS.md, 'How methods are compared over seeds').",
         "",
-        "| setting | method | ε | method gap | DP-GD gap | ratio | verdict | method wall s / passes "
-        "| DP-GD wall s / passes | paper's claim (smaller gap, less time) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| setting | method | ε | method gap | DP-GD gap | ratio | difference [95 % interval] | verdict "
+        "| method wall s / passes | DP-GD wall s / passes | paper's claim (smaller gap, less time) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in summary["comparisons"]:
         lines.append(
             f"| {c['setting']} | {c['method']} | {c['epsilon']:g} | {c['method_gap']:.4g} | {c['dp_gd_gap']:.4g} | "
-            f"{c['gap_ratio']:.3g} | {c['gap_verdict']} | {c['method_wall_s']:.2f} / {c['method_passes']:.1f} | "
+            f"{c['gap_ratio']:.3g} | {_difference(c)} | {c['gap_verdict']} | "
+            f"{c['method_wall_s']:.2f} / {c['method_passes']:.1f} | "
             f"{c['dp_gd_wall_s']:.2f} / {c['dp_gd_passes']:.1f} | {_claim(c)} |"
         )
     if summary["printed"]:

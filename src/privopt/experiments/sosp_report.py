@@ -6,6 +6,7 @@ which prints no numbers: its claims are checked against the measured means.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from privopt.eval.compare import compare_means
 from privopt.experiments.sosp_protocol import METHOD_LABELS
 
 __all__ = ["aggregate", "format_table", "format_diagnostics", "check_claims", "format_claims", "plot_curves"]
@@ -20,11 +22,23 @@ __all__ = ["aggregate", "format_table", "format_diagnostics", "check_claims", "f
 GAUSS, BASELINE, DPSGD = "gauss-psgd", "dp-spider-sosp", "fed-dp-sgd"
 
 
-def aggregate(rows: list[dict[str, Any]], key: str = "test_accuracy") -> dict[tuple, tuple[float, float, int]]:
-    """``{(method, clients, epsilon): (mean, std, runs)}`` of ``key`` (std over seeds; 0 for one run)."""
+def _runs(rows: list[dict[str, Any]], key: str = "test_accuracy") -> dict[tuple, list[float]]:
     groups: dict[tuple, list[float]] = defaultdict(list)
     for r in rows:
         groups[(r["method"], r["clients"], r["epsilon"])].append(float(r[key]))
+    return groups
+
+
+def _interval(runs: dict[tuple, list[float]], method: str, baseline: str, clients: int, eps: float) -> dict:
+    """The shared comparison over seeds (privopt.eval.compare): difference, Welch 95 % interval, verdict."""
+    d = compare_means(runs[(method, clients, eps)], runs[(baseline, clients, eps)])
+    return {"clients": clients, "epsilon": eps, "difference": d.difference, "low": d.low, "high": d.high,
+            "verdict": d.verdict}  # fmt: skip
+
+
+def aggregate(rows: list[dict[str, Any]], key: str = "test_accuracy") -> dict[tuple, tuple[float, float, int]]:
+    """``{(method, clients, epsilon): (mean, std, runs)}`` of ``key`` (std over seeds; 0 for one run)."""
+    groups = _runs(rows, key)
     return {
         k: (statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v)) for k, v in sorted(groups.items())
     }
@@ -52,8 +66,10 @@ def format_table(rows: list[dict[str, Any]], key: str = "test_accuracy", scale: 
 
 
 def check_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The paper's claims and the issue's bars, from the mean test accuracies."""
-    agg = {k: v[0] for k, v in aggregate(rows).items()}
+    """The paper's claims and the issue's bars, from the mean test accuracies; beside them the
+    difference, Welch 95 % interval and verdict over the seeds (``against_baseline`` per (m, ε),
+    ``gauss_vs_dpsgd_eps1_m1_interval``) that say whether a gap is more than the seeds' noise."""
+    agg, runs = {k: v[0] for k, v in aggregate(rows).items()}, _runs(rows)
     settings = sorted({(k[1], k[2]) for k in agg if k[0] == GAUSS and (BASELINE, k[1], k[2]) in agg})
     wins = [(m, e) for m, e in settings if agg[(GAUSS, m, e)] > agg[(BASELINE, m, e)]]
     gaps = {}
@@ -65,6 +81,7 @@ def check_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "beats_baseline_in": [list(s) for s in wins],
         "loses_to_baseline_in": [list(s) for s in settings if s not in wins],
         "gap_by_clients": gaps,
+        "against_baseline": [_interval(runs, GAUSS, BASELINE, m, e) for m, e in settings],
         # Gauss-PSGD ahead at every m, and further ahead the more clients there are.
         "gap_widens_with_m": None  # not testable on one m
         if len(ms) < 2
@@ -73,6 +90,7 @@ def check_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if (GAUSS, 1, 1.0) in agg and (DPSGD, 1, 1.0) in agg:
         out["gauss_vs_dpsgd_eps1_m1"] = [agg[(GAUSS, 1, 1.0)], agg[(DPSGD, 1, 1.0)]]
         out["gauss_at_least_dpsgd_eps1_m1"] = agg[(GAUSS, 1, 1.0)] >= agg[(DPSGD, 1, 1.0)]
+        out["gauss_vs_dpsgd_eps1_m1_interval"] = _interval(runs, GAUSS, DPSGD, 1, 1.0)
     if (GAUSS, 1, 1.0) in agg and (GAUSS, 10, 1.0) in agg:
         ratio = agg[(GAUSS, 10, 1.0)] / agg[(GAUSS, 1, 1.0)]
         out["gauss_m10_over_m1_eps1"] = ratio
@@ -84,12 +102,32 @@ def _yes(flag: bool | None) -> str:
     return "not tested (needs two or more m)" if flag is None else "holds" if flag else "does NOT hold"
 
 
+def _noise(c: dict[str, Any] | None) -> str:
+    """A comparison over seeds in points: the difference, its 95 % interval and the verdict."""
+    if c is None:  # claims written before the intervals were added
+        return ""
+    interval = "" if math.isnan(c["low"]) else f" [{100 * c['low']:+.1f}, {100 * c['high']:+.1f}]"
+    return f"; difference {100 * c['difference']:+.1f}{interval} points over the seeds: {c['verdict']}"
+
+
+def _counts(comparisons: list[dict[str, Any]]) -> str:
+    if not comparisons:
+        return ""
+    n = {v: sum(1 for c in comparisons if c["verdict"] == v) for v in ("ahead", "behind", "no interval")}
+    noise = len(comparisons) - sum(n.values())
+    return (
+        f"; by the Welch 95 % interval over the seeds: {n['ahead']} ahead, {noise} within noise, "
+        f"{n['behind']} behind, {n['no interval']} without an interval"
+    )
+
+
 def format_claims(claims: dict[str, Any]) -> str:
     """The closing note: where the paper's claims and the issue's bars hold and where not."""
     won, lost = claims["beats_baseline_in"], claims["loses_to_baseline_in"]
     lines = [
         f"* Gauss-PSGD beats the baseline in every configuration: {_yes(claims['beats_baseline_everywhere'])} "
-        f"({len(won)} of {len(won) + len(lost)} configurations; not in (m, ε) = {[tuple(s) for s in lost]}).",
+        f"({len(won)} of {len(won) + len(lost)} configurations; not in (m, ε) = {[tuple(s) for s in lost]}"
+        f"{_counts(claims.get('against_baseline', []))}).",
         "* The gap widens with m: "
         + _yes(claims["gap_widens_with_m"])
         + " (mean gap over ε, accuracy points: "
@@ -100,7 +138,7 @@ def format_claims(claims: dict[str, Any]) -> str:
         g, d = claims["gauss_vs_dpsgd_eps1_m1"]
         lines.append(
             f"* Gauss-PSGD ≥ DP-SGD at ε = 1, m = 1: {_yes(claims['gauss_at_least_dpsgd_eps1_m1'])} "
-            f"({100 * g:.1f} vs {100 * d:.1f})."
+            f"({100 * g:.1f} vs {100 * d:.1f}){_noise(claims.get('gauss_vs_dpsgd_eps1_m1_interval'))}."
         )
     if "gauss_m10_at_least_80pct" in claims:
         lines.append(

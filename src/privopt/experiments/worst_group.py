@@ -40,6 +40,7 @@ from privopt.experiments.worst_group_report import (
     results_table,
     summarize,
     verdict,
+    verdict_markdown,
 )
 from privopt.experiments.worst_group_runner import Spec, final_runs, tune
 
@@ -160,14 +161,10 @@ def _markdown(result: dict, rows, names) -> str:
         results_table(result["summary"], eps),
         f"\nPer-group test accuracy at ε = {eps[len(eps) // 2]:g} (mean over seeds):",
         per_group_table(rows, epsilon=eps[len(eps) // 2], group_names=names),
-        "\nBest Paper D method vs DP-SGD:",
+        "\nBest Paper D method against DP-SGD: worst-group test accuracy (average accuracy), the difference of the "
+        "means and its Welch 95 % interval over the seeds (docs/RESULTS.md, 'How methods are compared over seeds'):",
+        "\n" + verdict_markdown(result["verdict"]),
     ]
-    for v in result["verdict"]:
-        parts.append(
-            f"- ε = {v['epsilon']:g}: {v['best_method']} {v['best_worst_group_accuracy']:.3f} "
-            f"(avg {v['best_average_accuracy']:.3f}) vs DP-SGD {v['dp_sgd_worst_group_accuracy']:.3f} "
-            f"(avg {v['dp_sgd_average_accuracy']:.3f}): {'higher' if v['higher'] else 'NOT higher'}"
-        )
     if "rates" in result:
         parts.extend(rates_lines(result["rates"]))
     if "minimax_reference" in result:

@@ -16,11 +16,22 @@ from typing import Any
 
 import numpy as np
 
+from privopt.eval.compare import compare_means
 from privopt.experiments.worst_group_protocol import PAPER_D
 
-__all__ = ["per_group_table", "plot_rates", "plot_vs_epsilon", "rates_lines", "results_table", "summarize", "verdict"]
+__all__ = [
+    "per_group_table",
+    "plot_rates",
+    "plot_vs_epsilon",
+    "rates_lines",
+    "results_table",
+    "summarize",
+    "verdict",
+    "verdict_markdown",
+]
 
 _METRICS = ("worst_group_accuracy", "average_accuracy", "worst_group_loss", "epsilon_spent", "wall_s")
+_PER_SEED = ("worst_group_accuracy", "average_accuracy")  # kept run by run: the verdict's interval needs them
 
 
 def _stats(values: Sequence[float]) -> tuple[float, float, int]:
@@ -31,7 +42,8 @@ def _stats(values: Sequence[float]) -> tuple[float, float, int]:
 
 
 def summarize(rows: Sequence[dict]) -> list[dict[str, Any]]:
-    """Mean, std and count over seeds of each metric, per (method, ε), in first-seen order."""
+    """Mean, std and count over seeds of each metric, per (method, ε), in first-seen order; ``per_seed``
+    keeps each run's worst-group and average accuracy (in row order) for :func:`verdict`'s interval."""
     keys: list[tuple[str, Any]] = []
     for r in rows:
         if (r["method"], r["epsilon"]) not in keys:
@@ -41,6 +53,7 @@ def summarize(rows: Sequence[dict]) -> list[dict[str, Any]]:
         sel = [r for r in rows if r["method"] == method and r["epsilon"] == eps]
         entry = {"method": method, "label": sel[0]["label"], "epsilon": eps}
         entry.update({k: _stats([r.get(k) for r in sel]) for k in _METRICS})
+        entry["per_seed"] = {k: [r.get(k) for r in sel] for k in _PER_SEED}
         entry["failed"] = sum(1 for r in sel if r.get("error"))
         out.append(entry)
     return out
@@ -80,7 +93,14 @@ def per_group_table(rows: Sequence[dict], *, epsilon: float, group_names: Sequen
 
 
 def verdict(summary: Sequence[dict], *, epsilons: Sequence[float] = (1.0, 2.0, 5.0)) -> list[dict[str, Any]]:
-    """At each ε: the best Paper D method (mean worst-group accuracy) against DP-SGD in the same run."""
+    """At each ε: the best Paper D method (by mean worst-group accuracy) against DP-SGD in the same run.
+
+    The difference of the two mean worst-group accuracies, its Welch 95 % interval over the seeds
+    (``low``, ``high``; NaN with fewer than two runs on a side) and the verdict of
+    :func:`privopt.eval.compare.compare_means` (``docs/RESULTS.md``, "How methods are compared over
+    seeds"); ``summary`` rows come from :func:`summarize` (their ``per_seed`` values). ``higher``
+    compares the means alone, with no interval: the claim is ``verdict``.
+    """
     out = []
     for e in epsilons:
         cands = [s for s in summary if s["method"] in PAPER_D and s["epsilon"] == e and s["worst_group_accuracy"][2]]
@@ -88,18 +108,54 @@ def verdict(summary: Sequence[dict], *, epsilons: Sequence[float] = (1.0, 2.0, 5
         if not cands or base is None:
             continue
         best = max(cands, key=lambda s: s["worst_group_accuracy"][0])
+        d = compare_means(best["per_seed"]["worst_group_accuracy"], base["per_seed"]["worst_group_accuracy"])
         out.append(
             {
                 "epsilon": e,
                 "best_method": best["method"],
+                "best_label": best["label"],
                 "best_worst_group_accuracy": best["worst_group_accuracy"][0],
                 "best_average_accuracy": best["average_accuracy"][0],
                 "dp_sgd_worst_group_accuracy": base["worst_group_accuracy"][0],
                 "dp_sgd_average_accuracy": base["average_accuracy"][0],
                 "higher": best["worst_group_accuracy"][0] > base["worst_group_accuracy"][0],
+                "difference": d.difference,
+                "low": d.low,
+                "high": d.high,
+                "runs": d.runs,
+                "baseline_runs": d.baseline_runs,
+                "verdict": d.verdict,
             }
         )
     return out
+
+
+def verdict_markdown(verdicts: Sequence[dict]) -> str:
+    """Markdown: :func:`verdict`'s comparisons as a table (accuracies as fractions) and a count line."""
+    if not verdicts:
+        return ""
+    lines = [
+        "| ε | best Paper D method | worst-group (avg) | DP-SGD worst-group (avg) | difference | 95 % interval "
+        "| runs | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for v in verdicts:
+        interval = "–" if math.isnan(v["low"]) else f"[{v['low']:+.3f}, {v['high']:+.3f}]"
+        lines.append(
+            f"| {v['epsilon']:g} | {v.get('best_label', v['best_method'])} | "
+            f"{v['best_worst_group_accuracy']:.3f} ({v['best_average_accuracy']:.3f}) | "
+            f"{v['dp_sgd_worst_group_accuracy']:.3f} ({v['dp_sgd_average_accuracy']:.3f}) | {v['difference']:+.3f} | "
+            f"{interval} | {v['runs']} / {v['baseline_runs']} | {v['verdict']} |"
+        )
+    count = {k: sum(1 for v in verdicts if v["verdict"] == k) for k in ("ahead", "behind", "no interval")}
+    within = sum(1 for v in verdicts if v["verdict"].endswith("within noise") or v["verdict"] == "level")
+    lines += [
+        "",
+        f"Of {len(verdicts)} ε values: {count['ahead']} ahead of DP-SGD with the whole interval above zero, {within} "
+        f"within the seeds' noise, {count['behind']} behind with the whole interval below zero, "
+        f"{count['no interval']} without an interval (fewer than two runs on a side).",
+    ]
+    return "\n".join(lines)
 
 
 def plot_vs_epsilon(summary: Sequence[dict], path: Path, *, title: str) -> None:
