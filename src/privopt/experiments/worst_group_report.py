@@ -98,8 +98,7 @@ def verdict(summary: Sequence[dict], *, epsilons: Sequence[float] = (1.0, 2.0, 5
     The difference of the two mean worst-group accuracies, its Welch 95 % interval over the seeds
     (``low``, ``high``; NaN with fewer than two runs on a side) and the verdict of
     :func:`privopt.eval.compare.compare_means` (``docs/RESULTS.md``, "How methods are compared over
-    seeds"); ``summary`` rows come from :func:`summarize` (their ``per_seed`` values). ``higher``
-    compares the means alone, with no interval: the claim is ``verdict``.
+    seeds"); ``summary`` rows come from :func:`summarize` (their ``per_seed`` values).
     """
     out = []
     for e in epsilons:
@@ -118,7 +117,6 @@ def verdict(summary: Sequence[dict], *, epsilons: Sequence[float] = (1.0, 2.0, 5
                 "best_average_accuracy": best["average_accuracy"][0],
                 "dp_sgd_worst_group_accuracy": base["worst_group_accuracy"][0],
                 "dp_sgd_average_accuracy": base["average_accuracy"][0],
-                "higher": best["worst_group_accuracy"][0] > base["worst_group_accuracy"][0],
                 "difference": d.difference,
                 "low": d.low,
                 "high": d.high,
