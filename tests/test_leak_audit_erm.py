@@ -9,18 +9,12 @@ linear models are within 1e-28 of each other and predict alike; every other publ
 printed character must then be the same (the records' full-batch sums reach nothing else).
 """
 
-import json
-import os
-import warnings
-from pathlib import Path
-
 import pytest
 import torch
 
-from privopt.cli import main
+from leak_helpers import HEADER, published, train_world
 from privopt.errors import DEBUG_ENV
 
-HEADER = "age,job,sex,income\n"
 YAML = """\
 algorithm: {algorithm}
 algorithm_params: {params}
@@ -57,25 +51,6 @@ RUNS = {
 }
 
 
-def _train(capsys, rows: list[str], out: str) -> tuple[str, str]:
-    """``privopt train`` into ``run`` (the same path in both worlds: it is printed), then renamed ``out``."""
-    Path("train.csv").write_text(HEADER + "".join(rows), encoding="utf-8")
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        code = main(["train", "--config", "run.yaml", "--out", "run"])
-    printed = capsys.readouterr()
-    assert code == 0, printed.err
-    os.rename("run", out)
-    return printed.out, printed.err
-
-
-def _published(run: Path) -> dict:
-    record = json.loads((run / "record.json").read_text())
-    record.pop("wall_time_s")
-    files = {f: (run / f).read_bytes() for f in ("metrics.csv", "curves.png")}
-    return {"files": sorted(os.listdir(run)), "record": record, **files}
-
-
 @pytest.mark.parametrize("algorithm", sorted(RUNS))
 def test_neighbouring_erm_data_publish_the_same_bytes_when_the_released_models_agree(
     algorithm, tmp_path, monkeypatch, capsys
@@ -84,12 +59,12 @@ def test_neighbouring_erm_data_publish_the_same_bytes_when_the_released_models_a
     monkeypatch.chdir(tmp_path)
     (tmp_path / "test.csv").write_text(HEADER + "".join(ROWS[:30]), encoding="utf-8")
     (tmp_path / "run.yaml").write_text(YAML.format(algorithm=algorithm, params=RUNS[algorithm]), encoding="utf-8")
-    base_printed = _train(capsys, ROWS, "base")
-    base = _published(tmp_path / "base")
+    base_printed = train_world(capsys, ROWS, "base")
+    base = published(tmp_path / "base")
     assert len(base["record"]["history"]) >= 2 and "test_group2_accuracy" in base["record"]["metrics"]
     for name, rows in NEIGHBOURS.items():
-        assert _train(capsys, rows, name) == base_printed, name  # stdout and stderr
-        other = _published(tmp_path / name)
+        assert train_world(capsys, rows, name) == base_printed, name  # stdout and stderr
+        other = published(tmp_path / name)
         assert other["record"] == base["record"], name
         assert other == base, name  # metrics.csv and curves.png byte for byte
         ma, mb = (torch.load(tmp_path / d / "model.pt") for d in ("base", name))

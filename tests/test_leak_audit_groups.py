@@ -17,19 +17,16 @@ secret randomness every draw is uniform whatever came before: no leak); add/remo
 change n, which is public.
 """
 
-import json
 import os
 import re
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
-from privopt.cli import main
+from leak_helpers import HEADER, published, train_world
 from privopt.errors import DEBUG_ENV
 
-HEADER = "age,job,sex,income\n"
 YAML = """\
 algorithm: {algorithm}
 algorithm_params: {params}
@@ -74,25 +71,6 @@ RUNS = {
 }
 
 
-def _train(capsys, rows: list[str], out: str) -> tuple[str, str]:
-    """``privopt train`` into ``run`` (the same path in both worlds: it is printed), then renamed ``out``."""
-    Path("train.csv").write_text(HEADER + "".join(rows), encoding="utf-8")
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        code = main(["train", "--config", "run.yaml", "--out", "run"])
-    printed = capsys.readouterr()
-    assert code == 0, printed.err
-    os.rename("run", out)
-    return printed.out, printed.err
-
-
-def _published(run: Path) -> dict:
-    record = json.loads((run / "record.json").read_text())
-    record.pop("wall_time_s")
-    files = {f: (run / f).read_bytes() for f in ("metrics.csv", "curves.png")}
-    return {"files": sorted(os.listdir(run)), "record": record, **files}
-
-
 def _same_model(a: Path, b: Path) -> bool:
     """Equal up to the released noise at the clip's scale (the MLP's biases start at 0)."""
     ma, mb = torch.load(a / "model.pt"), torch.load(b / "model.pt")
@@ -104,11 +82,11 @@ def _check_neighbours(algorithm: str, tmp_path: Path, capsys) -> dict:
     os.chdir(tmp_path)
     (tmp_path / "test.csv").write_text(HEADER + "".join(ROWS[:30]), encoding="utf-8")
     (tmp_path / "run.yaml").write_text(YAML.format(algorithm=algorithm, params=RUNS[algorithm]), encoding="utf-8")
-    base_printed = _train(capsys, ROWS, "base")
-    base = _published(tmp_path / "base")
+    base_printed = train_world(capsys, ROWS, "base")
+    base = published(tmp_path / "base")
     for name, rows in NEIGHBOURS.items():
-        assert _train(capsys, rows, name) == base_printed, name  # stdout and stderr
-        other = _published(tmp_path / name)
+        assert train_world(capsys, rows, name) == base_printed, name  # stdout and stderr
+        other = published(tmp_path / name)
         assert other["record"] == base["record"], name
         assert other == base, name  # metrics.csv and curves.png byte for byte
         assert _same_model(tmp_path / "base", tmp_path / name), name
@@ -157,11 +135,11 @@ def test_phased_erm_neighbours_differ_only_through_the_released_model(tmp_path, 
     text = YAML.format(algorithm="minimax-phased-erm", params=params)
     text = text.replace("model: mlp\nmodel_params: {hidden: 8}\n", "model: logreg\n")  # it needs a convex model
     (tmp_path / "run.yaml").write_text(text, encoding="utf-8")
-    base_printed = _masked(_train(capsys, ROWS, "base"))
-    base = _published(tmp_path / "base")
+    base_printed = _masked(train_world(capsys, ROWS, "base"))
+    base = published(tmp_path / "base")
     for name, rows in NEIGHBOURS.items():
-        assert _masked(_train(capsys, rows, name)) == base_printed, name
-        other = _published(tmp_path / name)
+        assert _masked(train_world(capsys, rows, name)) == base_printed, name
+        other = published(tmp_path / name)
         a, b = (dict(r["record"]) for r in (base, other))
         for r in (a, b):
             r["metrics"] = {k: v for k, v in r.pop("metrics").items() if not k.startswith("test_")}
