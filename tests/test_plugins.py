@@ -150,3 +150,70 @@ def test_list_shows_a_plugins_registrations(project, capsys):
     assert line.endswith("[plugin ../conf/algo.py]")
     assert _main("list", "--plugin", "../conf/algo.py", "--json") == 0  # imported once: nothing registered twice
     assert name in json.loads(capsys.readouterr().out)["algorithms"]
+
+
+def test_audit_imports_the_configs_plugins(project, capsys):
+    root, name = project
+    argv = ["audit", "--config", str(root / "conf" / "run.yaml"), "--mode", "white-box", "--canaries", "50"]
+    assert _main(*argv, "--out", "aud", "--quiet") in (0, 5), capsys.readouterr()
+    report = json.loads(Path("aud/audit.json").read_text())
+    assert report["config"]["algorithm"] == name and report["config"]["plugins"] == ["algo.py"]
+
+
+MODELS = """
+from torch import nn
+
+from privopt.models.registry import register_model
+
+
+@register_model("{name}")
+def tiny_mlp(*, input_shape, num_classes, hidden=8):
+    d = 1
+    for s in input_shape:
+        d *= s
+    return nn.Sequential(nn.Flatten(), nn.Linear(d, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+"""
+
+
+def test_predict_rebuilds_a_plugins_model(project, capsys):
+    import numpy as np
+
+    from privopt.data import load_dataset
+
+    root, _ = project
+    Path("models.py").write_text(MODELS.format(name="net-" + root.name.lower()))
+    sets = [f"model=net-{root.name.lower()}", "algorithm_params.epochs=1", "plots=false"]
+    assert _main("train", "--plugin", "models.py", *(f"--set={s}" for s in sets), "--out", "a", "--quiet") == 0
+    np.save("x.npy", load_dataset("digits", seed=0).x_test[:5].numpy())
+    _forget_plugins()
+    argv = ["predict", "--run", "a", "--input", "x.npy", "--quiet"]
+    assert _main(*argv, "--out", "p.csv") == 2 and "unknown model" in capsys.readouterr().err
+    assert _main(*argv, "--plugin", "models.py", "--out", "p.csv") == 0, capsys.readouterr()
+    assert len(Path("p.csv").read_text().splitlines()) == 6  # a header and one row per record
+
+
+@pytest.mark.slow
+def test_every_torchrun_process_imports_the_configs_plugins(tmp_path):
+    import subprocess
+
+    import yaml
+
+    from _run_helpers import torchrun
+
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "models.py").write_text(MODELS.format(name="tiny-mlp-plugin"))
+    params = {"clients": 2, "epochs": 1, "b1": 64, "b2": 16, "lr": 0.2, "max_steps": 4, "kappa": 0.05, "chi": "auto"}
+    cfg = {"plugins": ["models.py"], "algorithm": "gauss-psgd", "algorithm_params": params, "model": "tiny-mlp-plugin",
+           "engine": "vmap", "privacy": {"epsilon": 2.0, "delta": 1e-5}, "plots": False}  # fmt: skip
+    (tmp_path / "conf" / "run.yaml").write_text(yaml.safe_dump(cfg))
+    cmd = [torchrun(), "--standalone", "--nproc_per_node=2", "-m", "privopt", "train",
+           "--config", "conf/run.yaml", "--out", "out", "--quiet"]  # fmt: skip
+    import os
+
+    import privopt
+
+    env = dict(os.environ, PYTHONPATH=str(Path(privopt.__file__).resolve().parents[1]))  # this privopt, from tmp_path
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "out" / "record.json").read_text())
+    assert record["status"] == "finished" and record["config"]["plugins"] == ["models.py"]
