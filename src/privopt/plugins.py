@@ -1,9 +1,10 @@
 """Plugins: your own Python code, imported before a run looks up any name, so that what it registers
 (an algorithm, a model, a dataset, a loss, an engine, a run metric...) can be named in a config.
 
-A config's ``plugins: [mypkg.ext, ext.py]`` and the command line's ``--plugin MODULE_OR_FILE`` name
-them: a module name is imported as Python imports it (an installed package or one on ``PYTHONPATH``);
-a path ending in ``.py`` is run as a module of its own. A relative path read from a config file is
+A config's ``plugins: [mypkg.ext, ext.py]`` and the command line's ``--plugin MODULE_OR_FILE``
+(``privopt train``, ``audit``, ``list``, ``predict``) name them: a module name is imported as Python
+imports it (an installed package or one on ``PYTHONPATH``); a path ending in ``.py`` is run as a
+module of its own. A relative path read from a config file is
 relative to that file's folder; one given with ``--plugin``, ``--set`` or the Python API, to the current
 directory (:func:`privopt.config.file_folders`). A plugin is imported once per process, however often
 it is named (a file is known by its absolute path), so naming it in the config and with ``--plugin``
