@@ -187,7 +187,8 @@ def test_predict_rebuilds_a_plugins_model(project, capsys):
     np.save("x.npy", load_dataset("digits", seed=0).x_test[:5].numpy())
     _forget_plugins()
     argv = ["predict", "--run", "a", "--input", "x.npy", "--quiet"]
-    assert _main(*argv, "--out", "p.csv") == 2 and "unknown model" in capsys.readouterr().err
+    assert _main(*argv, "--out", "p.csv") == 2
+    assert "unknown model" in (err := capsys.readouterr().err) and "plugins ['models.py']" in err, err
     assert _main(*argv, "--plugin", "models.py", "--out", "p.csv") == 0, capsys.readouterr()
     assert len(Path("p.csv").read_text().splitlines()) == 6  # a header and one row per record
 
