@@ -32,7 +32,7 @@ LAUNCHERS = {"nice", "time", "torchrun", "python", "python3"}  # may come before
 ELISIONS = {"...", "…"}
 PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*|.*(?:<[^>]*>|…).*")
 # Config files the docs name that are the reader's own (not in the repository): only their --set keys are checked.
-READERS_CONFIGS = {"my_run.yaml": "the reader's own config, written in docs/data.md and docs/audit.md"}
+READERS_CONFIGS = {"my_run.yaml": "the reader's own config, written in docs/data.md, docs/audit.md and docs/api.md"}
 # (page, text) of spans and lines that name privopt and are no command of it, and why.
 NOT_COMMANDS = {
     ("docs/algorithms/dro.md", "~/.cache/privopt"): "a folder (the feature cache), not the program",

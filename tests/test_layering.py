@@ -17,6 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "privopt"
 LAYERS: list[set[str]] = [
     {"errors"},
     {"validation", "registry", "rng", "quiet", "checkpoint", "config", "cliargs", "cores"},
+    {"plugins"},  # imports the user's code named by a config (privopt.config) before any name is looked up
     {"privacy"},
     {"sampling", "group_sampling", "distributed"},
     {"grads"},
@@ -28,7 +29,7 @@ LAYERS: list[set[str]] = [
     {"bench_procs"},  # its timing processes run privopt.bench, which it never imports
     {"api", "experiments", "audit", "bench", "bench_profile"},
     {"bench_e2e"},
-    {"cli_audit", "cli_bench", "cli_predict"},
+    {"cli_audit", "cli_bench", "cli_list", "cli_predict"},
     {"cli"},
     {"__main__", "__init__"},
 ]

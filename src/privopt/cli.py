@@ -15,8 +15,17 @@ from pathlib import Path
 
 from privopt.cli_audit import add_audit_parser
 from privopt.cli_bench import add_bench_parser
+from privopt.cli_list import add_list_parser
 from privopt.cli_predict import add_predict_parser
-from privopt.cliargs import DEVICES, exact_options, non_negative_int, parse_with_hints, positive_float, positive_int
+from privopt.cliargs import (
+    DEVICES,
+    add_plugin_option,
+    exact_options,
+    non_negative_int,
+    parse_with_hints,
+    positive_float,
+    positive_int,
+)
 from privopt.errors import PrivacyBudgetExceeded, PrivoptError, debug_enabled
 from privopt.quiet import debug_mode, foreign_error_line, quiet_warnings
 
@@ -25,7 +34,7 @@ __all__ = ["main", "build_parser"]
 
 def _resume_conflicts(args) -> list[str]:
     """Options a resume cannot honour (it continues with the config the run started with)."""
-    out = [f"--set {item}" for item in args.set]
+    out = [f"--set {item}" for item in args.set] + [f"--plugin {item}" for item in args.plugin]
     if args.config is not None:
         out.append(f"--config {args.config}")
     if args.out is not None:
@@ -80,7 +89,7 @@ def _cmd_train(args) -> int:
             overrides.append(f"device={args.device}")
         if args.insecure_seed is not None:
             overrides.append(f"insecure_seed={args.insecure_seed}")
-        cfg, out = load_config(args.config, overrides), args.out
+        cfg, out = load_config(args.config, overrides, plugins=args.plugin), args.out
     allow = args.allow_version_change
     try:
         record = train(cfg, out_dir=out, resume=bool(args.resume), progress=not args.quiet, allow_version_change=allow)
@@ -162,32 +171,6 @@ def _cmd_account(args) -> int:
     return 0
 
 
-def _cmd_list(args) -> int:
-    from privopt.algorithms import available_algorithms
-    from privopt.data import available_datasets
-    from privopt.experiments import available_experiments
-    from privopt.grads import available_engines
-    from privopt.models import available_models
-
-    sections = {
-        "algorithms": {
-            k: (v.summary or "") + ("" if v.private else " [non-private]") for k, v in available_algorithms().items()
-        },
-        "datasets": dict.fromkeys(available_datasets(), ""),
-        "models": dict.fromkeys(available_models(), ""),
-        "engines": dict.fromkeys(available_engines(), ""),
-        "experiments": available_experiments(),
-    }
-    if args.json:
-        print(json.dumps({k: list(v) for k, v in sections.items()}))
-        return 0
-    for title, items in sections.items():
-        print(f"{title}:")
-        for name, desc in items.items():
-            print(f"  {name:22s} {desc}".rstrip())
-    return 0
-
-
 def _cmd_demo(args) -> int:
     from privopt.experiments.demo import run_demo
 
@@ -257,6 +240,7 @@ def _add_train_parser(sub) -> None:
         metavar="KEY=VALUE",
         help="override a config value, e.g. --set privacy.epsilon=2 --set algorithm_params.lr=0.5",
     )
+    add_plugin_option(t)
     t.add_argument("--out", help="output directory (new or empty; locked while the run writes to it)")
     t.add_argument(
         "--resume",
@@ -308,9 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_audit_parser(sub)
 
-    li = sub.add_parser("list", help="list algorithms, datasets, models, engines and experiments")
-    li.add_argument("--json", action="store_true", help="print the lists as one JSON object")
-    li.set_defaults(func=_cmd_list)
+    add_list_parser(sub)
 
     d = sub.add_parser("demo", help="the main job on embedded data (no files needed)")
     d.add_argument(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+from privopt.cliargs import add_plugin_option
+
 __all__ = ["AUDIT_FAILED", "add_audit_parser"]
 
 AUDIT_FAILED = 5  # an empirical lower bound exceeds the accounted epsilon
@@ -20,7 +22,7 @@ def _cmd_audit(args) -> int:
         overrides.append(f"algorithm={args.algorithm}")
     if args.epsilon is not None:
         overrides.append(f"privacy.epsilon={args.epsilon}")
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(args.config, overrides, plugins=args.plugin)
     if args.out is not None:  # before minutes of training, not when the report is written
         check_report_dir(args.out)
     say = None if (args.quiet or args.json) else (lambda line: print(line, file=sys.stderr, flush=True))
@@ -56,6 +58,7 @@ def add_audit_parser(sub) -> None:
     )
     a.add_argument("--config", help="YAML config of the run to audit (privopt train's; defaults for missing keys)")
     a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    add_plugin_option(a)
     a.add_argument("--algorithm", help="shorthand for --set algorithm=NAME")
     a.add_argument("--epsilon", type=float, help="shorthand for --set privacy.epsilon=EPSILON (the claim audited)")
     a.add_argument(

@@ -9,7 +9,7 @@ import io
 import json
 from pathlib import Path
 
-from privopt.cliargs import DEVICES
+from privopt.cliargs import DEVICES, add_plugin_option
 from privopt.errors import DataError, PrivoptError
 
 __all__ = ["add_predict_parser"]
@@ -94,12 +94,14 @@ def _table(run, proba) -> str:
 def _cmd_predict(args) -> int:
     from privopt.api import load_run
     from privopt.checkpoint import atomic_write_text
+    from privopt.plugins import import_plugins
 
     out = Path(args.out)
     if out.exists():  # before any work: a prediction file is never replaced
         raise PrivoptError(f"--out {out} exists; give a new file name (an earlier output is never overwritten)")
     if args.labels is not None and _is_csv(Path(args.input)):
         raise PrivoptError("--labels applies to a .npy --input; a CSV file's label column gives its labels")
+    import_plugins(args.plugin)  # e.g. the run's model was registered by a plugin (its record's config names them)
     run = load_run(args.run, device=args.device)  # an unavailable device fails here, before any output
     x, y = _inputs(run, Path(args.input))
     if args.labels is not None:
@@ -132,6 +134,7 @@ def add_predict_parser(sub) -> None:
         "datasets. Writes one CSV row per record: the predicted class and one probability column p_<class> per class.",
     )
     p.add_argument("--run", required=True, metavar="RUN_DIR", help="folder of a finished run (privopt train --out)")
+    add_plugin_option(p, what="the run's record can name")
     p.add_argument(
         "--input",
         required=True,

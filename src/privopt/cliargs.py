@@ -22,6 +22,7 @@ from privopt.errors import close_name
 
 __all__ = [
     "DEVICES",
+    "add_plugin_option",
     "add_run_outputs",
     "exact_options",
     "float_list",
@@ -118,6 +119,22 @@ def add_run_outputs(
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     if quiet:
         parser.add_argument("--quiet", action="store_true", help="print nothing (outputs are still written)")
+
+
+def add_plugin_option(parser: argparse.ArgumentParser, *, what: str = "the config can name") -> None:
+    """``--plugin MODULE_OR_FILE``, repeatable: your code to import first (:mod:`privopt.plugins`).
+
+    Example:
+        >>> p = argparse.ArgumentParser(prog="x")
+        >>> add_plugin_option(p)
+        >>> p.parse_args(["--plugin", "mypkg.ext", "--plugin", "ext.py"]).plugin
+        ['mypkg.ext', 'ext.py']
+    """
+    parser.add_argument(
+        "--plugin", action="append", default=[], metavar="MODULE_OR_FILE",
+        help=f"import this module (mypkg.ext) or Python file (ext.py, from the current directory) first, so {what} "
+        "what it registers (an algorithm, model, dataset...); repeatable; config key `plugins`. It runs as your code",
+    )  # fmt: skip
 
 
 def exact_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

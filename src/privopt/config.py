@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,6 +37,8 @@ __all__ = [
     "yaml_load",
     "FILE_OPTIONS",
     "file_folders",
+    "is_plugin_file",
+    "plugin_target",
 ]
 
 # The dataset_params that name a file (dataset: csv). Read from a config file, a relative one is
@@ -189,6 +192,9 @@ class RunConfig:
     # How the hyper-parameters were chosen when that read private data (e.g. a grid search on a
     # validation split of the training data): the record says this choice is not accounted.
     hyperparameter_tuning: str | None = None
+    # User code imported before any name is looked up (privopt.plugins): module names (mypkg.ext) or
+    # .py files (from a config file: relative to its folder). Its registrations can then be named.
+    plugins: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.privacy, dict):  # RunConfig(privacy={...}) reads like the YAML it mirrors
@@ -226,6 +232,10 @@ class RunConfig:
             raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.eval_split not in ("test", "val"):
             raise ConfigError(f"eval_split must be 'test' or 'val', got {self.eval_split!r}")
+        if not isinstance(self.plugins, list) or not all(isinstance(p, str) and p.strip() for p in self.plugins):
+            raise ConfigError(
+                f"plugins must be a list of module names or .py file paths ([mypkg.ext, ext.py]), got {self.plugins!r}"
+            )
         if not isinstance(self.metrics, list):
             raise ConfigError(f"metrics must be a list of names, got {self.metrics!r}")
         for key in (
@@ -298,8 +308,11 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
     return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else problem
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
-    """Read a YAML config (or start from defaults when ``path`` is None) and apply overrides."""
+def load_config(
+    path: str | Path | None, overrides: list[str] | None = None, *, plugins: list[str] | None = None
+) -> RunConfig:
+    """Read a YAML config (or start from defaults when ``path`` is None) and apply overrides; then
+    add ``plugins`` (``--plugin``, from the current directory) that the config does not import already."""
     d: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -325,29 +338,64 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     cfg = RunConfig.from_dict(apply_overrides(d, overrides or []))
     if path is not None:
         cfg._file_folders = _file_folders(d, Path(path), overrides or [])
+    _add_plugins(cfg, plugins or [])
     return cfg
+
+
+def _relative(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip()) and not Path(value).expanduser().is_absolute()
 
 
 def _file_folders(d: dict[str, Any], path: Path, overrides: list[str]) -> dict[str, tuple[str, str]]:
     """``{option: (absolute folder of the config file, the file as given)}`` for the file options the
-    config file gives as relative paths and ``--set`` does not replace."""
-    params = d.get("dataset_params")
-    if not isinstance(params, dict):
-        return {}
+    config file gives as relative paths and ``--set`` does not replace: ``dataset_params``'
+    :data:`FILE_OPTIONS` by name, ``plugins`` files as ``plugins.INDEX``."""
     replaced = {item.split("=", 1)[0].strip() for item in overrides}
-    folder = str(path.parent.absolute())
-    out = {}
-    for key in FILE_OPTIONS:
-        value = params.get(key)
-        if not isinstance(value, str) or not value.strip() or Path(value).expanduser().is_absolute():
-            continue
-        if not replaced & {"dataset_params", f"dataset_params.{key}"}:
+    folder, out = str(path.parent.absolute()), {}
+    params = d.get("dataset_params")
+    for key in FILE_OPTIONS if isinstance(params, dict) else ():
+        if _relative(params.get(key)) and not replaced & {"dataset_params", f"dataset_params.{key}"}:
             out[key] = (folder, str(path))
+    plugins = d.get("plugins")
+    for i, entry in enumerate(plugins if isinstance(plugins, list) and "plugins" not in replaced else ()):
+        if _relative(entry) and is_plugin_file(entry):
+            out[f"plugins.{i}"] = (folder, str(path))
     return out
+
+
+def is_plugin_file(entry: str) -> bool:
+    """Whether a ``plugins`` entry names a Python file (it ends in ``.py`` or holds a ``/``), not a module.
+
+    Example:
+        >>> is_plugin_file("ext/algos.py"), is_plugin_file("mypkg.algos")
+        (True, False)
+    """
+    return entry.strip().endswith(".py") or "/" in entry or os.sep in entry
+
+
+def plugin_target(entry: str, folder: str | Path | None = None) -> str:
+    """What a ``plugins`` entry imports: a module name as given; a file's absolute path (a relative one
+    from ``folder``, by default the current directory)."""
+    if not is_plugin_file(entry):
+        return entry.strip()
+    return os.path.normpath(Path(folder or Path.cwd()).absolute() / Path(entry.strip()).expanduser())
+
+
+def _add_plugins(cfg: RunConfig, extra: list[str]) -> None:
+    """Append the ``--plugin`` entries (from the current directory) whose target the config lacks."""
+    folders = file_folders(cfg)
+    have = {plugin_target(p, folders.get(f"plugins.{i}", (None,))[0]) for i, p in enumerate(cfg.plugins)}
+    for entry in extra:
+        if not isinstance(entry, str) or not entry.strip():
+            raise ConfigError(f"--plugin takes a module name or a .py file path, got {entry!r}")
+        if plugin_target(entry) not in have:
+            have.add(plugin_target(entry))
+            cfg.plugins.append(entry.strip())
 
 
 def file_folders(cfg: RunConfig) -> dict[str, tuple[str, str]]:
     """``{option: (folder, config file)}``: the relative file options of ``cfg`` that :func:`load_config`
-    read from a config file, and the folder they are relative to (the others: the current directory).
+    read from a config file (``dataset_params``' by name, plugin files as ``plugins.INDEX``), and the
+    folder they are relative to (the others: the current directory).
     Kept on the object only, never in :meth:`RunConfig.to_dict`, so never in a record."""
     return dict(getattr(cfg, "_file_folders", None) or {})

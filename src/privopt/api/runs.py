@@ -100,7 +100,9 @@ def _model(folder: Path, record: dict[str, Any], state: dict[str, torch.Tensor])
         shape, k = tuple(int(d) for d in data["input_shape"]), int(data["num_classes"])
         net = build_model(name, input_shape=shape, num_classes=k, seed=0, **params)
     except (KeyError, TypeError, ValueError) as e:
-        raise DataError(f"{folder}: the record's model ({name!r}, {params}) cannot be rebuilt: {e}") from None
+        plugins = cfg.get("plugins") or []  # the model may be one they register: import them first
+        hint = f" (the run imported plugins {plugins}: pass them with privopt predict --plugin)" if plugins else ""
+        raise DataError(f"{folder}: the record's model ({name!r}, {params}) cannot be rebuilt: {e}{hint}") from None
     try:
         net.load_state_dict(state)
     except RuntimeError:

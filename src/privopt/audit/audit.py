@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from privopt.audit.canaries import draw_inclusion
 from privopt.audit.runner import CanaryRun, black_box_run, input_canaries, load_base, white_box_run
 from privopt.config import RunConfig
 from privopt.errors import ConfigError
+from privopt.plugins import load_plugins
 from privopt.rng import RandomSource, SecureSource
 
 __all__ = ["AuditResult", "AuditReport", "run_audit", "MODES", "METHODS"]
@@ -226,7 +227,9 @@ def run_audit(
         the ε the run accounted (a refuted privacy claim).
     """
     modes = _check_args(mode, method, canaries, runs, confidence)
-    cfg.validate()
+    # First: the config may name what they register. Their absolute paths, for the audited runs'
+    # configs (without a dataset's params, so without the config file's folder either).
+    plugins = load_plugins(cfg)
     from privopt.algorithms import get_algorithm
 
     if not get_algorithm(cfg.algorithm, **cfg.algorithm_params).private:
@@ -236,10 +239,11 @@ def run_audit(
     say = progress or (lambda line: None)
     t0 = time.perf_counter()
     base = load_base(cfg)
-    results = []
+    results, audited = [], cfg
+    cfg = replace(cfg, plugins=plugins)
     for m in modes:
         if method == "one-run":
             results.append(_one_run(cfg, base, m, canaries=canaries, confidence=confidence, rng=inclusion_rng, say=say))
         else:
             results.append(_many_run(cfg, base, m, runs=runs, confidence=confidence, rng=inclusion_rng, say=say))
-    return AuditReport(cfg.to_dict(), float(confidence), results, time.perf_counter() - t0)
+    return AuditReport(audited.to_dict(), float(confidence), results, time.perf_counter() - t0)

@@ -20,6 +20,7 @@ from privopt.config import RunConfig, file_folders
 from privopt.errors import ConfigError, DataError, ModelError
 from privopt.grads import get_engine, validate_model
 from privopt.grads.ahead import run_noise_source
+from privopt.plugins import load_plugins
 from privopt.privacy import PrivacyLedger, calibrate, check_delta_for_size, ledger_from_dict, make_ledger
 from privopt.rng import RandomSource, make_sources
 from privopt.training.metrics import RunMetric, build_loss, get_run_metrics
@@ -61,6 +62,7 @@ class Run:
     released: dict[str, Any] = field(default_factory=dict)  # released statistics (e.g. the feature mean)
     logit_offsets: torch.Tensor | None = None  # the logit adjustment's τ·log π (privopt.data.class_prior)
     data_files: dict[str, str] = field(default_factory=dict)  # absolute paths read (checkpoint only: machine paths)
+    plugins: list[str] = field(default_factory=list)  # the plugins imported (likewise: absolute file paths)
 
     @property
     def predictor(self) -> nn.Module:
@@ -346,6 +348,7 @@ def build_run(
     comm: Any = None,
     released: Any = None,
     data_files: dict | None = None,
+    plugins: list[str] | None = None,
 ) -> Run:
     """Everything a run needs, validated, from ``cfg`` (and your own ``dataset``/``model``/``loss``).
 
@@ -354,7 +357,9 @@ def build_run(
     ledger instead of a new one (and ``released`` the statistics it released), so the algorithm is set up with
     the ledger it will record into. ``comm`` (a :class:`privopt.distributed.Communicator`, under torchrun) makes
     this process one client of a federated run (algorithms with ``clients``; docs/algorithms/sosp.md).
-    ``data_files`` (a resumed run's checkpoint's): the files it read."""
+    ``data_files`` and ``plugins`` (a resumed run's checkpoint's): the files it read and the plugins it
+    imported (first of all: they register the names the config looks up)."""
+    imported = load_plugins(cfg, plugins) if isinstance(cfg, RunConfig) else []
     cfg = stated_config(cfg, loss=loss, dataset=dataset)
     algo = get_algorithm(cfg.algorithm, **cfg.algorithm_params)
     engine = get_engine(cfg.engine)  # a bad name fails before any data is loaded
@@ -386,5 +391,5 @@ def build_run(
         cfg=cfg, data=data, model=net, loss_fn=loss_fn, algo=algo, ctx=ctx, sources=sources, ledger=ledger,
         inventory=inventory, calibration=calibration, metrics=metrics, total=int(algo.num_steps()),
         provenance=_provenance(dataset=dataset, model=model, loss=loss), released=now, logit_offsets=offsets,
-        data_files=files,
+        data_files=files, plugins=imported,
     )  # fmt: skip

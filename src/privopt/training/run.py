@@ -213,6 +213,7 @@ class _Session:
             "elapsed_s": record["wall_time_s"],
             "provenance": self.provenance,
             "data_files": run.data_files,  # absolute paths: a resume reads the same files from any directory
+            "plugins": run.plugins,  # likewise: a resume imports the same plugin files
             "record": record,
             "diagnostics": diagnostics,
         }
@@ -466,6 +467,7 @@ def _resume(cfg, out: Path, *, dataset, model, loss, allow_version_change, progr
         changes = check_versions(ckpt, published=_published(out), allow_change=allow_version_change)
         state = dict(ledger_state=ckpt["ledger"], released=ckpt["record"].get("released"))
         state["data_files"] = ckpt.get("data_files")  # a checkpoint of an earlier privopt: none (current directory)
+        state["plugins"] = ckpt.get("plugins")
         with recorded_threads(ckpt):  # before the run is built: its noise thread takes the count too
             run = build_run(run_cfg, dataset=dataset, model=model, loss=loss, **state)
             verify(ckpt, run)
