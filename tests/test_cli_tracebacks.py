@@ -15,7 +15,7 @@ import warnings
 import pytest
 from torch import nn
 
-import privopt.cli as cli
+import privopt.cli_list as cli_list
 from jobs_helpers import SECRET, leak_in_worker, warn_in_worker
 from privopt.cli import main
 from privopt.errors import DEBUG_ENV, DataError, PrivoptWarning, public_reason
@@ -88,7 +88,7 @@ def _patch_command(monkeypatch, name: str, fn) -> None:
         fn()
         return 0
 
-    monkeypatch.setattr(cli, name, command)
+    monkeypatch.setattr(cli_list, name, command)
 
 
 def test_a_foreign_error_in_any_command_is_one_line_and_exit_4(capsys, monkeypatch):
