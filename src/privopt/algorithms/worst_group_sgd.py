@@ -8,7 +8,7 @@ for every group) and takes a projected step along the noisy mean of per-sample c
   training set at ``w_t``, released with Laplace noise (``λ_i ∝ λ_i·exp(η_λ·L̂_i)``);
 * AGS picks ``i_t = argmax_i L̂_i`` by report-noisy-max over the same group losses.
 
-Privacy (``docs/algorithms/worst_group.md``, "Noisy-SGD-MGR / AGS"): the gradient of a step is
+Privacy (``docs/algorithms/worst_group.md``, "Noisy-SGD-MGR"): the gradient of a step is
 a Poisson(q)-subsampled Gaussian for the records of the chosen group and independent of the
 others; it is accounted as a Poisson(q) Gaussian for EVERY record (the group choice gives no
 amplification one may rely on). The group losses are clamped to ``[0, B]``: one record moves one

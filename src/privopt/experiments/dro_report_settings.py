@@ -1,6 +1,6 @@
 """The settings part of Paper A's reproduction reports: models, weight caps, tuned hyper-parameters.
 
-See ``docs/algorithms/dro.md`` ("Protocol of the reproductions").
+See ``docs/algorithms/dro.md`` ("Reproducing Paper A").
 """
 
 from __future__ import annotations
