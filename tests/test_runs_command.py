@@ -1,0 +1,174 @@
+"""`privopt runs` / `privopt.compare_runs`: a sweep's run records side by side."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+
+import pytest
+
+from privopt.api import compare_runs
+from privopt.cli import main
+
+SWEEP = {"eps1": (1.0, 0.1), "eps4": (4.0, 0.4), "eps2": (2.0, 0.2)}  # name: (epsilon, lr)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """Three tiny seeded DP-SGD runs on digits (one epoch each), of different ε and lr."""
+    root = tmp_path_factory.mktemp("sweep")
+    for name, (eps, lr) in SWEEP.items():
+        argv = ["train", "--out", str(root / name), "--insecure-seed", "0", "--quiet"]
+        argv += ["--set", "algorithm_params.epochs=1", "--set", f"privacy.epsilon={eps}"]
+        argv += ["--set", f"algorithm_params.lr={lr}", "--set", "plots=false"]
+        assert main(argv) == 0
+    return root
+
+
+def run(capsys, argv):
+    try:
+        code = main(["runs", *map(str, argv)])
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def records(root):
+    return {p.name: json.loads((p / "record.json").read_text()) for p in sorted(root.iterdir())}
+
+
+def test_the_table_shows_one_row_per_run_and_only_the_differing_hyperparameters(sweep, capsys):
+    code, out, err = run(capsys, [sweep])
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    header = lines[0].split()
+    assert header[:8] == ["run", "algorithm", "model", "dataset", "epsilon", "delta", "status", "lr"]
+    assert "momentum" not in header and "batch_size" not in header  # the same in every run
+    assert header[8:] == ["test_accuracy", "test_balanced_accuracy", "wall_time_s"]
+    rows = [line.split() for line in lines[1:4]]
+    assert [r[0] for r in rows] == ["eps1", "eps2", "eps4"]  # found in name order
+    assert [(r[4], r[7]) for r in rows] == [("1*", "0.1"), ("2*", "0.2"), ("4*", "0.4")]
+    assert all(r[1:4] == ["dp-sgd", "mlp", "digits"] and r[6] == "finished" for r in rows)
+    recs = records(sweep)
+    assert [r[8] for r in rows] == [f"{recs[n]['metrics']['test_accuracy']:.4f}" for n in ("eps1", "eps2", "eps4")]
+    assert lines[4].startswith("* noise and sampling seeded by --insecure-seed: NOT private")
+
+
+def test_sort_and_json(sweep, capsys):
+    code, out, _ = run(capsys, [sweep, "--sort", "test_accuracy", "--reverse", "--json"])
+    rows = json.loads(out)
+    assert code == 0 and len(rows) == 3
+    accs = [r["test_accuracy"] for r in rows]
+    assert accs == sorted(accs, reverse=True)
+    recs = records(sweep)
+    for r in rows:
+        rec = recs[r["run"]]
+        assert r["epsilon"] == rec["privacy"]["epsilon_guarantee"] and r["delta"] == 1e-5
+        assert r["lr"] == SWEEP[r["run"]][1] and r["insecure_seed"] == 0 and r["private"] is True
+        assert "momentum" not in r
+    code, out, _ = run(capsys, [sweep, "--sort", "epsilon", "--json"])
+    assert [r["run"] for r in json.loads(out)] == ["eps1", "eps2", "eps4"]
+    code, _, err = run(capsys, [sweep, "--sort", "momentum"])
+    assert code == 2 and err.startswith("privopt: error: cannot sort by 'momentum': the columns are run, algorithm")
+
+
+def test_csv_markdown_and_plot_files(sweep, capsys, tmp_path):
+    out = {k: tmp_path / f"t.{k}" for k in ("csv", "md", "png")}
+    argv = [sweep, "--sort", "epsilon", "--csv", out["csv"], "--markdown", out["md"], "--plot", out["png"]]
+    code, printed, _ = run(capsys, argv)
+    assert code == 0 and printed.startswith("run ")
+    table = list(csv.DictReader(io.StringIO(out["csv"].read_text())))
+    assert [r["run"] for r in table] == ["eps1", "eps2", "eps4"]
+    first = ["run", "algorithm", "model", "dataset", "epsilon", "delta", "status", "lr"]
+    assert list(table[0]) == [*first, "test_accuracy", "test_balanced_accuracy", "wall_time_s", "insecure_seed"]
+    recs = records(sweep)
+    assert float(table[2]["test_accuracy"]) == recs["eps4"]["metrics"]["test_accuracy"]  # unrounded
+    assert table[0]["insecure_seed"] == "0" and float(table[1]["lr"]) == 0.2
+    md = out["md"].read_text().splitlines()
+    assert md[0].startswith("| run | algorithm | model | dataset | epsilon | delta | status | lr |")
+    assert md[1].startswith("|---|") and md[2].startswith("| eps1 | dp-sgd | mlp | digits | 1\\* | 1e-05 | finished |")
+    assert md[-1].startswith("\\* noise and sampling seeded")
+    assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # an existing output is refused before anything is written
+    new = tmp_path / "new.csv"
+    code, _, err = run(capsys, [sweep, "--csv", new, "--markdown", out["md"]])
+    assert code == 2 and f"--markdown {out['md']} exists" in err and not new.exists()
+
+
+def test_a_metric_column_and_its_plot(sweep, capsys, tmp_path):
+    code, out, _ = run(capsys, [sweep, "--metric", "test_roc_auc", "--plot", tmp_path / "auc.png"])
+    assert code == 0 and out.splitlines()[0].split()[-2:] == ["test_roc_auc", "wall_time_s"]
+    assert (tmp_path / "auc.png").is_file()
+    code, _, err = run(capsys, [sweep, "--metric", "test_nope", "--plot", tmp_path / "x.png"])
+    assert code == 2 and "no run has the metric 'test_nope'; the runs' test metrics are test_accuracy" in err
+    assert not (tmp_path / "x.png").exists()
+
+
+@pytest.fixture
+def messy(sweep, tmp_path):
+    """A parent folder: two runs one level down, one two levels down, a paused and a failed run, a folder
+    without a record and a corrupt record."""
+    for name in ("eps1", "eps2"):
+        shutil.copytree(sweep / name, tmp_path / name)
+    shutil.copytree(sweep / "eps4", tmp_path / "more" / "eps4")
+    for name, status in (("paused", "paused"), ("failed", "failed")):
+        rec = json.loads((sweep / "eps1" / "record.json").read_text())
+        rec.update(status=status, reason="diverged" if status == "failed" else None, privopt_version="0.0.9")
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "record.json").write_text(json.dumps(rec))
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "corrupt").mkdir()
+    (tmp_path / "corrupt" / "record.json").write_text('{"config": ')
+    return tmp_path
+
+
+def test_skipped_corrupt_paused_and_failed_runs(messy, capsys):
+    code, out, err = run(capsys, [messy, "--json"])
+    assert code == 0
+    rows = {r["run"]: r for r in json.loads(out)}
+    assert sorted(rows) == ["eps1", "eps2", "failed", "more/eps4", "paused"]
+    assert rows["paused"]["status"] == "paused" and rows["failed"]["reason"] == "diverged"
+    assert err.splitlines() == [
+        f"privopt: skipped unreadable record {messy / 'corrupt' / 'record.json'}: not valid JSON",
+        "privopt: skipped 1 folder without a record.json",
+    ]
+    code, out, _ = run(capsys, [messy])
+    header = out.splitlines()[0].split()
+    assert header[-1] == "privopt_version"  # mixed versions: still shown, and the column says so
+    statuses = {line.split()[0]: line.split()[6] for line in out.splitlines()[1:6]}
+    assert statuses == {"eps1": "finished", "eps2": "finished", "failed": "failed", "more/eps4": "finished",
+                        "paused": "paused"}  # fmt: skip
+
+
+def test_run_folders_given_one_by_one_and_duplicates(sweep, capsys):
+    code, out, _ = run(capsys, [sweep / "eps2", sweep / "eps1" / "record.json", sweep, "--json"])
+    assert code == 0 and [r["run"] for r in json.loads(out)] == ["eps2", "eps1", "eps4"]
+
+
+def test_no_runs_is_a_clear_error(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    code, out, err = run(capsys, [tmp_path / "empty", "--csv", tmp_path / "t.csv"])
+    assert (code, out) == (2, "") and not (tmp_path / "t.csv").exists()
+    said = f"privopt: error: no readable run record in {tmp_path / 'empty'} (a run folder holds record.json)"
+    assert err.strip() == said
+    code, _, err = run(capsys, [tmp_path / "nope"])
+    assert code == 2 and "nope is not a run folder, a record.json or a folder holding runs" in err
+    code, _, err = run(capsys, [])
+    assert code == 2 and "the following arguments are required: DIR" in err
+
+
+def test_it_reads_only_the_records(sweep, monkeypatch):
+    opened = []
+    real = io.open
+
+    def spy(file, *a, **kw):
+        opened.append(str(file))
+        return real(file, *a, **kw)
+
+    monkeypatch.setattr(io, "open", spy)
+    table = compare_runs([sweep])
+    assert len(table.rows) == 3
+    assert opened and all(path.endswith("record.json") for path in opened), opened
