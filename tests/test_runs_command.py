@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import shutil
 
 import pytest
@@ -34,6 +35,18 @@ def run(capsys, argv):
         code = e.code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def table_rows(out):
+    """The printed table's rows as dicts, cut at the header's column positions (a cell may be empty)."""
+    lines = out.splitlines()
+    names, starts = lines[0].split(), [m.start() for m in re.finditer(r"\S+", lines[0])]
+    rows = []
+    for line in lines[1:]:
+        if line.startswith("* "):  # the footnote
+            break
+        rows.append({n: line[a:b].strip() for n, a, b in zip(names, starts, [*starts[1:], None])})
+    return rows
 
 
 def records(root):
@@ -114,33 +127,56 @@ def messy(sweep, tmp_path):
     for name in ("eps1", "eps2"):
         shutil.copytree(sweep / name, tmp_path / name)
     shutil.copytree(sweep / "eps4", tmp_path / "more" / "eps4")
-    for name, status in (("paused", "paused"), ("failed", "failed")):
-        rec = json.loads((sweep / "eps1" / "record.json").read_text())
-        rec.update(status=status, reason="diverged" if status == "failed" else None, privopt_version="0.0.9")
+    base = json.loads((sweep / "eps1" / "record.json").read_text())
+    edits = {
+        "paused": {"status": "paused", "privopt_version": "0.0.9"},
+        "failed": {"status": "failed", "reason": "diverged"},
+        "nonpriv": {"privacy": {"private": False, "epsilon_spent": None, "delta": None},
+                    "metrics": {"test_accuracy": 0.9, "test_worst_group_accuracy": 0.5}},
+        "odd": {"wall_time_s": "abc", "randomness": [], "metrics": {"test_accuracy": "n/a"}, "hyperparameters": 3},
+    }  # fmt: skip
+    for name, edit in edits.items():
         (tmp_path / name).mkdir()
-        (tmp_path / name / "record.json").write_text(json.dumps(rec))
+        (tmp_path / name / "record.json").write_text(json.dumps({**base, **edit}))
     (tmp_path / "notes").mkdir()
     (tmp_path / "corrupt").mkdir()
     (tmp_path / "corrupt" / "record.json").write_text('{"config": ')
     return tmp_path
 
 
-def test_skipped_corrupt_paused_and_failed_runs(messy, capsys):
+def test_skipped_corrupt_paused_failed_and_odd_runs(messy, capsys, tmp_path_factory):
     code, out, err = run(capsys, [messy, "--json"])
     assert code == 0
     rows = {r["run"]: r for r in json.loads(out)}
-    assert sorted(rows) == ["eps1", "eps2", "failed", "more/eps4", "paused"]
+    assert sorted(rows) == ["eps1", "eps2", "failed", "more/eps4", "nonpriv", "odd", "paused"]
     assert rows["paused"]["status"] == "paused" and rows["failed"]["reason"] == "diverged"
+    assert rows["nonpriv"]["epsilon"] is None and rows["nonpriv"]["private"] is False
     assert err.splitlines() == [
         f"privopt: skipped unreadable record {messy / 'corrupt' / 'record.json'}: not valid JSON",
         "privopt: skipped 1 folder without a record.json",
     ]
-    code, out, _ = run(capsys, [messy])
+    png = tmp_path_factory.mktemp("plot") / "acc.png"
+    code, out, err = run(capsys, [messy, "--sort", "test_accuracy", "--plot", png])
+    assert code == 0 and png.is_file()
+    assert "privopt: the plot leaves out 2 run(s) without an epsilon or the metric" in err  # nonpriv, odd
     header = out.splitlines()[0].split()
-    assert header[-1] == "privopt_version"  # mixed versions: still shown, and the column says so
-    statuses = {line.split()[0]: line.split()[6] for line in out.splitlines()[1:6]}
-    assert statuses == {"eps1": "finished", "eps2": "finished", "failed": "failed", "more/eps4": "finished",
-                        "paused": "paused"}  # fmt: skip
+    assert header[-3:] == ["test_worst_group_accuracy", "wall_time_s", "privopt_version"]  # mixed versions: shown
+    cells = {r["run"]: r for r in table_rows(out)}
+    assert list(cells)[-2:] == ["nonpriv", "odd"]  # numbers, then text
+    assert {name: c["status"] for name, c in cells.items()} == {
+        "eps1": "finished", "eps2": "finished", "failed": "failed", "more/eps4": "finished", "paused": "paused",
+        "nonpriv": "finished", "odd": "finished",
+    }  # fmt: skip
+    assert (cells["nonpriv"]["epsilon"], cells["nonpriv"]["delta"], cells["nonpriv"]["test_worst_group_accuracy"]) == (
+        "non-private",
+        "",
+        "0.5000",
+    )
+    assert (cells["odd"]["test_accuracy"], cells["odd"]["wall_time_s"], cells["paused"]["privopt_version"]) == (
+        "n/a",
+        "abc",
+        "0.0.9",
+    )
 
 
 def test_run_folders_given_one_by_one_and_duplicates(sweep, capsys):

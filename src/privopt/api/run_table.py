@@ -80,7 +80,7 @@ class RunTable:
         Raises:
             DataError: no run has both an ε and ``metric``.
         """
-        points = [r for r in self.rows if r["epsilon"] is not None and isinstance(r.get(metric), (int, float))]
+        points = [r for r in self.rows if _number(r["epsilon"]) and r["epsilon"] > 0 and _number(r.get(metric))]
         if not points:
             raise DataError(f"nothing to plot: no run has both an epsilon (a private run) and {metric}")
         series: dict[str, tuple[list[float], list[float]]] = {}
@@ -100,22 +100,24 @@ def _plain(value: Any) -> Any:
     return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _cell(row: dict[str, Any], key: str) -> str:
     value = row.get(key)
-    if key == "epsilon":
-        if not row.get("private"):
-            return "non-private"
-        text = "" if value is None else f"{value:.4g}"
-        return text + ("*" if row.get("insecure_seed") is not None else "")
+    if key == "epsilon" and not row.get("private"):
+        return "non-private"
+    seeded = "*" if key == "epsilon" and row.get("insecure_seed") is not None else ""
     if value is None:
-        return ""
+        return seeded
+    if not _number(value):  # text, a flag, a list: as written (a hand-edited record may hold anything)
+        return str(_plain(value)) + seeded
     if key == "wall_time_s":
         return f"{value:.1f}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(_plain(value))
-    if isinstance(value, float) and (key in SCORES or key.startswith("test_")):
+    if isinstance(value, float) and key.startswith("test_"):
         return f"{value:.4f}"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    return (f"{value:.4g}" if isinstance(value, float) else str(value)) + seeded
 
 
 def _subdirs(folder: Path) -> list[Path]:
@@ -174,10 +176,13 @@ def _read(record_path: Path) -> dict[str, Any]:
     return record
 
 
+def _section(record: dict[str, Any], key: str) -> dict[str, Any]:
+    return record[key] if isinstance(record.get(key), dict) else {}
+
+
 def _row(name: str, record_path: Path, record: dict[str, Any]) -> dict[str, Any]:
-    priv = record.get("privacy") if isinstance(record.get("privacy"), dict) else {}
-    metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
-    private = bool(priv.get("private"))
+    priv, metrics, seed = (_section(record, k) for k in ("privacy", "metrics", "randomness"))
+    private = priv.get("private") is True
     return {
         "run": name,
         "algorithm": record.get("algorithm"),
@@ -190,10 +195,10 @@ def _row(name: str, record_path: Path, record: dict[str, Any]) -> dict[str, Any]
         "wall_time_s": record.get("wall_time_s"),
         "path": str(record_path.parent),
         "private": private,
-        "insecure_seed": (record.get("randomness") or {}).get("insecure_seed"),
+        "insecure_seed": seed.get("insecure_seed"),
         "reason": record.get("reason"),
         "privopt_version": record.get("privopt_version"),
-        "_hp": record.get("hyperparameters") if isinstance(record.get("hyperparameters"), dict) else {},
+        "_hp": _section(record, "hyperparameters"),
     }
 
 
