@@ -31,8 +31,9 @@ class RunTable:
     """The runs found by :func:`compare_runs`.
 
     Attributes:
-        rows: one dict per run, in table order: the ``columns`` plus ``path``, ``private``,
-            ``insecure_seed``, ``reason`` (why a run failed) and ``privopt_version``.
+        rows: one dict per run, in table order: the ``columns`` plus every ``test_*`` metric of the
+            record, ``path``, ``private``, ``insecure_seed``, ``reason`` (why a run failed) and
+            ``privopt_version``.
         columns: the keys the table shows: run, algorithm, model, dataset, epsilon (the guarantee;
             ``None`` for a non-private run), delta, status, the hyper-parameters whose values differ
             between the runs, the test metrics present, wall_time_s (and privopt_version when it differs).
