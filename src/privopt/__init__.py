@@ -1,16 +1,17 @@
 """privopt: differentially private optimization of robust and non-convex objectives on PyTorch.
 
 ``privopt.PrivacyEngine`` (DP-SGD in your own training loop), ``privopt.fit`` (any algorithm in
-one call) and ``privopt.load_run`` (a finished run's released model, to predict with) are imported
-on first use, so ``import privopt`` (and the CLI's ``--help``) stays fast.
+one call), ``privopt.load_run`` (a finished run's released model, to predict with) and
+``privopt.compare_runs`` (a sweep's runs side by side) are imported on first use, so
+``import privopt`` (and the CLI's ``--help``) stays fast.
 See ``docs/api.md``.
 """
 
 __version__ = "0.1.0"
 
-_LAZY = {"PrivacyEngine": "privopt.api", "fit": "privopt.api", "load_run": "privopt.api"}
+_LAZY = dict.fromkeys(("PrivacyEngine", "compare_runs", "fit", "load_run"), "privopt.api")
 
-__all__ = ["PrivacyEngine", "__version__", "fit", "load_run"]
+__all__ = ["PrivacyEngine", "__version__", "compare_runs", "fit", "load_run"]
 
 
 def __getattr__(name: str):

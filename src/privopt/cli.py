@@ -1,4 +1,4 @@
-"""The ``privopt`` command line: train, predict, account, audit, list, demo, bench, reproduce."""
+"""The ``privopt`` command line: train, predict, account, audit, list, runs, demo, bench, reproduce."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from privopt.cli_audit import add_audit_parser
 from privopt.cli_bench import add_bench_parser
 from privopt.cli_list import add_list_parser
 from privopt.cli_predict import add_predict_parser
+from privopt.cli_runs import add_runs_parser
 from privopt.cliargs import (
     DEVICES,
     add_plugin_option,
@@ -293,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_audit_parser(sub)
 
     add_list_parser(sub)
+    add_runs_parser(sub)
 
     d = sub.add_parser("demo", help="the main job on embedded data (no files needed)")
     d.add_argument(
@@ -366,7 +368,7 @@ def _add_reproduce_parser(sub) -> None:
 
 
 DESCRIPTION = (
-    "Differentially private optimisation on PyTorch: train, predict, account, audit, list, demo, bench, reproduce."
+    "Differentially private optimisation (PyTorch): train, predict, account, audit, list, runs, demo, bench, reproduce."
 )
 EXIT_CODES = """exit codes: 0 done; 2 a user error (one-line message, nothing half-written); 3 privacy budget
 exhausted; 4 the run failed (e.g. diverged, or an error raised by torch or your code: only its type and

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -60,15 +61,23 @@ def plot_series(
     ylabel: str,
     title: str = "",
     logy: bool = False,
+    logx: bool = False,
+    marker: str | None = None,
 ) -> None:
-    """One line per label: ``series[label] = (xs, ys)``."""
+    """One line per label: ``series[label] = (xs, ys)`` (``marker``: a matplotlib marker on each point)."""
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for label, (xs, ys) in series.items():
-        ax.plot(list(xs), list(ys), label=label)
+        ax.plot(list(xs), list(ys), label=label, marker=marker)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if logy:
         ax.set_yscale("log")
+    if logx:
+        ax.set_xscale("log")
+        ticks = sorted({float(x) for xs, _ in series.values() for x in xs})
+        if len(ticks) <= 12:  # the values plotted, as written (not 2x10^0)
+            ax.set_xticks(ticks, labels=[f"{x:.3g}" for x in ticks])
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     if title:
         ax.set_title(title)
     ax.grid(alpha=0.3)

@@ -1,0 +1,210 @@
+"""`privopt runs` / `privopt.compare_runs`: a sweep's run records side by side."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import shutil
+
+import pytest
+
+from privopt.api import compare_runs
+from privopt.cli import main
+
+SWEEP = {"eps1": (1.0, 0.1), "eps4": (4.0, 0.4), "eps2": (2.0, 0.2)}  # name: (epsilon, lr)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """Three tiny seeded DP-SGD runs on digits (one epoch each), of different ε and lr."""
+    root = tmp_path_factory.mktemp("sweep")
+    for name, (eps, lr) in SWEEP.items():
+        argv = ["train", "--out", str(root / name), "--insecure-seed", "0", "--quiet"]
+        argv += ["--set", "algorithm_params.epochs=1", "--set", f"privacy.epsilon={eps}"]
+        argv += ["--set", f"algorithm_params.lr={lr}", "--set", "plots=false"]
+        assert main(argv) == 0
+    return root
+
+
+def run(capsys, argv):
+    try:
+        code = main(["runs", *map(str, argv)])
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def table_rows(out):
+    """The printed table's rows as dicts, cut at the header's column positions (a cell may be empty)."""
+    lines = out.splitlines()
+    names, starts = lines[0].split(), [m.start() for m in re.finditer(r"\S+", lines[0])]
+    rows = []
+    for line in lines[1:]:
+        if line.startswith("* "):  # the footnote
+            break
+        rows.append({n: line[a:b].strip() for n, a, b in zip(names, starts, [*starts[1:], None])})
+    return rows
+
+
+def records(root):
+    return {p.name: json.loads((p / "record.json").read_text()) for p in sorted(root.iterdir())}
+
+
+def test_the_table_shows_one_row_per_run_and_only_the_differing_hyperparameters(sweep, capsys):
+    code, out, err = run(capsys, [sweep])
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    header = lines[0].split()
+    assert header[:8] == ["run", "algorithm", "model", "dataset", "epsilon", "delta", "status", "lr"]
+    assert "momentum" not in header and "batch_size" not in header  # the same in every run
+    assert header[8:] == ["test_accuracy", "test_balanced_accuracy", "wall_time_s"]
+    rows = [line.split() for line in lines[1:4]]
+    assert [r[0] for r in rows] == ["eps1", "eps2", "eps4"]  # found in name order
+    assert [(r[4], r[7]) for r in rows] == [("1*", "0.1"), ("2*", "0.2"), ("4*", "0.4")]
+    assert all(r[1:4] == ["dp-sgd", "mlp", "digits"] and r[6] == "finished" for r in rows)
+    recs = records(sweep)
+    assert [r[8] for r in rows] == [f"{recs[n]['metrics']['test_accuracy']:.4f}" for n in ("eps1", "eps2", "eps4")]
+    assert lines[4].startswith("* noise and sampling seeded by --insecure-seed: NOT private")
+
+
+def test_sort_and_json(sweep, capsys):
+    code, out, _ = run(capsys, [sweep, "--sort", "test_accuracy", "--reverse", "--json"])
+    rows = json.loads(out)
+    assert code == 0 and len(rows) == 3
+    accs = [r["test_accuracy"] for r in rows]
+    assert accs == sorted(accs, reverse=True)
+    recs = records(sweep)
+    for r in rows:
+        rec = recs[r["run"]]
+        assert r["epsilon"] == rec["privacy"]["epsilon_guarantee"] and r["delta"] == 1e-5
+        assert r["lr"] == SWEEP[r["run"]][1] and r["insecure_seed"] == 0 and r["private"] is True
+        assert "momentum" not in r
+    code, out, _ = run(capsys, [sweep, "--sort", "epsilon", "--json"])
+    assert [r["run"] for r in json.loads(out)] == ["eps1", "eps2", "eps4"]
+    code, _, err = run(capsys, [sweep, "--sort", "momentum"])
+    assert code == 2 and err.startswith("privopt: error: cannot sort by 'momentum': the columns are run, algorithm")
+
+
+def test_csv_markdown_and_plot_files(sweep, capsys, tmp_path):
+    out = {k: tmp_path / f"t.{k}" for k in ("csv", "md", "png")}
+    argv = [sweep, "--sort", "epsilon", "--csv", out["csv"], "--markdown", out["md"], "--plot", out["png"]]
+    code, printed, _ = run(capsys, argv)
+    assert code == 0 and printed.startswith("run ")
+    table = list(csv.DictReader(io.StringIO(out["csv"].read_text())))
+    assert [r["run"] for r in table] == ["eps1", "eps2", "eps4"]
+    first = ["run", "algorithm", "model", "dataset", "epsilon", "delta", "status", "lr"]
+    assert list(table[0]) == [*first, "test_accuracy", "test_balanced_accuracy", "wall_time_s", "insecure_seed"]
+    recs = records(sweep)
+    assert float(table[2]["test_accuracy"]) == recs["eps4"]["metrics"]["test_accuracy"]  # unrounded
+    assert table[0]["insecure_seed"] == "0" and float(table[1]["lr"]) == 0.2
+    md = out["md"].read_text().splitlines()
+    assert md[0].startswith("| run | algorithm | model | dataset | epsilon | delta | status | lr |")
+    assert md[1].startswith("|---|") and md[2].startswith("| eps1 | dp-sgd | mlp | digits | 1\\* | 1e-05 | finished |")
+    assert md[-1].startswith("\\* noise and sampling seeded")
+    assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # an existing output is refused before anything is written
+    new = tmp_path / "new.csv"
+    code, _, err = run(capsys, [sweep, "--csv", new, "--markdown", out["md"]])
+    assert code == 2 and f"--markdown {out['md']} exists" in err and not new.exists()
+
+
+def test_a_metric_column_and_its_plot(sweep, capsys, tmp_path):
+    code, out, _ = run(capsys, [sweep, "--metric", "test_roc_auc", "--plot", tmp_path / "auc.png"])
+    assert code == 0 and out.splitlines()[0].split()[-2:] == ["test_roc_auc", "wall_time_s"]
+    assert (tmp_path / "auc.png").is_file()
+    code, _, err = run(capsys, [sweep, "--metric", "test_nope", "--plot", tmp_path / "x.png"])
+    assert code == 2 and "no run has the metric 'test_nope'; the runs' test metrics are test_accuracy" in err
+    assert not (tmp_path / "x.png").exists()
+
+
+@pytest.fixture
+def messy(sweep, tmp_path):
+    """A parent folder: two runs one level down, one two levels down, a paused and a failed run, a folder
+    without a record and a corrupt record."""
+    for name in ("eps1", "eps2"):
+        shutil.copytree(sweep / name, tmp_path / name)
+    shutil.copytree(sweep / "eps4", tmp_path / "more" / "eps4")
+    base = json.loads((sweep / "eps1" / "record.json").read_text())
+    edits = {
+        "paused": {"status": "paused", "privopt_version": "0.0.9"},
+        "failed": {"status": "failed", "reason": "diverged"},
+        "nonpriv": {"privacy": {"private": False, "epsilon_spent": None, "delta": None},
+                    "metrics": {"test_accuracy": 0.9, "test_worst_group_accuracy": 0.5}},
+        "odd": {"wall_time_s": "abc", "randomness": [], "metrics": {"test_accuracy": "n/a"}, "hyperparameters": 3},
+    }  # fmt: skip
+    for name, edit in edits.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "record.json").write_text(json.dumps({**base, **edit}))
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "corrupt").mkdir()
+    (tmp_path / "corrupt" / "record.json").write_text('{"config": ')
+    return tmp_path
+
+
+def test_skipped_corrupt_paused_failed_and_odd_runs(messy, capsys, tmp_path_factory):
+    code, out, err = run(capsys, [messy, "--json"])
+    assert code == 0
+    rows = {r["run"]: r for r in json.loads(out)}
+    assert sorted(rows) == ["eps1", "eps2", "failed", "more/eps4", "nonpriv", "odd", "paused"]
+    assert rows["paused"]["status"] == "paused" and rows["failed"]["reason"] == "diverged"
+    assert rows["nonpriv"]["epsilon"] is None and rows["nonpriv"]["private"] is False
+    assert err.splitlines() == [
+        f"privopt: skipped unreadable record {messy / 'corrupt' / 'record.json'}: not valid JSON",
+        "privopt: skipped 1 folder without a record.json",
+    ]
+    png = tmp_path_factory.mktemp("plot") / "acc.png"
+    code, out, err = run(capsys, [messy, "--sort", "test_accuracy", "--plot", png])
+    assert code == 0 and png.is_file()
+    assert "privopt: the plot leaves out 2 run(s) without an epsilon or the metric" in err  # nonpriv, odd
+    header = out.splitlines()[0].split()
+    assert header[-3:] == ["test_worst_group_accuracy", "wall_time_s", "privopt_version"]  # mixed versions: shown
+    cells = {r["run"]: r for r in table_rows(out)}
+    assert list(cells)[-2:] == ["nonpriv", "odd"]  # numbers, then text
+    assert {name: c["status"] for name, c in cells.items()} == {
+        "eps1": "finished", "eps2": "finished", "failed": "failed", "more/eps4": "finished", "paused": "paused",
+        "nonpriv": "finished", "odd": "finished",
+    }  # fmt: skip
+    assert (cells["nonpriv"]["epsilon"], cells["nonpriv"]["delta"], cells["nonpriv"]["test_worst_group_accuracy"]) == (
+        "non-private",
+        "",
+        "0.5000",
+    )
+    assert (cells["odd"]["test_accuracy"], cells["odd"]["wall_time_s"], cells["paused"]["privopt_version"]) == (
+        "n/a",
+        "abc",
+        "0.0.9",
+    )
+
+
+def test_run_folders_given_one_by_one_and_duplicates(sweep, capsys):
+    code, out, _ = run(capsys, [sweep / "eps2", sweep / "eps1" / "record.json", sweep, "--json"])
+    assert code == 0 and [r["run"] for r in json.loads(out)] == ["eps2", "eps1", "eps4"]
+
+
+def test_no_runs_is_a_clear_error(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    code, out, err = run(capsys, [tmp_path / "empty", "--csv", tmp_path / "t.csv"])
+    assert (code, out) == (2, "") and not (tmp_path / "t.csv").exists()
+    said = f"privopt: error: no readable run record in {tmp_path / 'empty'} (a run folder holds record.json)"
+    assert err.strip() == said
+    code, _, err = run(capsys, [tmp_path / "nope"])
+    assert code == 2 and "nope is not a run folder, a record.json or a folder holding runs" in err
+    code, _, err = run(capsys, [])
+    assert code == 2 and "the following arguments are required: DIR" in err
+
+
+def test_it_reads_only_the_records(sweep, monkeypatch):
+    opened = []
+    real = io.open
+
+    def spy(file, *a, **kw):
+        opened.append(str(file))
+        return real(file, *a, **kw)
+
+    monkeypatch.setattr(io, "open", spy)
+    table = compare_runs([sweep])
+    assert len(table.rows) == 3
+    assert opened and all(path.endswith("record.json") for path in opened), opened
