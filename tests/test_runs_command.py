@@ -208,3 +208,26 @@ def test_it_reads_only_the_records(sweep, monkeypatch):
     table = compare_runs([sweep])
     assert len(table.rows) == 3
     assert opened and all(path.endswith("record.json") for path in opened), opened
+
+
+def test_config_settings_that_differ_get_a_column_and_shared_ones_do_not(tmp_path):
+    from privopt.api.run_table import compare_runs
+
+    for seed, hidden in ((0, 8), (1, 8)):
+        d = tmp_path / f"s{seed}"
+        d.mkdir()
+        record = {
+            "config": {"seed": seed, "model_params": {"hidden": hidden}, "device": f"cuda:{seed}", "data_dir": None},
+            "algorithm": "sgd",
+            "hyperparameters": {"lr": 0.1},
+            "model": {"name": "mlp"},
+            "dataset": {"name": "digits"},
+            "privacy": {"private": False},
+            "metrics": {"test_accuracy": 0.5},
+            "status": "finished",
+        }
+        (d / "record.json").write_text(json.dumps(record))
+    table = compare_runs([tmp_path])
+    assert "seed" in table.columns and [r["seed"] for r in table.rows] == [0, 1]
+    assert "model_params.hidden" not in table.columns and "lr" not in table.columns  # the same in both
+    assert "device" not in table.columns  # how a run was carried out, not what it trained

@@ -199,13 +199,33 @@ def _row(name: str, record_path: Path, record: dict[str, Any]) -> dict[str, Any]
         "insecure_seed": seed.get("insecure_seed"),
         "reason": record.get("reason"),
         "privopt_version": record.get("privopt_version"),
-        "_hp": _section(record, "hyperparameters"),
+        "_hp": {**_settings(_section(record, "config")), **_section(record, "hyperparameters")},
     }
 
 
+# Config keys the fixed columns show already, or that say how a run was carried out, not what it trained.
+_SHOWN = {"algorithm", "algorithm_params", "dataset", "model", "privacy.epsilon", "privacy.delta", "insecure_seed"}
+_HOW = {"device", "data_dir", "plots", "checkpoint_every", "eval_every", "eval_subsample"}
+
+
+def _settings(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The run's config flattened to dotted keys (``model_params.hidden``), but for what other columns show."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = prefix + str(key)
+        if name in _SHOWN or name in _HOW:
+            continue
+        if isinstance(value, dict) and value:
+            out.update(_settings(value, name + "."))
+        elif not isinstance(value, dict):
+            out[name] = value
+    return out
+
+
 def _differing(rows: list[dict[str, Any]]) -> list[str]:
-    """The hyper-parameters that take two values or more in the runs that have them (one algorithm's
-    own settings, alike in each of its runs, say nothing the algorithm column does not)."""
+    """The hyper-parameters and config settings (``seed``, ``model_params.hidden``, ...) that take two
+    values or more in the runs that have them (one algorithm's own settings, alike in each of its
+    runs, say nothing the algorithm column does not)."""
     keys: list[str] = []
     for r in rows:
         keys += [k for k in r["_hp"] if k not in keys]
