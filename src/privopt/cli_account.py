@@ -248,25 +248,7 @@ def add_account_parser(sub) -> None:
         "--batch-size", required=True, metavar="B[,B...]",
         help="expected (poisson) or exact (wor) batch size; comma-separated values sweep",
     )  # fmt: skip
-    length = a.add_mutually_exclusive_group(required=True)
-    length.add_argument(
-        "--steps", metavar="T[,T...]", help="number of noisy gradient steps; comma-separated values sweep"
-    )
-    length.add_argument(
-        "--epochs", metavar="E[,E...]",
-        help="passes over the data instead of --steps: T = ceil(E*N/B) steps, as privopt train plans DP-SGD",
-    )  # fmt: skip
-    target = a.add_mutually_exclusive_group(required=True)
-    target.add_argument(
-        "--epsilon",
-        metavar="EPS[,EPS...]",
-        help="target epsilon (> 0) to calibrate z for; comma-separated values sweep",
-    )
-    target.add_argument(
-        "--noise-multiplier", metavar="Z[,Z...]",
-        help="instead of --epsilon: report the epsilon this noise multiplier z (> 0) gives at --delta, by the same "
-        "--accountant; comma-separated values sweep",
-    )  # fmt: skip
+    _add_swept_options(a)
     a.add_argument("--delta", type=float, required=True, help="target delta, in (0, 1) and below 1/N")
     a.add_argument(
         "--accountant", choices=["auto", "pld", "rdp"], default="auto",
@@ -294,3 +276,27 @@ def add_account_parser(sub) -> None:
     a.add_argument("--quiet", action="store_true", help="no progress on stderr (calibration line, rows of a sweep)")
     a.add_argument("--json", action="store_true", help="print the result as one JSON object (a sweep: a list of rows)")
     a.set_defaults(func=_cmd_account)
+
+
+def _add_swept_options(a) -> None:
+    """The length (--steps/--epochs) and the target (--epsilon/--noise-multiplier): comma-separated values sweep."""
+    length = a.add_mutually_exclusive_group(required=True)
+    length.add_argument(
+        "--steps", metavar="T[,T...]", help="number of noisy gradient steps; comma-separated values sweep"
+    )
+    length.add_argument(
+        "--epochs", metavar="E[,E...]",
+        help="passes over the data instead of --steps: T = ceil(E*N/B) steps, as privopt train plans DP-SGD; "
+        "comma-separated values sweep",
+    )  # fmt: skip
+    target = a.add_mutually_exclusive_group(required=True)
+    target.add_argument(
+        "--epsilon",
+        metavar="EPS[,EPS...]",
+        help="target epsilon (> 0) to calibrate z for; comma-separated values sweep",
+    )
+    target.add_argument(
+        "--noise-multiplier", metavar="Z[,Z...]",
+        help="instead of --epsilon: report the epsilon this noise multiplier z (> 0) gives at --delta, by the same "
+        "--accountant; comma-separated values sweep",
+    )  # fmt: skip

@@ -123,6 +123,15 @@ def _lengths(steps, epochs) -> list[tuple[int | None, float | None]]:
     return [(None, e) for e in _checked(epochs, "epochs", check_epsilon)]
 
 
+def _targets(epsilons, noise_multipliers) -> tuple[bool, list[float]]:
+    """(whether the noise is given, the targets)."""
+    if (epsilons is None) == (noise_multipliers is None):
+        raise ConfigError("pass exactly one of epsilons= and noise_multipliers=")
+    if noise_multipliers is not None:
+        return True, _checked(noise_multipliers, "noise_multipliers", check_epsilon)
+    return False, _checked(epsilons, "epsilons", check_epsilon)
+
+
 def _row(n: int, b: int, steps: int, epochs, target: float, *, inverse: bool, delta: float, kw: dict) -> dict:
     """One combination, as ``privopt account --json`` prints it (plus n and b)."""
     size = {"dataset_size": n, "batch_size": b}
@@ -187,14 +196,8 @@ def dp_sgd_sweep(
         >>> [round(r["epsilon"], 2) for r in rows]
         [1.51, 2.44]
     """
-    n = check_count(dataset_size, name="dataset_size", minimum=1)
-    delta = check_delta(delta)
-    lengths = _lengths(steps, epochs)
-    if (epsilons is None) == (noise_multipliers is None):
-        raise ConfigError("pass exactly one of epsilons= and noise_multipliers=")
-    inverse = noise_multipliers is not None
-    name = "noise_multipliers" if inverse else "epsilons"
-    targets = _checked(noise_multipliers if inverse else epsilons, name, check_epsilon)
+    n, delta = check_count(dataset_size, name="dataset_size", minimum=1), check_delta(delta)
+    lengths, (inverse, targets) = _lengths(steps, epochs), _targets(epsilons, noise_multipliers)
     sizes = _checked(batch_sizes, "batch_sizes", lambda v, name: check_count(v, name=name, minimum=1))
     combos = _combinations(n, sizes, lengths, targets, inverse=inverse, max_rows=max_rows)
     if sampling not in ("poisson", "wor"):
