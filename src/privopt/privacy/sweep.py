@@ -163,9 +163,8 @@ def dp_sgd_sweep(
     on_row: Callable[[int, int, dict], None] | None = None,
     max_rows: int = MAX_SWEEP_ROWS,
 ) -> list[dict]:
-    """DP-SGD's noise (given ``epsilons``) or epsilon (given ``noise_multipliers``) for every combination.
-
-    Every argument is validated before the first combination is accounted.
+    """DP-SGD's noise (given ``epsilons``) or epsilon (given ``noise_multipliers``) for every combination,
+    every argument validated before the first one is accounted.
 
     Args:
         dataset_size: n.
@@ -174,12 +173,10 @@ def dp_sgd_sweep(
         steps: Numbers of steps; or ``epochs``: passes, ``ceil(epochs·n/b)`` steps (:func:`dp_sgd_steps`).
         epsilons: Targets to calibrate the noise for (:func:`~privopt.privacy.dp_sgd_noise`); or
             ``noise_multipliers``: noise to account (:func:`dp_sgd_epsilon`).
-        accountant: ``"auto"``, ``"pld"`` or ``"rdp"``.
-        sampling: ``"poisson"`` or ``"wor"``.
+        accountant: ``"auto"``, ``"pld"`` or ``"rdp"``; sampling: ``"poisson"`` or ``"wor"``.
         time_limit: Seconds each calibration may search (see :func:`~privopt.privacy.calibrate`).
         progress: Passed to each calibration.
-        on_row: Called with (index, number of rows, row) after each row.
-        max_rows: More combinations are refused.
+        on_row: Called with (index, number of rows, row) after each row. max_rows: more are refused.
 
     Returns:
         One dict per combination, batch size outermost and the epsilons (or, given noise multipliers,
@@ -203,8 +200,7 @@ def dp_sgd_sweep(
     if sampling not in ("poisson", "wor"):
         raise ConfigError(f"unknown sampling {sampling!r}; use 'poisson' or 'wor'")
     kw = {"accountant": check_accountant(accountant), "sampling": sampling}
-    if not inverse:
-        kw.update(time_limit=time_limit, progress=progress)
+    kw.update({} if inverse else {"time_limit": time_limit, "progress": progress})
     rows = []
     for i, (b, t, e, target) in enumerate(combos):
         rows.append(_row(n, b, t, e, target, inverse=inverse, delta=delta, kw=kw))
