@@ -65,3 +65,137 @@ def test_pld_progress_is_labelled_pld(capsys, monkeypatch):
         progress=lambda p: stages.append(p.stage),
     )  # fmt: skip
     assert stages[0] == "pld, rdp start" and stages[-1] == "pld" and all(s.startswith("pld") for s in stages)
+
+
+# ---- the inverse question (--noise-multiplier) and sweeps. Small n and steps, rdp where speed matters.
+
+SMALL = ["account", "--dataset-size", "10000", "--delta", "1e-6"]
+TODAY_KEYS = [
+    "noise_multiplier", "epsilon", "epsilon_target", "delta", "accountant", "sampling", "neighbouring",
+    "sampling_rate", "steps", "search_complete",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "auto"])
+def test_the_epsilon_of_the_calibrated_noise_is_the_target_within_the_calibration_tolerance(capsys, accountant):
+    from privopt.privacy.search import EPSILON_TOL
+
+    argv = [*SMALL, "--batch-size", "100", "--steps", "60", "--accountant", accountant, "--quiet", "--json"]
+    code, out, _ = run(capsys, *argv, "--epsilon", "1.5")
+    cal = json.loads(out)
+    assert code == 0 and cal["search_complete"]
+    code, out, err = run(capsys, *argv, "--noise-multiplier", repr(cal["noise_multiplier"]))
+    inv = json.loads(out)
+    assert code == 0 and err == ""
+    assert 1.5 * (1 - EPSILON_TOL) <= inv["epsilon"] <= 1.5
+    assert inv["epsilon"] == cal["epsilon"] and inv["accountant"] == cal["accountant"]
+    assert inv["noise_multiplier"] == cal["noise_multiplier"]
+    # the same plan: a noise a little smaller than the calibrated one misses the target
+    code, out, _ = run(capsys, *argv, "--noise-multiplier", repr(cal["noise_multiplier"] * 0.99))
+    assert json.loads(out)["epsilon"] > 1.5
+
+
+def test_the_json_of_one_combination_keeps_its_shape(capsys):
+    code, out, _ = run(capsys, *SMALL, "--batch-size", "100", "--steps", "60", "--epsilon", "1", "--json", "--quiet")
+    assert code == 0 and list(json.loads(out)) == TODAY_KEYS
+    code, out, _ = run(capsys, *SMALL, "--batch-size", "100", "--epochs", "2", "--noise-multiplier", "1", "--json")
+    res = json.loads(out)
+    assert code == 0 and res["steps"] == 200 and res["epochs"] == 2.0 and res["noise_multiplier"] == 1.0
+    assert set(res) == {*TODAY_KEYS, "epochs"} - {"epsilon_target", "search_complete"}
+    code, out, _ = run(capsys, *SMALL, "--batch-size", "100", "--steps", "60", "--noise-multiplier", "1")
+    assert code == 0 and out.startswith("noise multiplier z = 1 gives epsilon = ") and "60 steps" in out
+
+
+def test_a_calibration_sweep_gives_a_row_per_combination_and_z_falls_as_epsilon_grows(capsys):
+    argv = [*SMALL, "--batch-size", "50,100", "--steps", "40", "--epsilon", "0.5,1,2", "--accountant", "rdp"]
+    code, out, err = run(capsys, *argv, "--json")
+    rows = json.loads(out)
+    assert code == 0 and isinstance(rows, list) and len(rows) == 6
+    assert [(r["batch_size"], r["epsilon_target"]) for r in rows] == [
+        (b, e) for b in (50, 100) for e in (0.5, 1.0, 2.0)
+    ]
+    assert all(list(r) == ["dataset_size", "batch_size", *TODAY_KEYS] for r in rows)
+    for b in (50, 100):
+        zs = [r["noise_multiplier"] for r in rows if r["batch_size"] == b]
+        assert zs == sorted(zs, reverse=True) and len(set(zs)) == 3
+    assert all(r["epsilon"] <= r["epsilon_target"] and r["sampling_rate"] == r["batch_size"] / 10000 for r in rows)
+    progress = [line for line in err.splitlines() if line.startswith("row ")]
+    assert len(progress) == 6 and progress[-1].startswith("row 6/6: B=100, 40 steps, target epsilon 2 -> z = ")
+    code, out, err = run(capsys, *argv, "--quiet")
+    lines = out.splitlines()
+    assert code == 0 and err == ""
+    assert lines[0].split() == ["n", "B", "steps", "q", "target", "eps", "z", "epsilon", "delta", "accountant"]
+    assert len([line for line in lines if line.lstrip().startswith("10000 ")]) == 6
+
+
+def test_an_epsilon_sweep_grows_with_the_epochs_at_fixed_noise(capsys):
+    argv = [*SMALL, "--batch-size", "100", "--epochs", "1,2,4", "--noise-multiplier", "1,2", "--accountant", "rdp"]
+    code, out, _ = run(capsys, *argv, "--json", "--quiet")
+    rows = json.loads(out)
+    assert code == 0 and len(rows) == 6
+    assert [(r["noise_multiplier"], r["epochs"], r["steps"]) for r in rows] == [
+        (z, e, 100 * int(e)) for z in (1.0, 2.0) for e in (1.0, 2.0, 4.0)
+    ]
+    for z in (1.0, 2.0):
+        eps = [r["epsilon"] for r in rows if r["noise_multiplier"] == z]
+        assert eps == sorted(eps) and len(set(eps)) == 3
+    assert rows[0]["epsilon"] > rows[3]["epsilon"]  # more noise, less epsilon
+    code, out, _ = run(capsys, *argv, "--quiet")
+    assert code == 0 and out.splitlines()[0].split() == ["n", "B", "epochs", "steps", "q", "z", "epsilon", "delta",
+                                                          "accountant"]  # fmt: skip
+
+
+@pytest.mark.parametrize("target", ["--epsilon", "--noise-multiplier"])
+def test_plot_writes_a_png(capsys, tmp_path, target):
+    png = tmp_path / "sweep.png"
+    argv = [*SMALL, "--batch-size", "50,100", "--steps", "10,100", target, "1,4", "--accountant", "rdp", "--quiet"]
+    code, out, _ = run(capsys, *argv, "--plot", str(png))
+    assert code == 0 and "accountant" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and [p.name for p in tmp_path.iterdir()] == ["sweep.png"]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--batch-size", "100", "--steps", "10", "--epsilon", "1,0"], "--epsilon: '0' is not > 0"),
+        (["--batch-size", "100", "--steps", "10", "--noise-multiplier", "1,-2"], "--noise-multiplier: '-2' is not > 0"),
+        (["--batch-size", "100,x", "--steps", "10", "--epsilon", "1"], "--batch-size: 'x' is not an integer"),
+        (["--batch-size", "100,20000", "--steps", "10", "--epsilon", "1"], "--batch-size: '20000' exceeds"),
+        (["--batch-size", "100", "--steps", "10,2.5", "--epsilon", "1"], "--steps: '2.5' is not an integer"),
+        (["--batch-size", "100", "--steps", "10,0", "--epsilon", "1"], "--steps: '0' is not >= 1"),
+        (["--batch-size", "100", "--epochs", "1,nan", "--epsilon", "1"], "--epochs: 'nan' is not finite"),
+        (["--batch-size", "100", "--epochs", "1", "--epsilon", "1,,2"], "--epsilon: empty item in '1,,2'"),
+        (["--batch-size", "100", "--steps", "10", "--epsilon", "1", "--delta", "1e-3"], "1/n"),
+        (["--batch-size", "100", "--steps", "10", "--epsilon", "1", "--plot", "TMP/x.jpg"], "is not a .png file"),
+        (["--batch-size", "100", "--steps", "10", "--epsilon", "1", "--plot", "TMP/no/x.png"], "does not exist"),
+        (["--batch-size", ",".join(map(str, range(1, 21))), "--steps", "1,2,3,4,5", "--epsilon", "1,2,3"],
+         "give 20 x 5 x 3 = 300 combinations; at most 200"),
+    ],
+)  # fmt: skip
+def test_a_bad_value_is_named_before_anything_is_accounted(capsys, tmp_path, monkeypatch, args, said):
+    import privopt.privacy.sweep as sweep
+
+    def started(*a, **kw):
+        raise AssertionError("accounting started despite a bad value")
+
+    monkeypatch.setattr(sweep, "_row", started)
+    args = [a.replace("TMP", str(tmp_path)) for a in args]
+    plot = [] if "--plot" in args else ["--plot", str(tmp_path / "p.png")]
+    code, out, err = run(capsys, *SMALL, *args, *plot)
+    assert code == 2 and said in err and out == "", err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_library_sweep_names_a_bad_element_and_caps_the_combinations():
+    from privopt.errors import ConfigError
+    from privopt.privacy import dp_sgd_sweep
+
+    kw = dict(dataset_size=1000, delta=1e-5, steps=[10], accountant="rdp")
+    with pytest.raises(ConfigError, match=r"epsilons\[1\] must be a finite number > 0"):
+        dp_sgd_sweep(batch_sizes=[10], epsilons=[1.0, 0.0], **kw)
+    with pytest.raises(ConfigError, match="make 3 combinations; at most 2"):
+        dp_sgd_sweep(batch_sizes=[10, 20, 30], noise_multipliers=[1.0], max_rows=2, **kw)
+    with pytest.raises(ConfigError, match="exactly one of epsilons= and noise_multipliers="):
+        dp_sgd_sweep(batch_sizes=[10], **kw)
+    rows = dp_sgd_sweep(batch_sizes=[10], noise_multipliers=[1.0, 2.0], **kw)
+    assert [r["noise_multiplier"] for r in rows] == [1.0, 2.0] and rows[0]["epsilon"] > rows[1]["epsilon"]

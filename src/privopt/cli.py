@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import signal
 import sys
@@ -13,6 +12,7 @@ import threading
 import traceback
 from pathlib import Path
 
+from privopt.cli_account import add_account_parser
 from privopt.cli_audit import add_audit_parser
 from privopt.cli_bench import add_bench_parser
 from privopt.cli_list import add_list_parser
@@ -24,7 +24,6 @@ from privopt.cliargs import (
     exact_options,
     non_negative_int,
     parse_with_hints,
-    positive_float,
     positive_int,
 )
 from privopt.errors import PrivacyBudgetExceeded, PrivoptError, debug_enabled
@@ -112,123 +111,11 @@ def _record_status(out: str) -> str | None:
         return None
 
 
-def _account_steps(args) -> int:
-    """``--steps``, or ``--epochs`` as ``privopt train`` plans DP-SGD: ``ceil(epochs·n/B)`` steps."""
-    if args.steps is not None:
-        return args.steps
-    if args.dataset_size < 1 or args.batch_size < 1:
-        return 1  # the calibration names the bad size
-    return max(1, math.ceil(args.epochs * args.dataset_size / args.batch_size))
-
-
-def _cmd_account(args) -> int:
-    from privopt.privacy import check_delta_for_size, dp_sgd_noise
-    from privopt.privacy.search import ProgressLine
-
-    steps = _account_steps(args)
-    check_delta_for_size(
-        args.delta, dataset_size=args.dataset_size, allow_large=args.allow_large_delta, override="--allow-large-delta"
-    )
-    progress = ProgressLine(sys.stderr, quiet=args.quiet)  # on stderr: stdout holds the result (or its JSON)
-    cal = dp_sgd_noise(
-        dataset_size=args.dataset_size,
-        batch_size=args.batch_size,
-        steps=steps,
-        epsilon=args.epsilon,
-        delta=args.delta,
-        accountant=args.accountant,
-        sampling=args.sampling,
-        time_limit=args.time_limit,
-        progress=progress,
-    )
-    progress.finish()
-    z = cal.noise["gradient"]
-    result = {
-        "noise_multiplier": z,
-        "epsilon": cal.epsilon,
-        "epsilon_target": args.epsilon,
-        "delta": args.delta,
-        "accountant": cal.accountant,
-        "sampling": args.sampling,
-        "neighbouring": cal.neighbouring,
-        "sampling_rate": args.batch_size / args.dataset_size,
-        "steps": steps,
-        **({} if args.epochs is None else {"epochs": args.epochs}),
-        "search_complete": not cal.extra,
-    }
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    print(f"noise multiplier z = {z:.4f}  (std of noise on the clipped sum = z * C)")
-    print(
-        f"achieves epsilon = {cal.epsilon:{'.4f' if cal.epsilon >= 1e-3 else '.4g'}} <= {args.epsilon} "
-        f"at delta = {args.delta} "
-        f"({cal.accountant.upper()}, {args.sampling} sampling, q = {result['sampling_rate']:.4g}, "
-        f"{steps} steps{'' if args.epochs is None else f' = {args.epochs:g} epochs'}, {cal.neighbouring} neighbours)"
-    )
-    if cal.extra:
-        note = "this noise is valid but may be larger than needed"
-        print(f"note: the search hit --time-limit {args.time_limit:g} s; {note}")
-    return 0
-
-
 def _cmd_demo(args) -> int:
     from privopt.experiments.demo import run_demo
 
     run_demo(out_dir=args.out, progress=not args.quiet, quick=args.quick, runs=args.runs, jobs=args.jobs)
     return 0
-
-
-def _add_account_parser(sub) -> None:
-    a = sub.add_parser(
-        "account",
-        help="calibrate DP-SGD noise for a target (epsilon, delta)",
-        description="Smallest DP-SGD noise multiplier z such that T noisy sums of clipped gradients on "
-        "sampled batches are (EPSILON, DELTA)-DP. See docs/accounting.md.",
-    )
-    a.add_argument("--dataset-size", type=int, required=True, metavar="N", help="number of training records n")
-    a.add_argument(
-        "--batch-size", type=int, required=True, metavar="B", help="expected (poisson) or exact (wor) batch size"
-    )
-    length = a.add_mutually_exclusive_group(required=True)
-    length.add_argument("--steps", type=int, metavar="T", help="number of noisy gradient steps")
-    length.add_argument(
-        "--epochs",
-        type=positive_float,
-        metavar="E",
-        help="passes over the data instead of --steps: T = ceil(E*N/B) steps, as privopt train plans DP-SGD",
-    )
-    a.add_argument("--epsilon", type=float, required=True, help="target epsilon (> 0)")
-    a.add_argument("--delta", type=float, required=True, help="target delta, in (0, 1) and below 1/N")
-    a.add_argument(
-        "--accountant",
-        choices=["auto", "pld", "rdp"],
-        default="auto",
-        help="auto (default): the smaller epsilon of PLD and RDP at each noise level; pld: privacy loss "
-        "distributions only (tight, cannot certify delta below ~1e-15); rdp: Renyi DP only (fast, any delta)",
-    )
-    a.add_argument(
-        "--sampling",
-        choices=["poisson", "wor"],
-        default="poisson",
-        help="poisson (default; add/remove-one neighbours) or fixed-size batches without replacement "
-        "(replace-one neighbours, RDP only)",
-    )
-    a.add_argument(
-        "--time-limit",
-        type=float,
-        default=25.0,
-        metavar="SECONDS",
-        help="stop searching after this long and report the best valid noise found (default 25)",
-    )
-    a.add_argument(
-        "--allow-large-delta",
-        action="store_true",
-        help="accept delta >= 1/N (such a delta allows publishing a record outright; refused by default)",
-    )
-    a.add_argument("--quiet", action="store_true", help="no progress line while calibrating")
-    a.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    a.set_defaults(func=_cmd_account)
 
 
 def _add_train_parser(sub) -> None:
@@ -289,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_parser(sub)
     add_predict_parser(sub)
 
-    _add_account_parser(sub)
+    add_account_parser(sub)
 
     add_audit_parser(sub)
 

@@ -63,8 +63,11 @@ def plot_series(
     logy: bool = False,
     logx: bool = False,
     marker: str | None = None,
+    plain_ticks: bool = False,
 ) -> None:
-    """One line per label: ``series[label] = (xs, ys)`` (``marker``: a matplotlib marker on each point)."""
+    """One line per label: ``series[label] = (xs, ys)``. ``marker`` marks each point (a line of one point
+    shows); a log x axis, and with ``plain_ticks`` a log y axis, is labelled with plain numbers."""
+    series = {label: (list(xs), list(ys)) for label, (xs, ys) in series.items()}
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for label, (xs, ys) in series.items():
         ax.plot(list(xs), list(ys), label=label, marker=marker)
@@ -74,12 +77,25 @@ def plot_series(
         ax.set_yscale("log")
     if logx:
         ax.set_xscale("log")
-        ticks = sorted({float(x) for xs, _ in series.values() for x in xs})
-        if len(ticks) <= 12:  # the values plotted, as written (not 2x10^0)
-            ax.set_xticks(ticks, labels=[f"{x:.3g}" for x in ticks])
-            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        _plain_log_ticks(ax.xaxis, [x for xs, _ in series.values() for x in xs])
+    if logy and plain_ticks:
+        _plain_log_ticks(ax.yaxis, [])
     if title:
         ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     save_figure(fig, path)
+
+
+def _plain_log_ticks(axis, values: list[float]) -> None:
+    """A log axis labelled with plain numbers (``0.5``, ``10``, not ``5×10⁻¹``), at the data's values
+    when there are few of them; unlabelled minor ticks (their labels overlap)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ticks = sorted({v for v in values if v > 0})
+    if 0 < len(ticks) <= 12:
+        axis.set_ticks(ticks)
+    else:
+        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())

@@ -24,6 +24,7 @@ _SUBMODULES = {
         "noisy_max_family tree_family"
     ),
     "ledger": "PrivacyLedger",
+    "sweep": "MAX_SWEEP_ROWS dp_sgd_epsilon dp_sgd_steps dp_sgd_sweep",
     "mechanisms": "gaussian_noise laplace_noise laplace_scale report_noisy_max report_noisy_max_epsilon",
     "parallel": "ParallelLedger ledger_from_dict make_ledger",
     "translate": "dp_relation_for to_dp_event",
@@ -74,6 +75,11 @@ __all__ = [
     "calibrate",
     "gaussian_noise_multiplier",
     "dp_sgd_noise",
+    # budget planning
+    "MAX_SWEEP_ROWS",
+    "dp_sgd_epsilon",
+    "dp_sgd_steps",
+    "dp_sgd_sweep",
     # ledger and adaptive filter
     "PrivacyLedger",
     "RdpFilter",

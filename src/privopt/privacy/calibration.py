@@ -39,6 +39,7 @@ __all__ = [
     "CalibrationProgress",
     "calibrate",
     "gaussian_noise_multiplier",
+    "dp_sgd_inventory",
     "dp_sgd_noise",
 ]
 
@@ -366,18 +367,9 @@ def dp_sgd_noise(
         >>> round(cal.noise["gradient"], 2)
         9.66
     """
-    n = check_count(dataset_size, name="dataset_size", minimum=1)
-    b = check_count(batch_size, name="batch_size", minimum=1)
-    steps = check_count(steps, name="steps", minimum=1)
-    if b > n:
-        raise ConfigError(f"batch_size={b} exceeds dataset_size={n}")
-    if sampling == "poisson":
-        sampler, default_relation = Poisson(b / n), ADD_REMOVE
-    elif sampling == "wor":
-        sampler, default_relation = WithoutReplacement(n, b), REPLACE_ONE
-    else:
-        raise ConfigError(f"unknown sampling {sampling!r}; use 'poisson' or 'wor'")
-    inv = Inventory((PlannedStep(sampler, (("gradient", 1.0),), steps),))
+    inv, default_relation = dp_sgd_inventory(
+        dataset_size=dataset_size, batch_size=batch_size, steps=steps, sampling=sampling
+    )
     return calibrate(
         inv,
         epsilon=epsilon,
@@ -387,3 +379,27 @@ def dp_sgd_noise(
         time_limit=time_limit,
         progress=progress,
     )
+
+
+def dp_sgd_inventory(*, dataset_size: int, batch_size: int, steps: int, sampling: str = "poisson"):
+    """The plan of DP-SGD (one calibrated family ``"gradient"``) and the relation its sampling is analysed under.
+
+    Returns:
+        ``(Inventory, neighbouring)``: Poisson sampling at rate b/n under add/remove, or fixed-size
+        batches without replacement (``"wor"``) under replace-one.
+
+    Raises:
+        ConfigError: a size that is not an integer >= 1, b > n, or an unknown sampling.
+    """
+    n = check_count(dataset_size, name="dataset_size", minimum=1)
+    b = check_count(batch_size, name="batch_size", minimum=1)
+    steps = check_count(steps, name="steps", minimum=1)
+    if b > n:
+        raise ConfigError(f"batch_size={b} exceeds dataset_size={n}")
+    if sampling == "poisson":
+        sampler, relation = Poisson(b / n), ADD_REMOVE
+    elif sampling == "wor":
+        sampler, relation = WithoutReplacement(n, b), REPLACE_ONE
+    else:
+        raise ConfigError(f"unknown sampling {sampling!r}; use 'poisson' or 'wor'")
+    return Inventory((PlannedStep(sampler, (("gradient", 1.0),), steps),)), relation
