@@ -14,6 +14,10 @@ from privopt.errors import ConfigError
 __all__ = ["add_account_parser"]
 
 
+def _epochs(epochs: float) -> str:
+    return f"{epochs:g} epoch{'' if epochs == 1 else 's'}"
+
+
 def _number(item: str, option: str) -> float:
     try:
         value = float(item)
@@ -113,7 +117,7 @@ def _fmt(x: float) -> str:
 
 def _row_line(i: int, total: int, row: dict, seconds: float) -> str:
     """The progress line of a sweep's row (on stderr)."""
-    length = f"{row['steps']} steps" + (f" ({row['epochs']:g} epochs)" if "epochs" in row else "")
+    length = f"{row['steps']} steps" + (f" ({_epochs(row['epochs'])})" if "epochs" in row else "")
     head = f"row {i + 1}/{total}: B={row['batch_size']}, {length}"
     if "epsilon_target" in row:
         got = f"target epsilon {row['epsilon_target']:g} -> z = {_fmt(row['noise_multiplier'])}"
@@ -157,7 +161,7 @@ def _cmd_account(args) -> int:
 
 def _print_single(row: dict, args) -> None:
     z, eps = row["noise_multiplier"], row["epsilon"]
-    length = f"{row['steps']} steps" + ("" if "epochs" not in row else f" = {row['epochs']:g} epochs")
+    length = f"{row['steps']} steps" + ("" if "epochs" not in row else f" = {_epochs(row['epochs'])}")
     where = (
         f"({row['accountant'].upper()}, {row['sampling']} sampling, q = {row['sampling_rate']:.4g}, "
         f"{length}, {row['neighbouring']} neighbours)"
