@@ -359,8 +359,23 @@ class Capture:
             seen.add(fn)
             var = getattr(fn, "variable", None)
             if var is not None and id(var) in leaves:
-                raise Unsupported(f"parameter {leaves[id(var)]!r} is used outside its module's forward")
+                name = leaves[id(var)]
+                hint = _user_hint(self.model, name)
+                raise Unsupported(f"parameter {name!r} is used outside its module's forward{hint}")
             stack.extend(nf for nf, _ in fn.next_functions)
+
+
+def _user_hint(model: nn.Module, name: str) -> str:
+    """What to change when the parameter belongs to a torch layer known to do this."""
+    parts = name.split(".")
+    for depth in range(len(parts) - 1, -1, -1):
+        if isinstance(model.get_submodule(".".join(parts[:depth])), nn.MultiheadAttention):
+            return (
+                " (nn.MultiheadAttention computes with out_proj's parameters without calling out_proj): "
+                "privopt.models.attention.MultiheadAttention is a drop-in replacement that the ghost engine "
+                'handles (docs/models.md, "Attention")'
+            )
+    return ""
 
 
 def _check_forward_side_effects(st: Structure, calls: list[_Call], buffer_versions: dict[str, int]) -> None:
