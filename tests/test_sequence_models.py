@@ -15,6 +15,7 @@ from privopt.data import Dataset
 from privopt.errors import ConfigError, ModelError, PrivoptRuntimeWarning
 from privopt.grads import get_engine
 from privopt.grads.ghost import register_layer_rule, unregister_layer_rule
+from privopt.models.attention import MultiheadAttention
 
 V, T, D = 40, 6, 8
 
@@ -61,7 +62,8 @@ class Attention(nn.Module):
             self.att = nn.MultiheadAttention(D, 2, batch_first=True)
 
     def forward(self, x):
-        e, pad = self.emb(x) + self.pos(torch.arange(x.shape[1])), x == 0
+        positions = torch.arange(x.shape[1]).expand(x.shape[0], -1)  # per example: the Embedding rule applies
+        e, pad = self.emb(x) + self.pos(positions), x == 0
         if isinstance(self.att, nn.MultiheadAttention):
             h = self.att(e, e, e, key_padding_mask=pad, need_weights=False)[0]
         else:
@@ -187,3 +189,71 @@ def test_an_engine_passed_to_make_private_says_where_it_goes():
             module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), dataset=(x, y),
             batch_size=20, epochs=1, epsilon=2.0, delta=1e-3, max_grad_norm=1.0, engine="vmap",
         )  # fmt: skip
+
+
+def _privopt_attention(model):
+    """``model`` with every nn.MultiheadAttention replaced by privopt's (same weights)."""
+    for m in list(model.modules()):
+        for name, child in list(m.named_children()):
+            if isinstance(child, nn.MultiheadAttention):
+                setattr(m, name, MultiheadAttention.from_torch(child))
+    return model
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_privopt_attention_returns_what_torch_attention_returns(batch_first):
+    torch.manual_seed(0)
+    B, L, S, E, H = 3, 5, 4, 8, 2
+    ref = nn.MultiheadAttention(E, H, batch_first=batch_first, kdim=6, vdim=7)
+    ours = MultiheadAttention.from_torch(ref)
+    q, k, v = torch.randn(B, L, E), torch.randn(B, S, 6), torch.randn(B, S, 7)
+    if not batch_first:
+        q, k, v = (t.transpose(0, 1) for t in (q, k, v))
+    pad = torch.tensor([[False, False, True, True], [False] * 4, [False, True, False, False]])
+    blocked = torch.rand(L, S) > 0.7
+    blocked[:, 0] = False
+    for kw in (
+        {},
+        {"key_padding_mask": pad},
+        {"attn_mask": blocked},
+        {"attn_mask": torch.randn(B * H, L, S), "key_padding_mask": pad.float() * -1e4},
+        {"need_weights": False, "key_padding_mask": pad},
+        {"average_attn_weights": False, "key_padding_mask": pad},
+    ):
+        (got, got_w), (want, want_w) = ours(q, k, v, **kw), ref(q, k, v, **kw)
+        assert torch.allclose(got, want, atol=1e-6), kw
+        assert (got_w is None and want_w is None) or torch.allclose(got_w, want_w, atol=1e-6), kw
+
+
+def test_privopt_attention_in_an_encoder_layer_is_answered_by_ghost_rules_alone():
+    torch.manual_seed(0)
+    model, (x, y) = _privopt_attention(Attention(encoder=True)), _tokens()
+    reference = _loop_sum(model, x, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback of the ghost engine, no vmap of torch's kernels
+        got = get_engine("ghost").clipped_sum(model, _loss, x, y, clip=1e10)
+    assert torch.allclose(got.total, reference, atol=1e-5)
+    model.eval()  # torch's fast path (eval) must not be taken: it would read weights this module does not have
+    assert isinstance(model.att.self_attn, MultiheadAttention) and model(x).shape == (8, 2)
+
+
+def test_dropout_with_ghost_rules_gives_the_gradients_of_the_forward_that_drew_the_masks():
+    torch.manual_seed(0)
+    model = _privopt_attention(Attention(encoder=True))
+    model.att.dropout.p = model.att.dropout1.p = model.att.dropout2.p = model.att.self_attn.dropout = 0.3
+    x, y = _tokens(n=32)  # 32 rows: the engines pad no rows, so the forward's masks are a plain forward's
+    torch.manual_seed(5)
+    got = get_engine("ghost").clipped_sum(model, _loss, x, y, clip=1e10)
+    torch.manual_seed(5)
+    losses = _loss(model(x), y)
+    params = list(model.parameters())
+    per = [torch.cat([g.flatten() for g in torch.autograd.grad(li, params, retain_graph=True)]) for li in losses]
+    assert torch.equal(got.losses, losses.detach())  # the same masks
+    assert torch.allclose(got.total, torch.stack(per).sum(0), atol=1e-5)
+    assert torch.allclose(got.norms.float(), torch.stack(per).norm(dim=1), rtol=1e-5)
+
+
+def test_the_fallback_warning_for_torch_attention_names_the_replacement():
+    model, (x, y) = Attention(encoder=False), _tokens()
+    with pytest.warns(PrivoptRuntimeWarning, match=r"nn.MultiheadAttention .*privopt.models.attention"):
+        get_engine("ghost").clipped_sum(model, _loss, x, y, clip=1.0)
