@@ -56,6 +56,7 @@ _OPACUS_HINTS = {
     "target_delta": "pass delta=",
     "poisson_sampling": "batches are always Poisson-sampled, at batch_size= / sample_rate=",
     "grad_sample_mode": "the per-example gradient engine is PrivacyEngine(engine=...)",
+    "engine": "the per-example gradient engine is chosen when the engine is made: PrivacyEngine(engine=...)",
     "clipping": "clipping is per example with one threshold, max_grad_norm=",
 }
 

@@ -98,8 +98,22 @@ def check_engine_fits(engine: Any, model: nn.Module, loss_fn: Any, x: torch.Tens
     if problem:
         raise ModelError(
             f"the gradient engine ({type(engine).__name__}) cannot compute per-example gradients of the model on "
-            f"{what} (a layer it cannot differentiate example by example?): {problem}"
+            f"{what} (a layer it cannot differentiate example by example?): {problem}{_recurrent_hint(model)}"
         )
+
+
+def _recurrent_hint(model: nn.Module) -> str:
+    """What to change when the model has recurrent layers, which ``torch.func`` (both engines'
+    per-example gradients) runs only with an initial state given and without packed sequences."""
+    kinds = sorted({type(m).__name__ for m in model.modules() if isinstance(m, (nn.RNNBase, nn.RNNCellBase))})
+    if not kinds:
+        return ""
+    return (
+        f"; the model has {', '.join(kinds)}: pass the initial hidden state, built from the layer's input "
+        "(e.g. h0 = torch.zeros_like(x[:, 0, :1]).expand(num_layers * num_directions, -1, hidden_size) for "
+        "batch_first inputs x; (h0, h0) for an LSTM), and mask padded positions instead of packing sequences "
+        '(docs/engines.md, "Sequence models")'
+    )
 
 
 def _forward_probe(model: nn.Module, x: torch.Tensor) -> tuple[Any, str | None]:

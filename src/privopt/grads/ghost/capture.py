@@ -33,7 +33,7 @@ from privopt.grads.ghost.fallback import layer_vmap_grads, rng_states, unchanged
 from privopt.grads.ghost.keep import Keep, condense
 from privopt.grads.ghost.layout import CallLayout, probe_layout
 from privopt.grads.ghost.pieces import DenseGrads, Piece
-from privopt.grads.ghost.rules import Unsupported, rule_for
+from privopt.grads.ghost.rules import Unsupported, rule_for, rules_generation
 from privopt.grads.ghost.tuning import TUNING
 
 __all__ = ["Capture", "Structure", "structure"]
@@ -61,6 +61,9 @@ class Structure:
                 self.modules.append(mod)
         self.buffers = [(f"{mn}.{k}" if mn else k, m, k) for mn, m in model.named_modules() for k in m._buffers]
         self._layouts: dict[tuple, list[CallLayout] | None] = {}
+        # Why the ghost path failed, per layout key: later queries go to the vmap engine at once
+        # instead of paying a capture that fails again (e.g. nn.MultiheadAttention's out_proj).
+        self.unsupported: dict[tuple, str] = {}
 
     @staticmethod
     def signature_of(model: nn.Module):
@@ -77,8 +80,18 @@ class Structure:
     def buffer_versions(self) -> dict[str, int]:
         return {name: m._buffers[k]._version for name, m, k in self.buffers if m._buffers[k] is not None}
 
+    @staticmethod
+    def key(model: nn.Module, inputs: torch.Tensor) -> tuple:
+        """What a layout is cached by: the per-sample input and the mode (for a failure of the ghost
+        path, see :meth:`failure_key`)."""
+        return (tuple(inputs.shape[1:]), inputs.dtype, inputs.device, model.training)
+
+    def failure_key(self, model: nn.Module, inputs: torch.Tensor) -> tuple:
+        """A layout's key and the layer rules registered (a new rule may make the model supported)."""
+        return (*self.key(model, inputs), rules_generation())
+
     def layout(self, model: nn.Module, inputs: torch.Tensor, params: dict | None) -> list[CallLayout] | None:
-        key = (tuple(inputs.shape[1:]), inputs.dtype, inputs.device, model.training)
+        key = self.key(model, inputs)
         if key not in self._layouts:
             self._layouts[key] = probe_layout(model, self.modules, inputs, params)
         return self._layouts[key]
@@ -346,8 +359,23 @@ class Capture:
             seen.add(fn)
             var = getattr(fn, "variable", None)
             if var is not None and id(var) in leaves:
-                raise Unsupported(f"parameter {leaves[id(var)]!r} is used outside its module's forward")
+                name = leaves[id(var)]
+                hint = _user_hint(self.model, name)
+                raise Unsupported(f"parameter {name!r} is used outside its module's forward{hint}")
             stack.extend(nf for nf, _ in fn.next_functions)
+
+
+def _user_hint(model: nn.Module, name: str) -> str:
+    """What to change when the parameter belongs to a torch layer known to do this."""
+    parts = name.split(".")
+    for depth in range(len(parts) - 1, -1, -1):
+        if isinstance(model.get_submodule(".".join(parts[:depth])), nn.MultiheadAttention):
+            return (
+                " (nn.MultiheadAttention computes with out_proj's parameters without calling out_proj): "
+                "privopt.models.attention.MultiheadAttention is a drop-in replacement that the ghost engine "
+                'handles (docs/models.md, "Attention")'
+            )
+    return ""
 
 
 def _check_forward_side_effects(st: Structure, calls: list[_Call], buffer_versions: dict[str, int]) -> None:

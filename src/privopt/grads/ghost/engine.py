@@ -102,13 +102,20 @@ class GhostEngine(GradEngine):
         """Capture every point ``(params, weights, sign)``; pieces of all points by parameter
         (``n_points``: of the whole query, which sizes the kept blocks; default ``len(points)``)."""
         st = structure(model)
-        losses, pieces = [], {}
+        key = st.failure_key(model, inputs)
+        if key in st.unsupported:  # failed before on this structure: skip straight to the fallback
+            raise Unsupported(st.unsupported[key])  # a fresh one: a re-raised one's traceback would grow
+        losses, pieces, n_points = [], {}, n_points or len(points)
         for params, weights, sign in points:
             with torch.enable_grad():  # the capture needs a graph even if the caller is in no_grad
                 capture = Capture(model, st, self._params(st, params))
-                got_losses, got = capture.run(
-                    loss_fn, inputs, targets, weights=weights, sign=sign, keep=keep, n_points=n_points or len(points)
-                )
+                try:
+                    got_losses, got = capture.run(
+                        loss_fn, inputs, targets, weights=weights, sign=sign, keep=keep, n_points=n_points
+                    )
+                except Unsupported as e:
+                    st.unsupported[key] = str(e)
+                    raise
             losses.append(got_losses)
             for n, lst in got.items():
                 pieces.setdefault(n, []).extend(lst)

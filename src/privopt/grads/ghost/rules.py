@@ -42,7 +42,7 @@ from privopt.grads.ghost.pieces import (
     Piece,
 )
 
-__all__ = ["LayerRule", "Unsupported", "register_layer_rule", "rule_for", "unregister_layer_rule"]
+__all__ = ["LayerRule", "Unsupported", "register_layer_rule", "rule_for", "rules_generation", "unregister_layer_rule"]
 
 RuleFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], dict[str, "Piece | torch.Tensor"]]
 
@@ -78,6 +78,11 @@ class LayerRule:
 
 
 _RULES: dict[type, LayerRule] = {}
+_GENERATION = [0]  # bumped on every (un)registration: what a cached routing decision depends on
+
+
+def rules_generation() -> int:
+    return _GENERATION[0]
 
 
 def register_layer_rule(
@@ -93,6 +98,7 @@ def register_layer_rule(
 
     def deco(fn: RuleFn) -> RuleFn:
         _RULES[layer_type] = LayerRule(layer_type, fn, accepts or (lambda m: True), dims, takes_node)
+        _GENERATION[0] += 1
         return fn
 
     return deco
@@ -100,6 +106,7 @@ def register_layer_rule(
 
 def unregister_layer_rule(layer_type: type) -> None:
     _RULES.pop(layer_type, None)
+    _GENERATION[0] += 1
 
 
 def rule_for(module: nn.Module) -> LayerRule | None:
