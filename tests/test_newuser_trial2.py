@@ -130,7 +130,7 @@ def test_account_plans_in_epochs_the_steps_privopt_train_runs(capsys):
     [
         (("--epochs", "2", "--steps", "10"), "argument --steps: not allowed with argument --epochs"),
         ((), "one of the arguments --steps --epochs is required"),
-        (("--epochs", "0"), "argument --epochs: expected a finite number > 0, got '0'"),
+        (("--epochs", "0"), "--epochs: '0' is not > 0"),
     ],
 )
 def test_account_needs_exactly_one_of_steps_and_epochs(capsys, argv, problem):
