@@ -11,6 +11,19 @@ from pathlib import Path
 from privopt.cli import main
 
 HEADER = "age,job,sex,income\n"
+# The dataset part of their run.yaml (a str.format template: braces doubled).
+CSV_DATASET_YAML = """\
+dataset: csv
+dataset_params:
+  path: train.csv
+  test_path: test.csv
+  missing: drop
+  label: {{column: income, classes: ["<=50K", ">50K"]}}
+  group: {{column: sex, groups: [A, B, C]}}
+  features:
+    age: {{range: [17, 90]}}
+    job: {{categories: [Priv, Gov], unknown: other, missing: category}}
+"""
 
 
 def train_world(capsys, rows: list[str], out: str) -> tuple[str, str]:

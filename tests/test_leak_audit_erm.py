@@ -12,10 +12,11 @@ printed character must then be the same (the records' full-batch sums reach noth
 import pytest
 import torch
 
-from leak_helpers import HEADER, published, train_world
+from leak_helpers import CSV_DATASET_YAML, HEADER, published, train_world
 from privopt.errors import DEBUG_ENV
 
-YAML = """\
+YAML = (
+    """\
 algorithm: {algorithm}
 algorithm_params: {params}
 model: logreg
@@ -24,17 +25,9 @@ loss: logistic
 privacy: {{epsilon: 1.0, delta: 1.0e-5}}
 insecure_seed: 7
 eval_every: 1
-dataset: csv
-dataset_params:
-  path: train.csv
-  test_path: test.csv
-  missing: drop
-  label: {{column: income, classes: ["<=50K", ">50K"]}}
-  group: {{column: sex, groups: [A, B, C]}}
-  features:
-    age: {{range: [17, 90]}}
-    job: {{categories: [Priv, Gov], unknown: other, missing: category}}
 """
+    + CSV_DATASET_YAML
+)
 GROUP = ["C" if i % 30 == 0 else "AB"[i % 2] for i in range(90)]  # C: a tiny group of 3 records
 ROWS = [
     f"{20 + i % 60},{('Priv', 'Gov', 'Self')[i % 3]},{GROUP[i]},{'>50K' if i % 3 else '<=50K'}\n" for i in range(90)

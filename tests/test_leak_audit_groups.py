@@ -24,10 +24,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from leak_helpers import HEADER, published, train_world
+from leak_helpers import CSV_DATASET_YAML, HEADER, published, train_world
 from privopt.errors import DEBUG_ENV
 
-YAML = """\
+YAML = (
+    """\
 algorithm: {algorithm}
 algorithm_params: {params}
 model: mlp
@@ -35,17 +36,9 @@ model_params: {{hidden: 8}}
 privacy: {{epsilon: 1.0, delta: 1.0e-5}}
 insecure_seed: 7
 eval_every: 2
-dataset: csv
-dataset_params:
-  path: train.csv
-  test_path: test.csv
-  missing: drop
-  label: {{column: income, classes: ["<=50K", ">50K"]}}
-  group: {{column: sex, groups: [A, B, C]}}
-  features:
-    age: {{range: [17, 90]}}
-    job: {{categories: [Priv, Gov], unknown: other, missing: category}}
 """
+    + CSV_DATASET_YAML
+)
 
 
 def _row(i: int) -> str:
