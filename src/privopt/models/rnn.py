@@ -58,7 +58,8 @@ class _Recurrent(nn.Module):
     def from_torch(cls, module: nn.RNNBase):
         """A copy of ``module`` (a torch layer of this kind): same weights, inputs and outputs."""
         if not isinstance(module, cls.torch_type):
-            raise TypeError(f"{cls.__name__}.from_torch needs an {cls.torch_type.__name__}, got {type(module).__name__}")
+            want, got = cls.torch_type.__name__, type(module).__name__
+            raise TypeError(f"{cls.__name__}.from_torch needs an nn.{want}, got {got}")
         w = module.weight_ih_l0
         new = cls(
             module.input_size, module.hidden_size, num_layers=module.num_layers, bias=module.bias,
