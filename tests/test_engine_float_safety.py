@@ -194,6 +194,35 @@ def test_float64_routes_bound_the_released_term(seed, T, eps, magnitude, clip):
         assert float(released.norm()) <= clip * (1 + SLACK)
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    eps=st.sampled_from([0.0, 1e-7, 1e-3]),
+    magnitude=st.sampled_from([1.0, 1e18]),
+    clip=st.sampled_from([1e-12, 1.0]),
+)
+def test_a_layer_called_many_times_keeps_the_float64_bound(seed, eps, magnitude, clip):
+    """Six calls of one layer (a recurrent step), in near-cancelling pairs: the batched Gram form of
+    the dot-product route bounds the exact norm and each record's released term."""
+    g = torch.Generator().manual_seed(seed)
+    B, p, q = 4, 16, 16
+    G = [magnitude * torch.randn(B, 1, p, 1, generator=g) for _ in range(3)]
+    A = [magnitude * torch.randn(B, 1, q, 1, generator=g) for _ in range(3)]
+    G += [x * (1 + eps * torch.randn(x.shape, generator=g)) for x in G]
+    A += [x * (1 + eps * torch.randn(x.shape, generator=g)) for x in A]
+    scales = [None] * 3 + [-torch.ones(B)] * 3
+    term = build_term("w", _pieces(G, A, scales), Keep(0), B)
+    assert isinstance(term, Float64DotsTerm)
+    norms, coef = clip_terms({"w": term}, clip, B)
+    exact = sum((1 if s is None else -1) * (x.double() @ a.double().transpose(2, 3)) for x, a, s in zip(G, A, scales))
+    assert (norms >= exact.flatten(1).norm(dim=1) * (1 - 1e-15)).all()
+    total = term.clipped_sum(coef).double()
+    for k in range(B):
+        others = coef.clone()
+        others[k] = 0
+        assert float((total - term.clipped_sum(others).double()).norm()) <= clip * (1 + SLACK)
+
+
 @pytest.fixture
 def two_threads():
     old = torch.get_num_threads()

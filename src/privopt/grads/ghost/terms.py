@@ -263,6 +263,13 @@ class Float64DotsTerm(_PiecesTerm):
     def norms(self):
         B, p, q, J = self.X[0].shape[0], self.X[0].shape[-1], self.Y[0].shape[-1], len(self.X)
         per_sample = (lambda t: t) if self.g == 1 else (lambda t: t.sum(1))  # sum over groups
+        if J > 2:  # a layer called many times (a recurrent step): one batched Gram, not J^2 kernel calls
+            X, Y = torch.stack(self.X, -2), torch.stack(self.Y, -2)  # [B, (g,) J, p or q]
+            gg, aa = X @ X.transpose(-1, -2), Y @ Y.transpose(-1, -2)  # [B, (g,) J, J]
+            est = per_sample((gg * aa).sum((-1, -2)))
+            diag = gg.diagonal(dim1=-2, dim2=-1) * aa.diagonal(dim1=-2, dim2=-1)
+            mag = per_sample(diag.clamp_min(0).sqrt().sum(-1))
+            return _float64_bound(est, mag, n_norm=p + q + self.g * J * J + 4, n_sum=B * J + J + 4)
         est, mag = 0, 0
         for j in range(J):
             for k in range(j, J):
