@@ -53,8 +53,8 @@ def project(tmp_path, monkeypatch):
         f"plugins: [algo.py]\nalgorithm: {name}\nalgorithm_params: {{epochs: 1, batch_size: 256}}\n"
         "model: logreg\nplots: false\ncheckpoint_every: 1\n"
     )
-    (tmp_path / "work").mkdir()
-    monkeypatch.chdir(tmp_path / "work")
+    (tmp_path / "start").mkdir()
+    monkeypatch.chdir(tmp_path / "start")
     return tmp_path, name
 
 
@@ -66,11 +66,11 @@ def test_config_plugins_resolve_from_the_config_folder_and_the_record_states_the
     root, name = project
     rc = _main("train", "--config", str(root / "conf" / "run.yaml"), "--out", "a", "--quiet")
     assert rc == 0, capsys.readouterr()
-    text = (root / "work" / "a" / "record.json").read_text()
+    text = (root / "start" / "a" / "record.json").read_text()
     record = json.loads(text)
     assert record["algorithm"] == name and record["config"]["plugins"] == ["algo.py"]
     assert record["status"] == "finished" and str(root) not in text  # no machine path in the record
-    ckpt = torch.load(root / "work" / "a" / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(root / "start" / "a" / "checkpoint.pt", weights_only=False)
     assert ckpt["plugins"] == [str(root / "conf" / "algo.py")]  # the secret checkpoint keeps where it was
 
 
@@ -132,14 +132,14 @@ def test_resume_imports_the_same_plugin_and_checks_its_code(project, monkeypatch
     (root / "elsewhere").mkdir()
     monkeypatch.chdir(root / "elsewhere")  # the checkpoint's absolute path, from any directory
     _forget_plugins()  # a new process: nothing registered
-    assert _main("train", "--resume", "../work/a", "--quiet") == 0, capsys.readouterr()
-    record = json.loads((root / "work" / "a" / "record.json").read_text())
+    assert _main("train", "--resume", "../start/a", "--quiet") == 0, capsys.readouterr()
+    record = json.loads((root / "start" / "a" / "record.json").read_text())
     assert record["status"] == "finished" and record["config"]["plugins"] == ["algo.py"]
     # The plugin's algorithm changed: the resume refuses (it would replay the noise on other sums).
     algo = root / "conf" / "algo.py"
     algo.write_text(algo.read_text().replace("self.config.lr * g", "2 * self.config.lr * g"))
     _forget_plugins()
-    assert _main("train", "--resume", "../work/b") == 2
+    assert _main("train", "--resume", "../start/b") == 2
     assert "differs from the one this run was trained with" in capsys.readouterr().err
 
 
