@@ -12,8 +12,16 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 from privopt.grads import get_engine
 from privopt.models.rnn import GRU, LSTM, RNN
+from seq_helpers import ce_loss as _loss
+from seq_helpers import ghost_and_seeded_forward, padded_tokens, per_example_grads
 
 V, T, D = 30, 5, 6
+
+
+def _tokens(n=8, seed=0):
+    return padded_tokens(n, seed, vocab=V, length=T)
+
+
 KINDS = {"gru": (nn.GRU, GRU), "lstm": (nn.LSTM, LSTM), "rnn": (nn.RNN, RNN)}
 
 
@@ -76,13 +84,6 @@ def test_bad_arguments_fail_early_with_a_clear_error():
         gru(torch.randn(2, 3, 7))
 
 
-def _tokens(n=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(1, V, (n, T), generator=g)
-    x[torch.arange(T)[None, :] >= torch.randint(2, T + 1, (n, 1), generator=g)] = 0
-    return x, ((x >= 1) & (x < 6)).any(1).long()
-
-
 class Classifier(nn.Module):
     def __init__(self, kind, h0, **kw):
         super().__init__()
@@ -102,17 +103,6 @@ class Classifier(nn.Module):
         return self.head(((out[..., :D] + out[..., D:].sum(-1, keepdim=True)) * keep).sum(1) / keep.sum(1))
 
 
-def _loss(out, y):
-    return nn.functional.cross_entropy(out, y, reduction="none")
-
-
-def _per_example(model, x, y):
-    """[n, params]: each example's own autograd gradient."""
-    params = list(model.parameters())
-    rows = [torch.autograd.grad(_loss(model(x[i : i + 1]), y[i : i + 1]).sum(), params) for i in range(len(x))]
-    return torch.stack([torch.cat([g.flatten() for g in r]) for r in rows])
-
-
 CASES = [
     ("gru", True, {"batch_first": True}),
     ("gru", False, {"num_layers": 2, "bidirectional": True}),
@@ -127,7 +117,7 @@ CASES = [
 def test_per_example_gradients_equal_an_autograd_loop(kind, h0, kw, engine):
     torch.manual_seed(0)
     model, (x, y) = Classifier(kind, h0, **kw), _tokens()
-    per = _per_example(model, x, y)
+    per = per_example_grads(model, x, y)
     clip = float(per.norm(dim=1).median())  # binds for half of the examples
     want = (per * (clip / per.norm(dim=1, keepdim=True)).clamp(max=1)).sum(0)
     with warnings.catch_warnings():
@@ -143,13 +133,8 @@ def test_per_example_gradients_equal_an_autograd_loop(kind, h0, kw, engine):
 def test_dropout_between_layers_gives_the_gradients_of_the_forward_that_drew_the_masks():
     torch.manual_seed(0)
     model, (x, y) = Classifier("gru", True, num_layers=2, dropout=0.4, batch_first=True), _tokens(n=32)
-    torch.manual_seed(5)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        got = get_engine("ghost").clipped_sum(model, _loss, x, y, clip=1e10)
-    torch.manual_seed(5)
-    losses = _loss(model(x), y)
-    params = list(model.parameters())
-    per = [torch.cat([g.flatten() for g in torch.autograd.grad(li, params, retain_graph=True)]) for li in losses]
-    assert torch.equal(got.losses, losses.detach())  # the same masks
-    assert torch.allclose(got.total, torch.stack(per).sum(0), atol=1e-5)
+        got, losses, per = ghost_and_seeded_forward(model, x, y)
+    assert torch.equal(got.losses, losses)  # the same masks
+    assert torch.allclose(got.total, per.sum(0), atol=1e-5)

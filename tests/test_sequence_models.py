@@ -16,17 +16,14 @@ from privopt.errors import ConfigError, ModelError, PrivoptRuntimeWarning
 from privopt.grads import get_engine
 from privopt.grads.ghost import register_layer_rule, unregister_layer_rule
 from privopt.models.attention import MultiheadAttention
+from seq_helpers import ce_loss as _loss
+from seq_helpers import ghost_and_seeded_forward, padded_tokens, per_example_grads
 
 V, T, D = 40, 6, 8
 
 
 def _tokens(n=8, seed=0):
-    """Right-padded token ids (0 = padding) and a label: whether a token below 6 is present."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(1, V, (n, T), generator=g)
-    lengths = torch.randint(2, T + 1, (n,), generator=g)
-    x[torch.arange(T)[None, :] >= lengths[:, None]] = 0
-    return x, ((x >= 1) & (x < 6)).any(1).long()
+    return padded_tokens(n, seed, vocab=V, length=T)
 
 
 def _masked_mean(h, x):
@@ -71,20 +68,6 @@ class Attention(nn.Module):
         return self.head(_masked_mean(h, x))
 
 
-def _loss(out, y):
-    return nn.functional.cross_entropy(out, y, reduction="none")
-
-
-def _loop_sum(model, x, y):
-    """The reference: sum over examples of each one's own autograd gradient."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    acc = [torch.zeros_like(p) for p in params]
-    for i in range(x.shape[0]):
-        for a, g in zip(acc, torch.autograd.grad(_loss(model(x[i : i + 1]), y[i : i + 1]).sum(), params)):
-            a += g
-    return torch.cat([a.flatten() for a in acc])
-
-
 MODELS = {
     "rnn": lambda: Recurrent(nn.RNN),
     "gru": lambda: Recurrent(nn.GRU),
@@ -107,7 +90,7 @@ def test_per_example_gradients_equal_an_autograd_loop(name, engine):
         unclipped = get_engine(engine).clipped_sum(model, _loss, x, y, clip=1e10)
         clipped = get_engine(engine).clipped_sum(model, _loss, x, y, clip=0.05)
         reference = get_engine("vmap").clipped_sum(model, _loss, x, y, clip=0.05)
-    assert torch.allclose(unclipped.total, _loop_sum(model, x, y), atol=1e-5)
+    assert torch.allclose(unclipped.total, per_example_grads(model, x, y).sum(0), atol=1e-5)
     assert (clipped.norms > 0.05).all()  # the clip binds: the norms are compared too
     assert torch.allclose(clipped.total, reference.total, atol=1e-6)
     assert torch.allclose(clipped.norms.float(), reference.norms.float(), rtol=1e-4)
@@ -228,7 +211,7 @@ def test_privopt_attention_returns_what_torch_attention_returns(batch_first):
 def test_privopt_attention_in_an_encoder_layer_is_answered_by_ghost_rules_alone():
     torch.manual_seed(0)
     model, (x, y) = _privopt_attention(Attention(encoder=True)), _tokens()
-    reference = _loop_sum(model, x, y)
+    reference = per_example_grads(model, x, y).sum(0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback of the ghost engine, no vmap of torch's kernels
         got = get_engine("ghost").clipped_sum(model, _loss, x, y, clip=1e10)
@@ -242,15 +225,10 @@ def test_dropout_with_ghost_rules_gives_the_gradients_of_the_forward_that_drew_t
     model = _privopt_attention(Attention(encoder=True))
     model.att.dropout.p = model.att.dropout1.p = model.att.dropout2.p = model.att.self_attn.dropout = 0.3
     x, y = _tokens(n=32)  # 32 rows: the engines pad no rows, so the forward's masks are a plain forward's
-    torch.manual_seed(5)
-    got = get_engine("ghost").clipped_sum(model, _loss, x, y, clip=1e10)
-    torch.manual_seed(5)
-    losses = _loss(model(x), y)
-    params = list(model.parameters())
-    per = [torch.cat([g.flatten() for g in torch.autograd.grad(li, params, retain_graph=True)]) for li in losses]
-    assert torch.equal(got.losses, losses.detach())  # the same masks
-    assert torch.allclose(got.total, torch.stack(per).sum(0), atol=1e-5)
-    assert torch.allclose(got.norms.float(), torch.stack(per).norm(dim=1), rtol=1e-5)
+    got, losses, per = ghost_and_seeded_forward(model, x, y)
+    assert torch.equal(got.losses, losses)  # the same masks
+    assert torch.allclose(got.total, per.sum(0), atol=1e-5)
+    assert torch.allclose(got.norms.float(), per.norm(dim=1), rtol=1e-5)
 
 
 def test_the_fallback_warning_for_torch_attention_names_the_replacement():
