@@ -1,5 +1,5 @@
 """Result rows of Paper A's reproduction runs: a run record as a flat row, a failed run's row,
-and the log line of each (used by :mod:`privopt.experiments.dro_runner`)."""
+the log line of each, and the tuning report (used by :mod:`privopt.experiments.dro_runner`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from privopt.experiments.dro_protocol import METHOD_LABELS
+from privopt.experiments.dro_protocol import METHOD_LABELS, Budget
+from privopt.experiments.privacy_notes import VALIDATION_SCORES
 
 __all__: list[str] = []  # helpers of dro_runner, not a public API
 
@@ -112,3 +113,26 @@ def log_row(say: Log, kind: str, row: dict) -> None:
         f"  {kind} {method:20s} {eps_txt:28s} seed {seed}: test acc {row['test_accuracy']:.4f}"
         f"{grad}{mia} ({row['model']}, {row['wall_s']:.1f} s)"
     )
+
+
+def tuning_report(budget: Budget, methods, trials, best, wall: float, per_method_s) -> dict[str, Any]:
+    """``tuning.json``: the grid, every trial and the best point per (method, ε)."""
+    return {
+        "grid": {"lr": list(budget.lrs), "clip": list(budget.clips), "weight_cap": list(budget.weight_cap_grid)},
+        # at an ε a rule covers, the cap is the rule's, not tuned
+        "weight_cap_rules": [list(rule) for rule in budget.weight_caps],
+        "method_lr_grids": {m: list(budget.lrs_for(m)) for m in methods if budget.setting(m).lrs is not None},
+        "trials_per_method": {m: sum(1 for t in trials if t["method"] == m) for m in methods},
+        "tune_at": budget.tune_at,
+        "tune_epochs": budget.tune_epochs,
+        "tune_repeats": budget.tune_repeats,
+        "validation": f"{budget.val_fraction:g} of the training split (stratified, seed 0); score = balanced "
+        "validation accuracy (the -ST test splits are class-balanced while the validation split "
+        "keeps the training imbalance, so plain accuracy would reward majority-class predictors)",
+        "n_trials": len(trials),
+        "wall_s": wall,
+        "wall_s_per_method": per_method_s,
+        "privacy_note": VALIDATION_SCORES,
+        "best": [{"method": m, "epsilon": e, **hp} for (m, e), hp in best.items()],
+        "trials": trials,
+    }

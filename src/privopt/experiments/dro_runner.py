@@ -36,15 +36,10 @@ from privopt.experiments.dro_protocol import (
     paper_delta,
     tuning_epsilons,
 )
-from privopt.experiments.dro_rows import failed_row, finite, log_row, result_row
+from privopt.experiments.dro_rows import failed_row, finite, log_row, result_row, tuning_report
 from privopt.experiments.jobs import SHARED, Call, DataRef, Workers, picklable, single_threaded
 from privopt.experiments.outdir import reproduction_output
-from privopt.experiments.privacy_notes import (
-    TRAINING_MEASUREMENTS,
-    VALIDATION_SCORES,
-    dro_defaults_note,
-    hyperparameter_note,
-)
+from privopt.experiments.privacy_notes import TRAINING_MEASUREMENTS, dro_defaults_note, hyperparameter_note
 
 __all__ = ["GridRequest", "ModelSpec", "RunSpec", "randomness_note", "run_grid", "run_one", "single_threaded", "tune"]
 
@@ -290,7 +285,7 @@ def tune(methods: Sequence[str], spec: RunSpec, *, data, epsilons: Sequence[floa
         now = time.perf_counter()  # a method's time: from the previous result to each of its own
         per_method_s[method], t_last = per_method_s[method] + now - t_last, now
     best = {key: _best_point(points) for key, points in scored.items()}
-    return best, _tuning_report(budget, methods, trials, best, time.perf_counter() - t_all, per_method_s)
+    return best, tuning_report(budget, methods, trials, best, time.perf_counter() - t_all, per_method_s)
 
 
 def _trial_dir(root: Path, method: str, eps, k: int, repeat: int) -> Path:
@@ -302,28 +297,6 @@ def _best_point(points: dict[int, tuple[dict, list[float]]]) -> dict:
     mean = {k: sum(scores) / len(scores) for k, (_hp, scores) in points.items()}  # one -inf loses
     k_best = max(points, key=lambda k: (mean[k], -k))
     return dict(points[k_best][0])
-
-
-def _tuning_report(budget: Budget, methods, trials, best, wall: float, per_method_s) -> dict[str, Any]:
-    return {
-        "grid": {"lr": list(budget.lrs), "clip": list(budget.clips), "weight_cap": list(budget.weight_cap_grid)},
-        # at an ε a rule covers, the cap is the rule's, not tuned
-        "weight_cap_rules": [list(rule) for rule in budget.weight_caps],
-        "method_lr_grids": {m: list(budget.lrs_for(m)) for m in methods if budget.setting(m).lrs is not None},
-        "trials_per_method": {m: sum(1 for t in trials if t["method"] == m) for m in methods},
-        "tune_at": budget.tune_at,
-        "tune_epochs": budget.tune_epochs,
-        "tune_repeats": budget.tune_repeats,
-        "validation": f"{budget.val_fraction:g} of the training split (stratified, seed 0); score = balanced "
-        "validation accuracy (the -ST test splits are class-balanced while the validation split "
-        "keeps the training imbalance, so plain accuracy would reward majority-class predictors)",
-        "n_trials": len(trials),
-        "wall_s": wall,
-        "wall_s_per_method": per_method_s,
-        "privacy_note": VALIDATION_SCORES,
-        "best": [{"method": m, "epsilon": e, **hp} for (m, e), hp in best.items()],
-        "trials": trials,
-    }
 
 
 # -------------------------------------------------------------------------- the grid
