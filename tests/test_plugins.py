@@ -11,6 +11,7 @@ import torch
 
 from privopt import cli
 from privopt.config import load_config
+from privopt.errors import ConfigError
 from privopt.plugins import FILE_MODULE_PREFIX
 from privopt.registry import Registry
 from privopt.training import train
@@ -218,3 +219,72 @@ def test_every_torchrun_process_imports_the_configs_plugins(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "out" / "record.json").read_text())
     assert record["status"] == "finished" and record["config"]["plugins"] == ["models.py"]
+
+
+def _tiny_dro_budget(monkeypatch) -> None:
+    """The quick DRO budget cut to one grid point and half an epoch (the workers get it with each run)."""
+    from privopt.experiments.dro_protocol import BUDGETS, Budget
+
+    cut = {"epochs": 0.5, "tune_epochs": 0.25, "eval_points": 2, "lrs": (0.1,), "clips": (1.0,)}
+    monkeypatch.setitem(BUDGETS, "quick", Budget(**{**BUDGETS["quick"].__dict__, **cut}))
+
+
+def test_reproduce_imports_its_plugins_first_and_in_every_worker(project, monkeypatch, capsys):
+    """`reproduce dro-mia --plugin`: --methods and --model name what the plugins register; the --jobs 2
+    workers (which look the names up before a run trains) import them too; every run's record and the
+    summary state them as given."""
+    root, name = project
+    _tiny_dro_budget(monkeypatch)
+    model = "net-" + root.name.lower()
+    Path("models.py").write_text(MODELS.format(name=model))
+    argv = ["reproduce", "dro-mia", "--dataset", "digits-st", "--methods", f"{name},dp-sgd", "--model", model,
+            "--epsilons", "1", "--seeds", "1", "--insecure-seed", "3", "--quiet"]  # fmt: skip
+    assert _main(*argv, "--out", "r") == 2 and "unknown model" in capsys.readouterr().err  # not without them
+    plugins = ["../conf/algo.py", "models.py"]
+    assert _main(*argv, "--plugin", plugins[0], "--plugin", plugins[1], "--jobs", "2", "--out", "r") == 0, (
+        capsys.readouterr()
+    )
+    records = {
+        str(p.parent.relative_to("r/runs")): json.loads(p.read_text()) for p in Path("r/runs").rglob("record.json")
+    }
+    assert {(where.split("/")[0], r["algorithm"]) for where, r in records.items()} == {
+        (stage, m) for stage in ("tune", "final") for m in (name, "dp-sgd")
+    }, sorted(records)
+    assert all(r["status"] == "finished" and r["config"]["model"] == model for r in records.values())
+    assert all(r["config"]["plugins"] == plugins for r in records.values())
+    assert json.loads(Path("r/summary.json").read_text())["plugins"] == plugins
+    assert "plugins `../conf/algo.py`, `models.py` were imported" in Path("r/table2.md").read_text()
+
+
+@pytest.mark.parametrize("command", ["dro-table3", "dro-mia"])
+@pytest.mark.parametrize("plugin, said", [("missing.py", "does not exist"), ("bad.py", "ValueError in ")])
+def test_reproduce_with_a_plugin_that_cannot_be_imported_writes_nothing(project, capsys, command, plugin, said):
+    Path("bad.py").write_text('raise ValueError("secret record 42")\n')
+    assert _main("reproduce", command, "--dataset", "digits-st", "--plugin", plugin, "--out", "r") == 2
+    err = capsys.readouterr().err
+    assert f"plugin {plugin!r}" in err and said in err and "secret" not in err and len(err.splitlines()) == 1, err
+    assert not Path("r").exists()
+
+
+def test_reproduce_api_plugins_are_a_list(project):
+    from privopt.experiments.dro import run_dro_table3
+
+    with pytest.raises(ConfigError, match="plugins must be a list"):
+        run_dro_table3(dataset="digits-st", plugins="../conf/algo.py", out_dir="r")
+    assert not Path("r").exists()
+
+
+def test_a_worker_imports_the_plugins_before_its_first_call_and_names_one_it_cannot_import(project):
+    from jobs_helpers import echo_or_fail
+    from privopt.experiments.jobs import Call, run_ordered
+
+    # Imported in this process (the test's), but not in a spawned worker: the call's error names it.
+    Path("here.py").write_text(
+        "import multiprocessing\n\nif multiprocessing.parent_process() is not None:\n"
+        "    raise RuntimeError('secret record 7')\n"
+    )
+    calls = [Call(args=(1,)), Call(args=(2,))]
+    assert list(run_ordered(echo_or_fail, calls, jobs=1, plugins=["here.py"])) == [1, 2]
+    with pytest.raises(ConfigError, match=r"plugin '.*here\.py' failed while it was imported: RuntimeError") as e:
+        list(run_ordered(echo_or_fail, calls, jobs=2, plugins=["here.py"]))
+    assert "secret" not in str(e.value)

@@ -121,8 +121,15 @@ def add_run_outputs(
         parser.add_argument("--quiet", action="store_true", help="print nothing (outputs are still written)")
 
 
-def add_plugin_option(parser: argparse.ArgumentParser, *, what: str = "the config can name") -> None:
-    """``--plugin MODULE_OR_FILE``, repeatable: your code to import first (:mod:`privopt.plugins`).
+def add_plugin_option(
+    parser: argparse.ArgumentParser,
+    *,
+    what: str = "the config can name",
+    kinds: str = "an algorithm, model, dataset...",
+    stated: str = "config key `plugins`",
+) -> None:
+    """``--plugin MODULE_OR_FILE``, repeatable: your code to import first (:mod:`privopt.plugins`);
+    ``what`` names it, ``kinds`` says which of its registrations, ``stated`` where the run states it.
 
     Example:
         >>> p = argparse.ArgumentParser(prog="x")
@@ -133,7 +140,7 @@ def add_plugin_option(parser: argparse.ArgumentParser, *, what: str = "the confi
     parser.add_argument(
         "--plugin", action="append", default=[], metavar="MODULE_OR_FILE",
         help=f"import this module (mypkg.ext) or Python file (ext.py, from the current directory) first, so {what} "
-        "what it registers (an algorithm, model, dataset...); repeatable; config key `plugins`. It runs as your code",
+        f"what it registers ({kinds}); repeatable; {stated}. It runs as your code",
     )  # fmt: skip
 
 

@@ -2,9 +2,9 @@
 (an algorithm, a model, a dataset, a loss, an engine, a run metric...) can be named in a config.
 
 A config's ``plugins: [mypkg.ext, ext.py]`` and the command line's ``--plugin MODULE_OR_FILE``
-(``privopt train``, ``audit``, ``list``, ``predict``) name them: a module name is imported as Python
-imports it (an installed package or one on ``PYTHONPATH``); a path ending in ``.py`` is run as a
-module of its own. A relative path read from a config file is
+(``privopt train``, ``audit``, ``list``, ``predict``, ``reproduce dro-table3``/``dro-mia``) name them:
+a module name is imported as Python imports it (an installed package or one on ``PYTHONPATH``); a
+path ending in ``.py`` is run as a module of its own. A relative path read from a config file is
 relative to that file's folder; one given with ``--plugin``, ``--set`` or the Python API, to the current
 directory (:func:`privopt.config.file_folders`). A plugin is imported once per process, however often
 it is named (a file is known by its absolute path), so naming it in the config and with ``--plugin``
@@ -24,6 +24,7 @@ import importlib.util
 import os
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -68,8 +69,16 @@ def load_plugins(cfg: RunConfig, recorded: list[str] | None = None) -> list[str]
     return [target for _, target, _ in targets]
 
 
-def import_plugins(entries: list[str]) -> list[ModuleType]:
-    """Import plugins named on the command line (files from the current directory); the modules."""
+def import_plugins(entries: Sequence[str]) -> list[ModuleType]:
+    """Import plugins named on the command line or given to a reproduction (files from the current
+    directory); the modules.
+
+    Raises:
+        ConfigError: when ``entries`` is not a list of module names and file paths, or a plugin is not
+            found or its import fails (naming it).
+    """
+    if not isinstance(entries, (list, tuple)) or not all(isinstance(e, str) and e.strip() for e in entries):
+        raise ConfigError(f"plugins must be a list of module names or .py file paths, got {entries!r}")
     return [_import(e, plugin_target(e), "from the current directory") for e in entries]
 
 

@@ -20,7 +20,7 @@ import argparse
 import json
 from dataclasses import replace
 
-from privopt.cliargs import DEVICES, add_run_outputs, float_list, positive_float, positive_int
+from privopt.cliargs import DEVICES, add_plugin_option, add_run_outputs, float_list, positive_float, positive_int
 from privopt.errors import ConfigError
 from privopt.experiments.dro_protocol import (
     BUDGETS,
@@ -81,6 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model", help="model of every method, replacing the budget's and any per-method one (a registered model name)"
     )
     parser.add_argument("--methods", help="comma-separated algorithm names (default: the paper's)")
+    stated = "every run's record states it"
+    add_plugin_option(parser, what="--methods and --model can name", kinds="an algorithm, a model", stated=stated)
     parser.add_argument("--no-tune", action="store_true", help="skip tuning (budget-default lr/clip)")
     parser.add_argument(
         "--tune-at", type=tune_at_value, metavar="EACH|EPS",
@@ -124,7 +126,9 @@ def _budget(name: str, tune_at: str | float | None, tune_repeats: int | None = N
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``privopt reproduce dro-table3`` / ``dro-mia``."""
     from privopt.models import available_models
+    from privopt.plugins import import_plugins
 
+    import_plugins(args.plugin)  # before any name is checked: --methods and --model may name what they register
     mia = getattr(args, "experiment", "dro-table3") == "dro-mia"
     dataset = args.dataset or ("cifar10-st" if mia else None)
     if dataset is None:
@@ -146,6 +150,7 @@ def main(args: argparse.Namespace) -> int:
         insecure_seed=getattr(args, "insecure_seed", None),
         device=getattr(args, "device", "cpu"),
         jobs=getattr(args, "jobs", 1),
+        plugins=args.plugin,
     )
     if mia:
         res = run_dro_mia(epsilons=args.epsilons or MIA_EPSILONS, seeds=args.seeds or 5, **common)

@@ -308,6 +308,7 @@ _FORWARDED = (
     "insecure_seed",
     "device",
     "jobs",
+    "plugins",
 )
 
 
@@ -347,6 +348,7 @@ def run_dro_table3(
     insecure_seed: int | None = None,
     device: str = "cpu",
     jobs: int = 1,
+    plugins: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Reproduce Paper A's Table 3 / Figures 1–3 on one dataset and write every output.
 
@@ -355,7 +357,9 @@ def run_dro_table3(
     ``out_dir``. The arguments are those of :class:`privopt.experiments.dro_runner.GridRequest`
     (``tune``: grid-search lr × clip per method on a validation split; ``nonprivate``: add the
     SCDRO reference; ``insecure_seed``: reproducible, NOT private noise, recorded as such;
-    ``jobs``: runs at a time in worker processes, one torch thread each; same results for any value).
+    ``jobs``: runs at a time in worker processes, one torch thread each; same results for any value;
+    ``plugins``: your modules or ``.py`` files, imported first here and in every worker, so ``methods``
+    and ``model`` can name what they register; every run's record and ``summary.json`` state them).
 
     Returns:
         ``{"rows": [...], "table": markdown, "summary": {...}, "out_dir": path, "mia_violations": [...]}``.
@@ -430,6 +434,7 @@ def run_dro_mia(
     insecure_seed: int | None = None,
     device: str = "cpu",
     jobs: int = 1,
+    plugins: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Reproduce Paper A's Table 2: membership-attack AUC per method and ε, next to the DP cap
     and the paper's numbers (which exceed the cap: a model that is ε-DP cannot reach them).

@@ -40,6 +40,7 @@ from privopt.experiments.dro_rows import failed_row, finite, log_row, result_row
 from privopt.experiments.jobs import SHARED, Call, DataRef, Workers, picklable, single_threaded
 from privopt.experiments.outdir import reproduction_output
 from privopt.experiments.privacy_notes import TRAINING_MEASUREMENTS, dro_defaults_note, hyperparameter_note
+from privopt.plugins import import_plugins
 
 __all__ = ["GridRequest", "ModelSpec", "RunSpec", "randomness_note", "run_grid", "run_one", "single_threaded", "tune"]
 
@@ -60,6 +61,7 @@ class RunSpec:
         device: ``"cpu"`` or ``"cuda"`` for every run (config key ``device``).
         tuning_note: how the final runs' hyper-parameters were chosen when that read private
             data (config key ``hyperparameter_tuning``: their records say it is not accounted).
+        plugins: the reproduction's plugins as given (config key ``plugins``: every run's record states them).
     """
 
     dataset_label: str
@@ -69,6 +71,7 @@ class RunSpec:
     insecure_seed: int | None = None
     device: str = "cpu"
     tuning_note: str | None = None
+    plugins: tuple[str, ...] = ()
 
     def noise_seed(self, seed: int) -> int | None:
         return None if self.insecure_seed is None else self.insecure_seed + seed
@@ -171,6 +174,7 @@ def run_one(
             "hyperparameter_tuning": spec.tuning_note,
             "feature_centering": _centering(budget, data),
             "logit_adjustment": dict(_logit_adjustment(budget, method)),
+            "plugins": list(spec.plugins),  # imported already (Workers): the record states them as given
         }
     )
     t0 = time.perf_counter()
@@ -383,6 +387,9 @@ class GridRequest:
         jobs: runs at a time, each in its own worker process with one torch thread (0: one per
             CPU core). A registered dataset name is loaded by every worker itself; your own
             Dataset and model factory must be picklable. Results do not depend on ``jobs``.
+        plugins: module names and ``.py`` files (from the current directory) imported first, here and
+            in every worker, so ``methods`` and ``model`` can name what they register
+            (:mod:`privopt.plugins`); every run's record states them as given.
     """
 
     kind: str
@@ -404,6 +411,7 @@ class GridRequest:
     insecure_seed: int | None = None
     device: str = "cpu"
     jobs: int = 1
+    plugins: Sequence[str] = ()
 
 
 def _grid_sizes(budget: Budget, method: str, epsilons) -> str:
@@ -429,9 +437,11 @@ def _choose_hyperparameters(req: GridRequest, spec: RunSpec, methods, eps_list, 
 
 def run_grid(req: GridRequest) -> tuple[list[dict], dict[str, Any], Path]:
     """Run a reproduction (:class:`GridRequest`); returns (result rows, its metadata, the output folder)."""
+    import_plugins(req.plugins)  # first: the methods and the model may be names a plugin registers
     b, eps_list, methods, out = _checked(req.budget, req.seeds, req.epsilons, req.methods, req.nonprivate, req.out_dir)
     b = b.for_dataset(req.dataset) if isinstance(req.dataset, str) else b
-    workers = Workers(req.jobs, shared=None if isinstance(req.dataset, str) else req.dataset)  # checked now
+    shared = None if isinstance(req.dataset, str) else req.dataset
+    workers = Workers(req.jobs, shared=shared, plugins=req.plugins)  # checked now; each worker imports the plugins
     jobs = workers.jobs
     if jobs > 1 and callable(req.model):
         picklable(req.model, "a model factory")  # before any run, not in the first worker
@@ -443,7 +453,8 @@ def run_grid(req: GridRequest) -> tuple[list[dict], dict[str, Any], Path]:
 
         resolve_device(req.device)  # a missing GPU fails before any tuning run
         progress = req.progress and jobs == 1  # the bars of parallel runs would interleave; one line per run instead
-        spec = RunSpec(label, b, model=req.model, progress=progress, insecure_seed=req.insecure_seed, device=req.device)
+        spec = RunSpec(label, b, model=req.model, progress=progress, insecure_seed=req.insecure_seed,
+                       device=req.device, plugins=tuple(req.plugins))  # fmt: skip
         t_start = time.perf_counter()
         runs = dict(dataset=req.dataset, data_dir=req.data_dir, methods=methods, eps_list=eps_list, seeds=req.seeds)
         with workers:  # one pool for tuning and the final runs: workers start (import torch, warm up) once
@@ -467,6 +478,7 @@ def run_grid(req: GridRequest) -> tuple[list[dict], dict[str, Any], Path]:
         "not_private": TRAINING_MEASUREMENTS if req.metrics else None,
         "insecure_seed": req.insecure_seed,
         "jobs": jobs,
+        "plugins": list(req.plugins),
         "tuning_wall_s": tuning.get("wall_s", 0.0),
         "total_wall_s": time.perf_counter() - t_start,
     }

@@ -12,21 +12,24 @@ Datasets never travel to the workers by pickling (scattering features of mnist-s
 of MB): a call names its data with a :class:`DataRef` (a module-level loader and its arguments)
 and every worker loads it itself, keeping one dataset at a time. An in-memory object shared by
 every call (e.g. a user's own :class:`privopt.data.Dataset`) is pickled once per worker, not
-once per call.
+once per call. Plugins (:mod:`privopt.plugins`) given to :class:`Workers` are imported by every
+worker before its first call, so the names they register are known there too.
 """
 
 from __future__ import annotations
 
 import json
 import pickle
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import Any
 
+from privopt.config import plugin_target
 from privopt.cores import pool_jobs, set_pool_jobs, usable_cores
-from privopt.errors import ConfigError
+from privopt.errors import ConfigError, PrivoptError
+from privopt.plugins import import_plugins
 
 __all__ = [
     "SHARED",
@@ -82,8 +85,11 @@ class _Slot:
 
     def __init__(self, shared: Any = None):
         self.shared, self.key, self.value = shared, None, None
+        self.error: PrivoptError | None = None  # a plugin the worker could not import
 
     def resolve(self, data: DataRef | str | None) -> dict[str, Any]:
+        if self.error is not None:
+            raise self.error
         if data is None:
             return {}
         if data == SHARED:
@@ -98,11 +104,12 @@ class _Slot:
 _WORKER_SLOT = _Slot()  # a worker process's own dataset
 
 
-def _init_worker(shared_blob: bytes | None, draw_ahead: bool, jobs: int = 1) -> None:
+def _init_worker(shared_blob: bytes | None, draw_ahead: bool, jobs: int = 1, plugins: tuple[str, ...] = ()) -> None:
     """Every worker: one torch intra-op thread (one run per core), noise drawn ahead only if
-    ``draw_ahead``, its pool's size (:func:`pool_jobs`), the shared object, foreign warnings without
-    their text (``privopt.quiet``), and no SIGINT of its own: on Ctrl-C the parent cancels the pool
-    (an active run still turns the signal into a checkpoint through its own handler)."""
+    ``draw_ahead``, its pool's size (:func:`pool_jobs`), the ``plugins`` (before the shared object,
+    whose classes they may define), the shared object, foreign warnings without their text
+    (``privopt.quiet``), and no SIGINT of its own: on Ctrl-C the parent cancels the pool (an active
+    run still turns the signal into a checkpoint through its own handler)."""
     import signal
 
     import torch
@@ -115,6 +122,11 @@ def _init_worker(shared_blob: bytes | None, draw_ahead: bool, jobs: int = 1) -> 
     torch.set_num_threads(1)
     set_draw_ahead(enabled=draw_ahead)
     hide_foreign_warnings()  # its stderr is the CLI's: another library's warning text may quote a record
+    try:
+        import_plugins(list(plugins))
+    except PrivoptError as e:  # raised by the first call: a clear error, not a broken pool
+        _WORKER_SLOT.error = e
+        return
     _WORKER_SLOT.shared = None if shared_blob is None else pickle.loads(shared_blob)
 
 
@@ -173,6 +185,8 @@ class Workers:
     Args:
         jobs: worker processes (:func:`resolve_jobs`; 0: one per CPU core).
         shared: the object a call with ``data=SHARED`` receives (pickled once per worker).
+        plugins: module names and ``.py`` files (from the current directory) to import, now in this
+            process and in every worker before its first call (:func:`privopt.plugins.import_plugins`).
 
     Example:
         >>> with Workers(2) as workers:
@@ -180,8 +194,10 @@ class Workers:
         [1, 2, 4, 8, 16]
     """
 
-    def __init__(self, jobs: int = 1, *, shared: Any = None):
+    def __init__(self, jobs: int = 1, *, shared: Any = None, plugins: Sequence[str] = ()):
         self.jobs, self.shared = resolve_jobs(jobs), shared
+        import_plugins(plugins)  # fails here, naming the plugin, before any worker starts
+        self._plugins = tuple(plugin_target(p) for p in plugins)  # a worker imports the same files
         self._slot, self._pool = _Slot(shared), None  # this process's dataset: freed by close()
         # pickled now, so an unpicklable object fails before any run (the pool keeps it to start workers)
         parallel = shared is not None and self.jobs > 1
@@ -208,7 +224,7 @@ class Workers:
                 max_workers=self.jobs,
                 mp_context=get_context("spawn"),
                 initializer=_init_worker,
-                initargs=(self._blob, draw_ahead, self.jobs),
+                initargs=(self._blob, draw_ahead, self.jobs, self._plugins),
             )
         return self._pool
 
@@ -238,7 +254,9 @@ class Workers:
             raise
 
 
-def run_ordered(fn: Callable, calls: Iterable[Call], *, jobs: int = 1, shared: Any = None) -> Iterator[Any]:
+def run_ordered(
+    fn: Callable, calls: Iterable[Call], *, jobs: int = 1, shared: Any = None, plugins: Sequence[str] = ()
+) -> Iterator[Any]:
     """:meth:`Workers.map` with workers of its own: results of ``fn`` over independent calls, in
     the order of ``calls``, computed by ``jobs`` processes.
 
@@ -247,7 +265,7 @@ def run_ordered(fn: Callable, calls: Iterable[Call], *, jobs: int = 1, shared: A
         >>> list(run_ordered(pow, [Call(args=(2, k)) for k in range(5)], jobs=2))
         [1, 2, 4, 8, 16]
     """
-    with Workers(jobs, shared=shared) as workers:
+    with Workers(jobs, shared=shared, plugins=plugins) as workers:
         yield from workers.map(fn, calls)
 
 

@@ -107,8 +107,11 @@ def hyperparameter_note(tuning: dict[str, Any], *, defaults_note: str | None = N
 
 
 def notes_markdown(meta: dict[str, Any]) -> str:
-    """The privacy notes of a summary (``hyperparameter_tuning``, ``not_private``) as Markdown lines."""
+    """The privacy notes of a summary (``hyperparameter_tuning``, ``not_private``, ``plugins``) as Markdown lines."""
     lines = []
+    if meta.get("plugins"):  # whose code ran: a plugin's algorithm is only as private as its release plan
+        names = ", ".join(f"`{p}`" for p in meta["plugins"])
+        lines.append(f"**Your code:** plugins {names} were imported (what they register is as private as its code).")
     if meta.get("hyperparameter_tuning"):
         lines.append(f"**Not accounted:** hyper-parameters {meta['hyperparameter_tuning']}.")
     if meta.get("not_private"):
