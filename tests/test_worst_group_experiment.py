@@ -157,9 +157,31 @@ def test_bad_arguments_fail_before_writing(tmp_path):
         run_worst_group(dataset="mnist", out_dir=tmp_path / "a")
     with pytest.raises(ConfigError, match="epsilons"):
         run_worst_group(dataset="synthetic", epsilons=[0.0], out_dir=tmp_path / "b")
-    with pytest.raises(ConfigError, match="unknown method.*registered algorithms: .*noisy-sgd-mgr"):
+    with pytest.raises(ConfigError, match="unknown method.*worst-group runs only its protocol's: .*noisy-sgd-mgr"):
         run_worst_group(dataset="synthetic", methods=["nope"], out_dir=tmp_path / "c")
+    # A registered algorithm without the protocol's tuning grid and settings (it was refused after --out existed)
+    with pytest.raises(ConfigError, match="unknown method.*'sgd'.*runs only its protocol's"):
+        run_worst_group(dataset="synthetic", methods=["dp-sgd", "sgd"], out_dir=tmp_path / "d")
     assert not any(tmp_path.iterdir())
+
+
+def test_worst_group_takes_no_budget_and_says_why(tmp_path, capsys):
+    """The other reproductions take --budget {quick,paper}; Paper D has no experiments, hence no paper schedule."""
+    from privopt.cli import main
+
+    for budget in ("quick", "paper"):
+        with pytest.raises(SystemExit) as e:
+            main(
+                ["reproduce", "worst-group", "--dataset", "synthetic", "--budget", budget, "--out", str(tmp_path / "o")]
+            )
+        assert e.value.code == 2
+        assert "worst-group has no --budget: Paper D prints no experiments" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(SystemExit):
+        main(["reproduce", "worst-group", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "no --budget: Paper D prints no experiments, so there is no paper schedule to choose" in help_text
+    assert "--budget BUDGET" not in help_text  # not an option of this command: only its refusal
 
 
 def test_every_method_has_a_grid_of_the_same_size():
@@ -184,6 +206,9 @@ def test_two_jobs_give_the_serial_rows(tmp_path):
             tune_grid=False, rates=False, insecure_seed=3, log=lambda s: None, jobs=jobs,
         )  # fmt: skip
         assert res["jobs"] == jobs
+        summary = json.loads((tmp_path / f"j{jobs}" / "summary.json").read_text())
+        assert summary["schedule"] == protocol.schedule_summary("synthetic") and summary["schedule"]["epochs"] == 20
+        assert "Schedule of every method: 20 epochs, DP-SGD batch 256" in res["markdown"]
         lines = (tmp_path / f"j{jobs}" / "results.jsonl").read_text().splitlines()
         rows[jobs] = [{k: v for k, v in json.loads(s).items() if k not in ("wall_s", "cpu_s")} for s in lines]
     assert [(r["seed"], r["method"]) for r in rows[2]] == [(s, m) for s in (0, 1) for m in methods]

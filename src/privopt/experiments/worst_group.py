@@ -31,7 +31,15 @@ from privopt.cliargs import add_run_outputs, float_list, positive_int
 from privopt.errors import ConfigError
 from privopt.experiments.jobs import Workers, single_threaded
 from privopt.experiments.privacy_notes import hyperparameter_note, notes_markdown
-from privopt.experiments.worst_group_protocol import BASELINES, DATASETS, EPSILONS, PAPER_D, load_group_dataset
+from privopt.experiments.worst_group_protocol import (
+    BASELINES,
+    DATASETS,
+    EPSILONS,
+    NO_BUDGET,
+    PAPER_D,
+    load_group_dataset,
+    schedule_summary,
+)
 from privopt.experiments.worst_group_report import (
     per_group_table,
     plot_rates,
@@ -48,8 +56,6 @@ __all__ = ["add_arguments", "main", "run_worst_group"]
 
 
 def _checked(dataset, epsilons, seeds, methods, out_dir) -> tuple[list[float], list[str], Path]:
-    from privopt.algorithms import available_algorithms
-
     if dataset not in DATASETS:
         raise ConfigError(f"unknown dataset {dataset!r}; choose from {', '.join(DATASETS)}")
     eps = [float(e) for e in epsilons]
@@ -57,9 +63,11 @@ def _checked(dataset, epsilons, seeds, methods, out_dir) -> tuple[list[float], l
         raise ConfigError(f"epsilons must be finite numbers > 0, got {list(epsilons)!r}")
     if not (isinstance(seeds, int) and seeds >= 1):
         raise ConfigError(f"seeds must be a positive integer, got {seeds!r}")
-    unknown = [m for m in methods if m not in available_algorithms()]
-    if unknown:
-        raise ConfigError(f"unknown method(s) {unknown}; registered algorithms: {', '.join(available_algorithms())}")
+    unknown = [m for m in methods if m not in PAPER_D + BASELINES]
+    if unknown:  # each method has its own tuning grid and settings: another registered algorithm has none
+        raise ConfigError(
+            f"unknown method(s) {unknown}; worst-group runs only its protocol's: {', '.join(PAPER_D + BASELINES)}"
+        )
     out = Path(out_dir)
     if (out / "results.jsonl").exists():
         raise ConfigError(f"{out} already holds a results.jsonl; choose a new --out directory")
@@ -97,7 +105,7 @@ def run_worst_group(
     names = load_group_dataset(dataset, data_dir=data_dir, seed=0).group_names
     result = {
         "dataset": dataset, "epsilons": eps, "seeds": seeds, "methods": methods,
-        "hyperparameters": best, "summary": summary, "verdict": verdict(summary),
+        "schedule": schedule_summary(dataset), "hyperparameters": best, "summary": summary, "verdict": verdict(summary),
         "randomness": "secret (OS entropy)" if insecure_seed is None else f"seeded, INSECURE ({insecure_seed} + seed)",
         "jobs": workers.jobs, "hyperparameter_tuning": hyperparameter_note(tuning), "tuned": bool(tuning["tuned"]),
     }  # fmt: skip
@@ -157,6 +165,7 @@ def _markdown(result: dict, rows, names) -> str:
             else "NOT tuned (--no-tune): each "
             "method at the middle point of its grid, so methods are not compared at their best."
         ),
+        _schedule_line(result["schedule"]),
         notes_markdown(result),
         results_table(result["summary"], eps),
         f"\nPer-group test accuracy at ε = {eps[len(eps) // 2]:g} (mean over seeds):",
@@ -177,7 +186,23 @@ def _markdown(result: dict, rows, names) -> str:
     return "\n".join(parts)
 
 
+def _schedule_line(s: dict) -> str:
+    return (
+        f"Schedule of every method: {s['epochs']:g} epochs, DP-SGD batch {s['batch']}, Noisy-SGD-MGR/AGS batch "
+        f"{s['group_batch']}, DP-OCO {s['oco_batch']} records per round ({s['note']})."
+    )
+
+
+class _NoBudget(argparse.Action):
+    """``--budget``, which the other reproductions take: a usage error that says why this one has none."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(NO_BUDGET)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = NO_BUDGET + "."
+    parser.add_argument("--budget", action=_NoBudget, help=argparse.SUPPRESS)
     parser.add_argument(
         "--dataset", required=True, choices=sorted(DATASETS),
         help="group data: adult (sex x race), celeba (Blond_Hair x Male) or synthetic (p-group mixture)",

@@ -25,6 +25,7 @@ __all__ = [
     "DATASETS",
     "EPSILONS",
     "METHOD_LABELS",
+    "NO_BUDGET",
     "PAPER_D",
     "TUNE_EPSILON",
     "Schedule",
@@ -32,6 +33,7 @@ __all__ = [
     "grid",
     "load_group_dataset",
     "method_params",
+    "schedule_summary",
 ]
 
 PAPER_D = ("minimax-phased-erm", "dp-oco-exp3", "noisy-sgd-mgr", "noisy-sgd-ags")
@@ -78,6 +80,29 @@ DATASETS: dict[str, tuple[str, Schedule]] = {
     "celeba": ("celeba", Schedule(epochs=3, batch=1024, group_batch=2048, oco_batch=64)),
     "synthetic": ("synthetic-groups", Schedule(epochs=20, batch=256, group_batch=512, oco_batch=16, options=SYNTHETIC)),
 }
+
+# Why this reproduction, unlike dro-table3, erm-covertype and sosp, takes no --budget {quick,paper}.
+NO_BUDGET = (
+    "worst-group has no --budget: Paper D prints no experiments, so there is no paper schedule to choose; "
+    "each dataset has one schedule (epochs and batch sizes chosen so that every method's curve has flattened, "
+    "docs/algorithms/worst_group.md, 'Reproduction'), already CPU-sized. For a cheaper run: fewer --seeds or "
+    "--epsilons, --methods, --no-tune, and on synthetic --no-rates or fewer --rate-seeds"
+)
+
+
+def schedule_summary(dataset: str) -> dict[str, Any]:
+    """The dataset's schedule as the summary states it (with :data:`NO_BUDGET`'s reason in brief).
+
+    Example:
+        >>> s = schedule_summary("adult")
+        >>> s["epochs"], s["batch"], s["group_batch"]
+        (10, 512, 1024)
+    """
+    s = DATASETS[dataset][1]
+    fields = {"epochs": s.epochs, "batch": s.batch, "group_batch": s.group_batch, "oco_batch": s.oco_batch}
+    note = "the project's one schedule for this dataset (Paper D prints no experiments: no quick/paper budget)"
+    return {**fields, "val_fraction": s.val_fraction, "note": note}
+
 
 # Six points per method over its two most influential knobs (the same budget for every method).
 _GRIDS: dict[str, tuple[str, tuple, str, tuple]] = {
