@@ -54,6 +54,8 @@ def _plan(args) -> dict:
     from privopt.privacy import MAX_SWEEP_ROWS, check_delta_for_size
 
     n = _size(str(args.dataset_size), "--dataset-size")
+    if not 0 < args.delta < 1:  # also nan
+        raise ConfigError(f"--delta: '{args.delta:g}' is not in (0, 1)")
     check_delta_for_size(args.delta, dataset_size=n, allow_large=args.allow_large_delta, override="--allow-large-delta")
     sizes = _values(args.batch_size, "--batch-size", _size)
     for b in sizes:
