@@ -7,6 +7,7 @@ import sys
 import pytest
 
 import privopt
+import privopt.api
 import privopt.privacy
 
 HEAVY = ("matplotlib", "scipy", "dp_accounting", "sklearn", "opacus", "pandas", "torch")
@@ -61,7 +62,7 @@ def test_fit_loads_no_plotting_library_and_accounting_loads_on_use(stages):
     assert {"dp_accounting", "scipy"} <= set(stages["privopt.privacy.epsilon_of"])
 
 
-@pytest.mark.parametrize("module", [privopt, privopt.privacy], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [privopt, privopt.api, privopt.privacy], ids=lambda m: m.__name__)
 def test_every_public_name_imports(module):
     for name in module.__all__:
         exec(f"from {module.__name__} import {name}", {})
@@ -75,3 +76,25 @@ def test_lazy_privacy_names_are_exactly_the_public_ones():
     from privopt.privacy import accountant  # a submodule is still importable by name
 
     assert privopt.privacy.epsilon_of is accountant.epsilon_of
+
+
+RUNS = """
+import json, sys
+from privopt.cli import main
+code = main(["runs", {root!r}, "--csv", {csv!r}, "--markdown", {md!r}])
+print(json.dumps([code, sorted(h for h in {heavy!r} if h in sys.modules)]))
+"""
+
+
+def test_privopt_runs_reads_and_writes_its_tables_without_torch(tmp_path):
+    """Listing runs reads JSON records: it loads no heavy library (torch alone costs ~1 s)."""
+    run = tmp_path / "sweep" / "eps1"
+    run.mkdir(parents=True)
+    record = {"algorithm": "dp-sgd", "model": {"name": "mlp"}, "dataset": {"name": "digits"}, "status": "finished"}
+    (run / "record.json").write_text(json.dumps(record))
+    csv, md = tmp_path / "t.csv", tmp_path / "t.md"
+    code = RUNS.format(root=str(tmp_path / "sweep"), csv=str(csv), md=str(md), heavy=HEAVY)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [0, []]
+    assert csv.read_text().splitlines()[1].startswith("eps1,dp-sgd,mlp,digits")
+    assert md.is_file()

@@ -22,11 +22,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from privopt.errors import DataError
 
@@ -92,7 +91,8 @@ def atomic_write_json(path: Path, obj: Any, *, mode: int | None = None) -> None:
 
 
 def _json_default(o: Any) -> Any:
-    if isinstance(o, torch.Tensor):
+    torch = sys.modules.get("torch")  # not imported here: JSON and text writes stay torch-free (privopt runs)
+    if torch is not None and isinstance(o, torch.Tensor):
         return o.tolist()
     if hasattr(o, "item"):
         return o.item()
@@ -103,6 +103,8 @@ def _json_default(o: Any) -> Any:
 
 def torch_bytes(obj: Any) -> bytes:
     """``torch.save`` into memory (so the file itself is written by one atomic write)."""
+    import torch
+
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
@@ -120,6 +122,8 @@ def load_checkpoint(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / CHECKPOINT_NAME
     if not path.is_file():
         raise DataError(f"no checkpoint to resume from: {path} does not exist")
+    import torch
+
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # a truncated or foreign file

@@ -22,6 +22,7 @@ from privopt.cliargs import (
     DEVICES,
     add_plugin_option,
     exact_options,
+    negative_values,
     non_negative_int,
     parse_with_hints,
     positive_int,
@@ -208,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     _add_reproduce_parser(sub)
-    return exact_options(p)
+    return negative_values(exact_options(p))
 
 
 class _ExperimentParser(argparse.ArgumentParser):

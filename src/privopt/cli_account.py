@@ -54,6 +54,8 @@ def _plan(args) -> dict:
     from privopt.privacy import MAX_SWEEP_ROWS, check_delta_for_size
 
     n = _size(str(args.dataset_size), "--dataset-size")
+    if not 0 < args.delta < 1:  # also nan
+        raise ConfigError(f"--delta: '{args.delta:g}' is not in (0, 1)")
     check_delta_for_size(args.delta, dataset_size=n, allow_large=args.allow_large_delta, override="--allow-large-delta")
     sizes = _values(args.batch_size, "--batch-size", _size)
     for b in sizes:
@@ -115,15 +117,33 @@ def _fmt(x: float) -> str:
     return f"{x:.4f}" if 1e-3 <= abs(x) < 1e5 else f"{x:.4g}"
 
 
-def _row_line(i: int, total: int, row: dict, seconds: float) -> str:
+def _duration(seconds: float) -> str:
+    if seconds < 59.5:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 3570 else f"{seconds / 3600:.1f} h"
+
+
+def _pace(i: int, total: int, elapsed: float) -> str:
+    """The time so far and, from the mean row so far, the time left (a sweep's rows can take
+    seconds each: a 200-row PLD calibration sweep took 3.8 min on the shared 2-core machine)."""
+    if i + 1 == total:
+        return f"({_duration(elapsed)} in all)"
+    return f"({_duration(elapsed)} so far, about {_duration(elapsed / (i + 1) * (total - i - 1))} left)"
+
+
+def _row_line(i: int, total: int, row: dict, seconds: float, elapsed: float) -> str:
     """The progress line of a sweep's row (on stderr)."""
     length = f"{row['steps']} steps" + (f" ({_epochs(row['epochs'])})" if "epochs" in row else "")
     head = f"row {i + 1}/{total}: B={row['batch_size']}, {length}"
     if "epsilon_target" in row:
         got = f"target epsilon {row['epsilon_target']:g} -> z = {_fmt(row['noise_multiplier'])}"
-        return f"{head}, {got} (epsilon {_fmt(row['epsilon'])}, {row['accountant']}), {seconds:.1f} s"
-    got = f"z = {row['noise_multiplier']:g} -> epsilon = {_fmt(row['epsilon'])}"
-    return f"{head}, {got} ({row['accountant']}), {seconds:.1f} s"
+        got += f" (epsilon {_fmt(row['epsilon'])}, {row['accountant']})"
+    else:
+        got = f"z = {row['noise_multiplier']:g} -> epsilon = {_fmt(row['epsilon'])} ({row['accountant']})"
+    return f"{head}, {got}, {seconds:.1f} s {_pace(i, total, elapsed)}"
+
+
+_now = time.monotonic  # the clock of the row lines (a test sets it)
 
 
 def _cmd_account(args) -> int:
@@ -135,13 +155,15 @@ def _cmd_account(args) -> int:
     # On stderr: stdout holds the result. A sweep's rows are its progress in a log; a terminal also
     # shows each calibration's live line.
     progress = ProgressLine(sys.stderr, quiet=args.quiet or (not single and not sys.stderr.isatty()))
-    clock = [time.monotonic()]
+    start = _now()
+    clock = [start]
 
     def on_row(i: int, total: int, row: dict) -> None:
         progress.finish()
+        now = _now()
         if not single and not args.quiet:
-            print(_row_line(i, total, row, time.monotonic() - clock[0]), file=sys.stderr, flush=True)
-        clock[0] = time.monotonic()
+            print(_row_line(i, total, row, now - clock[0], now - start), file=sys.stderr, flush=True)
+        clock[0] = now
 
     rows = dp_sgd_sweep(**plan, progress=progress, on_row=on_row)
     if args.plot is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 
 from privopt.errors import close_name
 
@@ -28,6 +29,7 @@ __all__ = [
     "float_list",
     "int_list",
     "name_list",
+    "negative_values",
     "non_negative_int",
     "parse_with_hints",
     "positive_float",
@@ -160,6 +162,30 @@ def exact_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 exact_options(sub)
+    return parser
+
+
+# A token that starts like a number (-1,2  -1e-5  -.5  -inf): argparse's own test (-1, -0.5 only) reads
+# the rest as options, so `--epsilon -1,2` failed with "expected one argument" instead of naming the value.
+_NUMBER_LIKE = re.compile(r"^-(\d|\.\d|inf|nan)", re.IGNORECASE)
+
+
+def negative_values(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """In ``parser`` and all its sub-commands, a token that starts like a negative number (``-1,2``,
+    ``-1e-5``, ``-inf``) is a value, so the option it follows refuses it by name (no option is
+    spelt like a number).
+
+    Example:
+        >>> p = argparse.ArgumentParser(prog="x", exit_on_error=False)
+        >>> _ = p.add_argument("--epsilons")
+        >>> negative_values(p).parse_args(["--epsilons", "-1,2"]).epsilons
+        '-1,2'
+    """
+    parser._negative_number_matcher = _NUMBER_LIKE
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                negative_values(sub)
     return parser
 
 

@@ -8,26 +8,37 @@
 * :func:`load_run` — a finished run's released model; :func:`compare_runs` — a sweep's runs side by
   side, from their public records.
 
+The names are imported on first use: :func:`compare_runs` (``privopt runs``) reads JSON records
+and never loads torch.
+
 See ``docs/api.md``.
 """
 
-from privopt.api.engine import PrivacyEngine
-from privopt.api.fit import fit
-from privopt.api.loader import PoissonLoader, training_data
-from privopt.api.losses import per_sample_loss
-from privopt.api.optimizer import DPOptimizer
-from privopt.api.run_table import RunTable, compare_runs
-from privopt.api.runs import ReleasedRun, load_run
+_LAZY = {
+    "DPOptimizer": "optimizer",
+    "PoissonLoader": "loader",
+    "PrivacyEngine": "engine",
+    "ReleasedRun": "runs",
+    "RunTable": "run_table",
+    "compare_runs": "run_table",
+    "fit": "fitting",  # not fit.py: importing privopt.api.fit (the module) would rebind the name
+    "load_run": "runs",
+    "per_sample_loss": "losses",
+    "training_data": "loader",
+}
 
-__all__ = [
-    "DPOptimizer",
-    "PoissonLoader",
-    "PrivacyEngine",
-    "ReleasedRun",
-    "RunTable",
-    "compare_runs",
-    "fit",
-    "load_run",
-    "per_sample_loss",
-    "training_data",
-]
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f"privopt.api.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'privopt.api' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_LAZY))

@@ -11,10 +11,14 @@ state. Both have ghost rules. :meth:`from_torch` copies the weights of torch's l
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils.rnn import PackedSequence
+
+from privopt.errors import PrivoptWarning
 
 __all__ = ["GRU", "LSTM", "RNN"]
 
@@ -31,6 +35,13 @@ class _Recurrent(nn.Module):
             raise ValueError(f"num_layers ({num_layers}) and hidden_size ({hidden_size}) must be positive")
         if not 0 <= dropout <= 1:
             raise ValueError(f"dropout must be in [0, 1], got {dropout}")
+        if dropout > 0 and num_layers == 1:  # as torch's layers warn
+            warnings.warn(
+                f"{type(self).__name__}: dropout={dropout} has no effect with num_layers=1 (dropout is applied "
+                "between layers, after every layer but the last): use num_layers >= 2, or dropout=0",
+                PrivoptWarning,
+                stacklevel=3,
+            )
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
         self.bidirectional = bidirectional
