@@ -117,3 +117,41 @@ def test_phased_erm_refuses_a_non_convex_model():
     ctx, _ = make_ctx(tiny_groups(n=50, seed=0), model="mlp")
     with pytest.raises(ModelError, match="convex"):
         get_algorithm("minimax-phased-erm", phases=2).setup(ctx)
+
+
+def _phase_solution(data, x, y, g, sizes, eta):
+    """Phase 1 of a one-phase run on (x, y, g) through the algorithm (feature clip, constants), with the
+    released group sizes fixed to ``sizes`` for both neighbours (public once released)."""
+    ctx, _ = make_ctx(data, x=x, y=y, groups=g, model="logreg")
+    algo = get_algorithm(
+        "minimax-phased-erm", phases=1, eta=eta, radius=2.0, feature_norm=1.5, group_sizes="private", private=False
+    )
+    algo.setup(ctx)
+    algo._sizes = sizes.clone()
+    consts = algo.constants(1)
+    res = algo._solve(algo._phase_data(1), consts, algo._w().double())
+    return res.w, consts, algo
+
+
+@pytest.mark.parametrize("eta", [0.05, 0.5])
+def test_phase_output_through_the_algorithm_with_extreme_records_and_unequal_groups(eta):
+    """The stability bound Δ_t through the algorithm's own path: its per-record feature clip (records
+    far beyond ``feature_norm``, up to float32's largest), its Lipschitz constant and loss bound, and
+    unequal groups (Δ_t is governed by the smallest; the record sits there). Replace-one and remove-one."""
+    data = tiny_groups(n=200, seed=3, fractions=(0.6, 0.3, 0.1))
+    x, y, g = data.x_train, data.y_train, data.g_train
+    sizes = torch.bincount(g, minlength=3).to(torch.float64)
+    base, consts, _ = _phase_solution(data, x, y, g, sizes, eta)
+    assert consts.n_t == float(sizes.min())  # one phase: the smallest group sets the constants
+    worst = 0.0
+    for k in (int(torch.nonzero(g == 2)[0]), 0):
+        for scale in (1.0, 1e6, 3e38):
+            xr, yr = x.clone(), y.clone()
+            xr[k], yr[k] = scale * torch.tensor([1.0, -1.0, 1.0, 1.0]), 1 - y[k]
+            w, _, algo = _phase_solution(data, xr, yr, g, sizes, eta)
+            assert float(algo._x[k].norm()) == pytest.approx(1.5, rel=1e-12) or scale == 1.0  # clipped to R
+            worst = max(worst, float((base - w).norm()))
+        keep = torch.arange(len(y)) != k
+        w, _, _ = _phase_solution(data, x[keep], y[keep], g[keep], sizes, eta)
+        worst = max(worst, float((base - w).norm()))
+    assert 0 < worst <= consts.sensitivity
