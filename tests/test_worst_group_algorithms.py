@@ -94,6 +94,28 @@ def test_gradient_release_moves_at_most_the_clip_between_neighbours():
         assert float((full.value - nb.value).norm()) <= full.bound + 1e-6
 
 
+@pytest.mark.parametrize("model", ["logreg", "mlp"])
+@pytest.mark.parametrize("chunk", [1024, 3])
+def test_gradient_release_with_an_extreme_record_moves_by_the_clip_in_chunks(model, chunk):
+    # The chosen group's batch with and without a far-out record (up to float32's overflow of its
+    # squares): the clipped sum, in chunks or not, moves by at most C, and by about C (clipped, not dropped).
+    data = tiny_groups(n=120, seed=3)
+    worst = 0.0
+    for scale in (1e3, 1e6, 3e37):
+        xa = torch.cat([data.x_train, scale * torch.ones(1, data.x_train.shape[1])])
+        ya, ga = torch.cat([data.y_train, torch.tensor([1])]), torch.cat([data.g_train, torch.tensor([2])])
+        ctx, _ = make_ctx(data, x=xa, y=ya, groups=ga, model=model)
+        algo = get_algorithm("noisy-sgd-mgr", private=False, clip=0.2, batch_size=60, chunk_size=chunk)
+        algo.setup(ctx)
+        idx = torch.nonzero(ga == 2).squeeze(1)  # the record is the group's last
+        full, without = algo._grad_sum(idx, clip=0.2), algo._grad_sum(idx[:-1], clip=0.2)
+        assert full.bound == 0.2
+        moved = float((full.value.double() - without.value.double()).norm())
+        assert moved <= 0.2 * (1 + 1e-5), (scale, moved)
+        worst = max(worst, moved)
+    assert worst >= 0.19
+
+
 def test_oco_streams_are_disjoint_and_bandit_loss_is_bounded():
     data = tiny_groups(n=600, seed=4)
     ctx, _ = make_ctx(data)
