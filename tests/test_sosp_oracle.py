@@ -69,6 +69,36 @@ def test_single_pass_uses_every_record_at_most_once_and_costs_one_release():
     assert run.ledger.epsilon() <= 2.0
 
 
+def _pass_batches(oracle, arrivals, kinds):
+    """The batches of one disjoint pass whose queries are ``kinds``, for the given arrival times."""
+    client = oracle.fed.clients[0]
+    oracle.cursor, oracle.arrivals = 0.0, {client.index: arrivals}
+    return [set(oracle._batch(client, kind, oracle._advance(kind)).tolist()) for kind in kinds]
+
+
+def test_an_added_record_changes_one_window_of_a_pass_by_itself_alone():
+    """sosp.md, "Batches and accounting": with the arrival times of the shared records coupled (and
+    the public window widths fixed), adding a record adds it to the one window its own time falls in
+    and changes no other window; the windows of a pass are disjoint."""
+    oracle = build("ada-dp-spider", SPIDER).algo.oracle
+    f1, f2 = oracle.f["o1"], oracle.f["o2"]
+    kinds = ["o1", "o2", "o2", "o1", "o2"]
+    while sum(oracle.f[k] for k in kinds) + f2 <= 1.0:
+        kinds.append("o2")
+    used = sum(oracle.f[k] for k in kinds)  # the share of the pass the windows cover
+    times = torch.rand(oracle.fed.clients[0].n, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    base = _pass_batches(oracle, times, kinds)
+    assert sum(len(b) for b in base) == len(set().union(*base))  # disjoint
+    r = 17  # the added record's position
+    for t_new in (0.5 * f1, f1 + 0.5 * f2, 0.999 * used, 0.9999):
+        new = torch.tensor([t_new], dtype=torch.float64)
+        added = _pass_batches(oracle, torch.cat([times[:r], new, times[r:]]), kinds)
+        back = [{i if i < r else i - 1 for i in b if i != r} for b in added]  # the shared records' ids in D
+        assert back == base
+        holding = [j for j, b in enumerate(added) if r in b]
+        assert len(holding) == (1 if t_new < used else 0)  # beyond the last window: in none
+
+
 @pytest.mark.parametrize("sampling", ["disjoint", "poisson"])
 def test_epsilon_never_exceeds_the_target_whatever_the_number_of_refreshes(sampling):
     eps, spent, refreshes = 1.0, [], []
