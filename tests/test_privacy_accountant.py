@@ -351,3 +351,16 @@ def test_fast_pld_is_bit_for_bit_dp_accountings():
         assert fast.get_delta(1.0) == ref.get_delta(1.0)
     silent = dpa.ComposedDpEvent([sub, dpa.GaussianDpEvent(0.0)])  # a degenerate leaf: the accountant itself
     assert not isinstance(acc_mod._pld_accountant(silent, 1e-3), FastPLD)
+
+
+def test_auto_is_the_smaller_of_pld_and_rdp():
+    """docs/accounting.md: both are valid upper bounds, ``auto`` returns the smaller, whichever it is
+    (PLD for DP-SGD at δ = 1e-6; RDP at δ = 1e-14, where PLD's truncated tail costs more)."""
+    for counts, delta, winner in (
+        ({dpsgd(): 512}, 1e-6, "pld"),
+        ({dpsgd(z=1.0, q=0.01): 1000}, 1e-14, "rdp"),
+    ):
+        got = {acc: epsilon_of(counts, delta=delta, accountant=acc) for acc in ("auto", "pld", "rdp")}
+        assert got["auto"].accountant == winner
+        assert got["auto"].epsilon == min(got["pld"].epsilon, got["rdp"].epsilon)
+        assert got["pld"].epsilon != got["rdp"].epsilon
