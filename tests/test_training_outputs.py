@@ -323,3 +323,21 @@ def test_history_rows_hold_only_public_keys(tmp_path, private):
     rec = train(c, out_dir=tmp_path / "r", progress=False)
     keys = {k for h in rec["history"] for k in h} | set(rec["metrics"])
     assert keys and all(k in ("step", "epsilon_spent") or k.startswith("test_") for k in keys)
+
+
+def test_no_public_file_holds_a_key_of_the_secret_generators(tmp_path):
+    """docs/privacy.md, "Randomness": the record holds no seed or key; the AES keys of the noise and
+    the sampling live only in the 0600 checkpoint (in no public file, in bytes, hex, base64 or ints)."""
+    import base64
+
+    train(cfg(algorithm_params={"epochs": 1}), out_dir=tmp_path / "run", progress=False)
+    states = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["rng"]
+    keys = [s["key"] for s in states.values() if isinstance(s, dict) and s.get("kind") == "secure-aes-ctr"]
+    assert len(keys) >= 2 and all(isinstance(k, bytes) and len(k) == 32 for k in keys)  # noise and sampling
+    for name in PUBLIC_FILES:
+        raw = (tmp_path / "run" / name).read_bytes()
+        text = "".join(raw.decode("latin-1").lower().split())  # no whitespace: any JSON layout
+        for key in keys:
+            assert key not in raw, name
+            assert key.hex() not in text and base64.b64encode(key).decode().lower() not in text, name
+            assert ",".join(map(str, key[:8])) not in text, name
