@@ -141,14 +141,17 @@ _DROP_HINT = "dataset_params.missing: drop skips such records"
 
 def _missing(spec: CsvSpec, path: Path, cols: dict, lines: np.ndarray, *, drop: bool, hint: str):
     """Numeric columns parsed, and which records have a missing cell; without ``drop``, one raises.
-    A feature's own ``missing: category`` overrides: its empty cells are a slot, not missing (unless
-    the column is the group column too: a group is never guessed)."""
+    A feature's own ``missing: category`` or ``fill`` overrides: its empty cells are a slot or the
+    declared constant, not missing (unless the column is the group column too: a group is never guessed)."""
     numbers, missing = {}, np.zeros(len(lines), dtype=bool)
     numeric = {f.name for f in spec.features if f.kind == "numeric"}
     slotted = {f.name for f in spec.features if f.missing == "category"} - {spec.label, spec.group}
+    fills = {f.name: f.fill for f in spec.features if f.fill is not None and f.name != spec.group}
     for name in cols:
         if name in numeric:
             numbers[name], empty = _numbers(path, name, cols[name], lines)
+            if name in fills:
+                numbers[name], empty = np.where(empty, fills[name], numbers[name]), np.zeros_like(empty)
         elif name in slotted:
             continue
         else:
@@ -280,8 +283,12 @@ def _steps(spec: CsvSpec) -> list[str]:
     )
     if slotted:
         steps.append(f"empty cells: a '<missing>' slot (per column: missing: category) in {', '.join(slotted)}")
+    filled = [f"{f.name} = {f.fill:g}" for f in spec.features if f.fill is not None]
+    if filled:
+        steps.append(f"empty or NaN cells: the declared public constant (per column: fill) in {', '.join(filled)}")
     policy = "dropped (per record)" if spec.missing == "drop" else "an error"
-    return [*steps, f"records with an empty or NaN cell in {'another' if slotted else 'a'} column read: {policy}"]
+    other = "another" if slotted or filled else "a"
+    return [*steps, f"records with an empty or NaN cell in {other} column read: {policy}"]
 
 
 def _public_meta(spec: CsvSpec, files: dict[str, Path], names: list[str]) -> dict:
