@@ -81,3 +81,5 @@ def test_predict_fills_new_rows_as_training_did(tmp_path):
     (tmp_path / "new.csv").write_text("hours,income\n,low\n60,high\n")
     x, y = run.read_csv(tmp_path / "new.csv")
     assert x[:, 0].tolist() == pytest.approx([0.4, 0.6]) and y.tolist() == [0, 1]
+    (tmp_path / "one.csv").write_text('hours\n""\n\n60\n')  # one column: "" is an empty cell, not a blank line
+    assert run.read_csv(tmp_path / "one.csv")[0][:, 0].tolist() == pytest.approx([0.4, 0.6])

@@ -98,8 +98,8 @@ def read_csv_columns(
     rows, lines = [], []
     try:
         for row in reader:
-            if not any(c.strip() for c in row):
-                continue  # a blank line
+            if not row or (len(row) == 1 < len(header) and not row[0].strip()):
+                continue  # a blank line; a line of the header's fields, all empty (",,"), is a record
             if len(row) != len(header):  # never which line (unless debugging), its content nor its length
                 raise DataError(f"{path}: {some('line', reader.line_num - 1)} does not have {len(header)} fields")
             rows.append(row)
