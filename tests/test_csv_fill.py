@@ -83,3 +83,10 @@ def test_predict_fills_new_rows_as_training_did(tmp_path):
     assert x[:, 0].tolist() == pytest.approx([0.4, 0.6]) and y.tolist() == [0, 1]
     (tmp_path / "one.csv").write_text('hours\n""\n\n60\n')  # one column: "" is an empty cell, not a blank line
     assert run.read_csv(tmp_path / "one.csv")[0][:, 0].tolist() == pytest.approx([0.4, 0.6])
+
+
+def test_lines_of_empty_fields_are_skipped_in_training_files(tmp_path):
+    """A spreadsheet export's trailing ``,,`` rows hold no record to train on (no label): skipped, as
+    blank lines are, whatever ``missing`` says (privopt predict keeps them: tests/test_predict.py)."""
+    ds = _load(tmp_path, "10,0,low\n,,\n , ,\n80,0,high\n,,\n")
+    assert ds.n_train == 2 and ds.x_train[:, 0].tolist() == [10.0, 80.0]

@@ -75,10 +75,12 @@ def _decode(path: Path, encoding: str) -> str:
 
 
 def read_csv_columns(
-    path: Path, columns: list[str], *, delimiter: str = ",", encoding: str = "utf-8", optional=()
+    path: Path, columns: list[str], *, delimiter: str = ",", encoding: str = "utf-8", optional=(), scoring=False
 ) -> tuple[dict, np.ndarray]:
     """``({column: stripped cells as an object array}, file line of each record)`` for ``columns``;
-    a column of ``optional`` missing from the header is left out of the mapping.
+    a column of ``optional`` missing from the header is left out of the mapping. Blank lines are
+    skipped, and lines of empty fields (``,,``: an export's trailing rows) too, but for ``scoring``:
+    rows to predict, where a skipped row would shift every later prediction against the file's rows.
 
     Raises:
         DataError: a file that is not ``encoding`` text, an empty file, a column missing from the
@@ -99,7 +101,9 @@ def read_csv_columns(
     try:
         for row in reader:
             if not row or (len(row) == 1 < len(header) and not row[0].strip()):
-                continue  # a blank line; a line of the header's fields, all empty (",,"), is a record
+                continue  # a blank line
+            if not scoring and not any(c.strip() for c in row):
+                continue  # a line of empty fields
             if len(row) != len(header):  # never which line (unless debugging), its content nor its length
                 raise DataError(f"{path}: {some('line', reader.line_num - 1)} does not have {len(header)} fields")
             rows.append(row)
@@ -233,7 +237,9 @@ def encode_csv(
         drop, hint = False, "a record to score needs every feature (fill or remove it)"
     else:
         columns, optional, drop, hint = spec.columns, (), spec.missing == "drop", _DROP_HINT
-    cols, lines = read_csv_columns(path, columns, delimiter=spec.delimiter, encoding=spec.encoding, optional=optional)
+    cols, lines = read_csv_columns(
+        path, columns, delimiter=spec.delimiter, encoding=spec.encoding, optional=optional, scoring=scoring
+    )
     numbers, missing = _missing(spec, path, cols, lines, drop=drop, hint=hint)
     keep = ~missing
     cols, lines = {c: v[keep] for c, v in cols.items()}, lines[keep]
