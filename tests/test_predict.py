@@ -147,7 +147,10 @@ def test_predict_cli_refuses_bad_input_before_writing(csv_run, tmp_path, capsys)
     missing.write_text("age,work,income\n30,Gov,low\n")
     empty_cell = tmp_path / "empty.csv"
     empty_cell.write_text("age,work,sex\n30,Gov,\n")
-    for bad, needle in ((missing, "column 'sex' is not in the header"), (empty_cell, "needs every feature")):
+    all_empty = tmp_path / "all_empty.csv"  # a record whose every cell is empty is a record, not a blank line:
+    all_empty.write_text("age,work,sex\n30,Gov,F\n,,\n\n45,Gov,M\n")  # skipping it shifted later predictions
+    cases = ((missing, "column 'sex' is not in the header"), (empty_cell, "needs every feature"))
+    for bad, needle in (*cases, (all_empty, "column 'age' of some record is missing")):
         out = tmp_path / "p.csv"
         assert main(["predict", "--run", run_dir, "--input", str(bad), "--out", str(out)]) == 2
         assert needle in capsys.readouterr().err and not out.exists()

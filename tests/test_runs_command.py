@@ -231,3 +231,36 @@ def test_config_settings_that_differ_get_a_column_and_shared_ones_do_not(tmp_pat
     assert "seed" in table.columns and [r["seed"] for r in table.rows] == [0, 1]
     assert "model_params.hidden" not in table.columns and "lr" not in table.columns  # the same in both
     assert "device" not in table.columns  # how a run was carried out, not what it trained
+
+
+def test_a_config_setting_set_in_one_run_and_unset_in_another_gets_a_column(tmp_path):
+    """A run with ``logit_adjustment: {noise_ratio: 10}`` beside one with ``{}`` (and ``model_params``
+    set in one run only) differ in what they trained: the table must say so, not look alike."""
+    from privopt.api.run_table import compare_runs
+
+    runs = (("plain", {}, "csv"), ("adjusted", {"logit_adjustment": {"noise_ratio": 10.0}}, "csv"), ("d", {}, "digits"))
+    for name, extra, dataset in runs:
+        d = tmp_path / name
+        d.mkdir()
+        model_params = {"hidden": 8} if extra else {}
+        config = {"seed": 0, "model_params": model_params, "logit_adjustment": {}, "feature_centering": {}, **extra}
+        config["dataset_params"] = {"path": "x.csv", "label": {"column": "y"}} if dataset == "csv" else {}
+        record = {
+            "config": config,
+            "algorithm": "dp-sgd",
+            "hyperparameters": {"lr": 0.1},
+            "model": {"name": "mlp"},
+            "dataset": {"name": dataset},
+            "privacy": {"private": True, "epsilon_guarantee": 1.0, "delta": 1e-5},
+            "metrics": {"test_accuracy": 0.5},
+            "status": "finished",
+        }
+        (d / "record.json").write_text(json.dumps(record))
+    table = compare_runs([tmp_path])
+    assert "logit_adjustment.noise_ratio" in table.columns and "model_params.hidden" in table.columns
+    rows = {r["run"]: r for r in table.rows}
+    assert rows["adjusted"]["logit_adjustment.noise_ratio"] == 10.0 and rows["adjusted"]["model_params.hidden"] == 8
+    assert rows["plain"]["logit_adjustment.noise_ratio"] is None and rows["plain"]["model_params.hidden"] is None
+    assert "seed" not in table.columns and "lr" not in table.columns and "feature_centering" not in table.columns
+    assert not any(c.startswith("dataset_params") for c in table.columns)  # the csv runs' own, alike in both
+    assert "_cfg" not in rows["plain"]

@@ -186,3 +186,25 @@ def test_group_dro_moves_weight_to_the_high_loss_group():
         losses = ce(ctx.model(data.x_train), data.y_train)
     means = torch.stack([losses[data.g_train == i].mean() for i in range(3)])
     assert algo.q[int(means.argmax())] > 1 / 3  # the highest-loss group gained weight from the uniform start
+
+
+@pytest.mark.parametrize("algo", ["noisy-sgd-ags", "noisy-sgd-mgr", "dp-oco-exp3", "minimax-phased-erm"])
+def test_public_group_sizes_the_dataset_does_not_publish_are_refused_before_the_run_writes_anything(algo, tmp_path):
+    """A config mistake (``group_sizes: public`` on data without ``public_meta['group_sizes_train']``,
+    e.g. a CSV file) fails like any other: before a run folder, a checkpoint or a failed record exists."""
+    import privopt
+    from privopt.data import Dataset
+    from privopt.errors import ConfigError
+
+    g = torch.Generator().manual_seed(0)
+    x, y, groups = torch.rand(240, 4, generator=g), torch.randint(0, 2, (240,), generator=g), torch.arange(240) % 3
+    data = Dataset.from_tensors(
+        x[:200], y[:200], x_test=x[200:], y_test=y[200:], groups=groups[:200], groups_test=groups[200:],
+        num_classes=2, group_names=["a", "b", "c"],
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="group_sizes='public' needs public_meta"):
+        privopt.fit(
+            model="logreg", dataset=data, algorithm=algo, epsilon=1.0, delta=1e-4, group_sizes="public",
+            out_dir=tmp_path / "run", progress=False,
+        )  # fmt: skip
+    assert not (tmp_path / "run").exists()

@@ -159,6 +159,8 @@ class WorstGroupAlgorithm(Algorithm):
         self.groups, self.num_groups = group_ids(ctx)
         if self.groups.shape[0] != ctx.n:
             raise DataError(f"{self.groups.shape[0]} group ids for {ctx.n} training records")
+        if self.config.group_sizes == "public":  # checked now: before the run writes anything
+            self._public_sizes()
         self.releases = GroupReleaseRun(self.release_plan(ctx.n), ctx, private=self.private)
         self._w0 = self._w().clone()
         self._avg, self._avg_count = torch.zeros_like(self._w0, dtype=torch.float64), 0
@@ -172,16 +174,19 @@ class WorstGroupAlgorithm(Algorithm):
             self._sizes = self._release_sizes()
         return self._sizes
 
+    def _public_sizes(self) -> torch.Tensor:
+        data = self._ctx.extra.get("dataset")
+        public = None if data is None else data.public_meta.get("group_sizes_train")
+        if public is None or len(public) != self.num_groups:
+            raise ConfigError(
+                "group_sizes='public' needs public_meta['group_sizes_train'] with one size per group "
+                "(the synthetic generator publishes it); use group_sizes='private' otherwise"
+            )
+        return torch.tensor([max(1.0, float(s)) for s in public], dtype=torch.float64)
+
     def _release_sizes(self) -> torch.Tensor:
         if self.config.group_sizes == "public":
-            data = self._ctx.extra.get("dataset")
-            public = None if data is None else data.public_meta.get("group_sizes_train")
-            if public is None or len(public) != self.num_groups:
-                raise ConfigError(
-                    "group_sizes='public' needs public_meta['group_sizes_train'] with one size per group "
-                    "(the synthetic generator publishes it); use group_sizes='private' otherwise"
-                )
-            return torch.tensor([max(1.0, float(s)) for s in public], dtype=torch.float64)
+            return self._public_sizes()
         counts = torch.bincount(self.groups, minlength=self.num_groups).to(torch.float64)
         noisy = self.releases.laplace(COUNTS, BoundedSum(counts, bound=1.0))
         return noisy.clamp(min=1.0)

@@ -101,13 +101,15 @@ def fit(
     data_dir: str | None = None,
     logit_adjustment: dict[str, Any] | None = None,
     model_params: dict[str, Any] | None = None,
+    dataset_params: dict[str, Any] | None = None,
     **params: Any,
 ) -> dict[str, Any]:
     """Train ``model`` on ``dataset`` with a privopt algorithm; returns the run record.
 
     Args:
         model, model_params: your ``nn.Module`` (trained in place), or a registered model name and its options.
-        dataset, data_dir: a ``Dataset`` with a (public) test split, or a registered name (its files in data_dir).
+        dataset, dataset_params, data_dir: a ``Dataset`` with a (public) test split, or a registered name, loaded
+            with ``dataset_params`` (e.g. ``dataset="csv"``: its file and schema, docs/data.md; files in data_dir).
         loss: ``None`` (cross-entropy), ``"logistic"`` (one logit, labels 0/1: the linear ERM algorithms), a
             torch loss module (``reduction="none"``) or a per-example callable.
         algorithm: a registered algorithm name, e.g. ``"dp-sgd"``, ``"dp-double-spider"`` (docs/algorithms/).
@@ -119,19 +121,17 @@ def fit(
         logit_adjustment: e.g. ``{"noise_ratio": 10.0}``: predict with ``logits − log π`` (docs/data.md).
         **params: the algorithm's hyper-parameters (``lr``, ``epochs``, ``clip``, ...; unknown names are refused).
 
-    Returns the run record (``record.json``: ``record["privacy"]["epsilon_spent"]``, ``record["metrics"]``,
-    the calibration and the ledger). Raises ConfigError, DataError, ModelError for invalid arguments,
-    before training; PrivacyBudgetExceeded, RunDiverged after writing a record with the ε spent.
+    Returns the run record (``record.json``: ε spent, metrics, calibration, ledger). Raises ConfigError, DataError,
+    ModelError for bad arguments, before training; PrivacyBudgetExceeded, RunDiverged after a record of the ε spent.
 
     Example:
         >>> import privopt, torch
-        >>> from torch import nn
         >>> from privopt.data import Dataset
         >>> g = torch.Generator().manual_seed(0)
         >>> x = torch.rand(600, 4, generator=g)
         >>> y = (x[:, 0] > 0.5).long()
         >>> data = Dataset.from_tensors(x[:500], y[:500], x_test=x[500:], y_test=y[500:], num_classes=2)
-        >>> record = privopt.fit(model=nn.Linear(4, 2), dataset=data, algorithm="dp-double-spider",
+        >>> record = privopt.fit(model=torch.nn.Linear(4, 2), dataset=data, algorithm="dp-double-spider",
         ...                      epsilon=1.0, delta=1e-4, accountant="rdp",
         ...                      epochs=1, q=4, N1=250, N2=50, N3=250, N4=50)
         >>> record["status"], record["privacy"]["epsilon_spent"] <= 1.0
@@ -139,8 +139,8 @@ def fit(
     """
     private = _check_algorithm(algorithm, epsilon=epsilon, delta=delta)
     privacy = {"epsilon": epsilon, "delta": delta, "allow_large_delta": allow_large_delta, "accountant": accountant}
-    options = {"engine": engine, "seed": seed, "insecure_seed": insecure_seed, "data_dir": data_dir}
-    options.update(logit_adjustment=dict(logit_adjustment or {}), model_params=model_params)
+    options = dict(engine=engine, seed=seed, insecure_seed=insecure_seed, data_dir=data_dir, model_params=model_params)
+    options.update(logit_adjustment=dict(logit_adjustment or {}), dataset_params=dict(dataset_params or {}))
     cfg = _config(model=model, dataset=dataset, algorithm=algorithm, privacy=privacy, params=params, options=options)
     return _claimed_run(cfg, private, model, out_dir=out_dir, progress=progress, dataset=dataset, loss=loss)
 

@@ -94,6 +94,12 @@ def read_csv_records(run: Any, path: Path) -> tuple[torch.Tensor, np.ndarray | N
             "encode it with; pass its records as an array (a .npy file to privopt predict)"
         )
     params = dict(cfg.get("dataset_params") or {})
+    if "label" not in params or "features" not in params:  # a Dataset passed in: the config holds no schema
+        raise ConfigError(
+            "the run's record holds no CSV schema (dataset_params.label and .features): its dataset was passed in "
+            "as a Dataset; encode new rows as it was encoded and pass the arrays to predict, or train with "
+            "dataset='csv' and its dataset_params (privopt train --config, privopt.fit(dataset_params=...))"
+        )
     keys = ("label", "features", "group", "missing", "delimiter", "encoding")
     spec = parse_csv_spec(**{k: params[k] for k in keys if k in params})
     path = path.expanduser()

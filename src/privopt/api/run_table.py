@@ -200,6 +200,7 @@ def _row(name: str, record_path: Path, record: dict[str, Any]) -> dict[str, Any]
         "reason": record.get("reason"),
         "privopt_version": record.get("privopt_version"),
         "_hp": {**_settings(_section(record, "config")), **_section(record, "hyperparameters")},
+        "_cfg": set(_settings(_section(record, "config"))),
     }
 
 
@@ -225,15 +226,26 @@ def _settings(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _differing(rows: list[dict[str, Any]]) -> list[str]:
     """The hyper-parameters and config settings (``seed``, ``model_params.hidden``, ...) that take two
     values or more in the runs that have them (one algorithm's own settings, alike in each of its
-    runs, say nothing the algorithm column does not)."""
+    runs, say nothing the algorithm column does not), and the config settings given in some runs and
+    unset in others (``logit_adjustment: {}``) — for ``dataset_params``/``model_params``, among the runs
+    of one dataset/model (the dataset and model columns tell the others apart)."""
     keys: list[str] = []
     for r in rows:
         keys += [k for k in r["_hp"] if k not in keys]
+    config = set().union(*(r["_cfg"] for r in rows))
 
-    def same(k: str) -> bool:
-        return len({json.dumps(r["_hp"][k], sort_keys=True, default=str) for r in rows if k in r["_hp"]}) == 1
+    def differs(k: str) -> bool:
+        if len({json.dumps(r["_hp"][k], sort_keys=True, default=str) for r in rows if k in r["_hp"]}) > 1:
+            return True
+        if k not in config:
+            return False
+        by = "dataset" if k.startswith("dataset_params.") else "model" if k.startswith("model_params.") else None
+        given: dict[Any, set[bool]] = {}
+        for r in rows:
+            given.setdefault(str(r[by]) if by else None, set()).add(k in r["_hp"])
+        return any(len(v) > 1 for v in given.values())
 
-    return [k for k in keys if not same(k)]
+    return [k for k in keys if differs(k)]
 
 
 def _columns(rows: list[dict[str, Any]], metric: str | None) -> list[str]:
@@ -242,6 +254,7 @@ def _columns(rows: list[dict[str, Any]], metric: str | None) -> list[str]:
     named = {k: (f"hp.{k}" if k in taken or k.startswith("test_") else k) for k in hps}
     for r in rows:
         hp = r.pop("_hp")
+        r.pop("_cfg")
         r.update({named[k]: hp.get(k) for k in hps})
     scores = [k for k in SCORES if any(r.get(k) is not None for r in rows)]
     if metric is not None and metric not in scores:

@@ -75,10 +75,12 @@ def _decode(path: Path, encoding: str) -> str:
 
 
 def read_csv_columns(
-    path: Path, columns: list[str], *, delimiter: str = ",", encoding: str = "utf-8", optional=()
+    path: Path, columns: list[str], *, delimiter: str = ",", encoding: str = "utf-8", optional=(), scoring=False
 ) -> tuple[dict, np.ndarray]:
     """``({column: stripped cells as an object array}, file line of each record)`` for ``columns``;
-    a column of ``optional`` missing from the header is left out of the mapping.
+    a column of ``optional`` missing from the header is left out of the mapping. Blank lines are
+    skipped, and lines of empty fields (``,,``: an export's trailing rows) too, but for ``scoring``:
+    rows to predict, where a skipped row would shift every later prediction against the file's rows.
 
     Raises:
         DataError: a file that is not ``encoding`` text, an empty file, a column missing from the
@@ -98,8 +100,10 @@ def read_csv_columns(
     rows, lines = [], []
     try:
         for row in reader:
-            if not any(c.strip() for c in row):
+            if not row or (len(row) == 1 < len(header) and not row[0].strip()):
                 continue  # a blank line
+            if not scoring and not any(c.strip() for c in row):
+                continue  # a line of empty fields
             if len(row) != len(header):  # never which line (unless debugging), its content nor its length
                 raise DataError(f"{path}: {some('line', reader.line_num - 1)} does not have {len(header)} fields")
             rows.append(row)
@@ -141,14 +145,17 @@ _DROP_HINT = "dataset_params.missing: drop skips such records"
 
 def _missing(spec: CsvSpec, path: Path, cols: dict, lines: np.ndarray, *, drop: bool, hint: str):
     """Numeric columns parsed, and which records have a missing cell; without ``drop``, one raises.
-    A feature's own ``missing: category`` overrides: its empty cells are a slot, not missing (unless
-    the column is the group column too: a group is never guessed)."""
+    A feature's own ``missing: category`` or ``fill`` overrides: its empty cells are a slot or the
+    declared constant, not missing (unless the column is the group column too: a group is never guessed)."""
     numbers, missing = {}, np.zeros(len(lines), dtype=bool)
     numeric = {f.name for f in spec.features if f.kind == "numeric"}
     slotted = {f.name for f in spec.features if f.missing == "category"} - {spec.label, spec.group}
+    fills = {f.name: f.fill for f in spec.features if f.fill is not None and f.name != spec.group}
     for name in cols:
         if name in numeric:
             numbers[name], empty = _numbers(path, name, cols[name], lines)
+            if name in fills:
+                numbers[name], empty = np.where(empty, fills[name], numbers[name]), np.zeros_like(empty)
         elif name in slotted:
             continue
         else:
@@ -230,7 +237,9 @@ def encode_csv(
         drop, hint = False, "a record to score needs every feature (fill or remove it)"
     else:
         columns, optional, drop, hint = spec.columns, (), spec.missing == "drop", _DROP_HINT
-    cols, lines = read_csv_columns(path, columns, delimiter=spec.delimiter, encoding=spec.encoding, optional=optional)
+    cols, lines = read_csv_columns(
+        path, columns, delimiter=spec.delimiter, encoding=spec.encoding, optional=optional, scoring=scoring
+    )
     numbers, missing = _missing(spec, path, cols, lines, drop=drop, hint=hint)
     keep = ~missing
     cols, lines = {c: v[keep] for c, v in cols.items()}, lines[keep]
@@ -280,8 +289,12 @@ def _steps(spec: CsvSpec) -> list[str]:
     )
     if slotted:
         steps.append(f"empty cells: a '<missing>' slot (per column: missing: category) in {', '.join(slotted)}")
+    filled = [f"{f.name} = {f.fill:g}" for f in spec.features if f.fill is not None]
+    if filled:
+        steps.append(f"empty or NaN cells: the declared public constant (per column: fill) in {', '.join(filled)}")
     policy = "dropped (per record)" if spec.missing == "drop" else "an error"
-    return [*steps, f"records with an empty or NaN cell in {'another' if slotted else 'a'} column read: {policy}"]
+    other = "another" if slotted or filled else "a"
+    return [*steps, f"records with an empty or NaN cell in {other} column read: {policy}"]
 
 
 def _public_meta(spec: CsvSpec, files: dict[str, Path], names: list[str]) -> dict:

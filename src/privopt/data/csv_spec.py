@@ -40,8 +40,9 @@ _WHERE = "dataset_params"
 @dataclass(frozen=True)
 class CsvFeature:
     """One feature column: ``numeric`` (public ``lower``/``upper``, in the units of its fixed
-    ``transform``) or ``categorical`` (public ``categories``; ``missing="category"``: empty cells
-    have their own slot, whatever the dataset-wide ``missing`` says)."""
+    ``transform``; ``fill``: a public constant for its empty cells) or ``categorical`` (public
+    ``categories``; ``missing="category"``: empty cells have their own slot); either overrides the
+    dataset-wide ``missing`` for the column's cells."""
 
     name: str
     kind: str
@@ -51,6 +52,7 @@ class CsvFeature:
     unknown: str = "error"
     transform: str = "identity"
     missing: str | None = None
+    fill: float | None = None
 
     @property
     def slots(self) -> tuple[str, ...]:
@@ -133,19 +135,34 @@ def _numeric(name: str, entry: dict) -> CsvFeature:
     what = f"{_WHERE}.features.{name}"
     for key in ("unknown", "missing"):
         if key in entry:
-            raise ConfigError(f"{what}.{key} applies to categorical columns (categories: [...]) only")
+            fill = "; a numeric column's empty cells take fill: <a public constant>" if key == "missing" else ""
+            raise ConfigError(f"{what}.{key} applies to categorical columns (categories: [...]) only{fill}")
     transform = entry.get("transform", "identity")
     if transform not in TRANSFORMS:
         hint = close_name(str(transform), TRANSFORM_NAMES)
         raise ConfigError(f"{what}.transform must be one of {', '.join(TRANSFORM_NAMES)}, got {transform!r}{hint}")
     lo, hi = _range(name, entry["range"], transform)
-    return CsvFeature(name, "numeric", lower=lo, upper=hi, transform=transform)
+    return CsvFeature(name, "numeric", lower=lo, upper=hi, transform=transform, fill=_fill(name, entry, transform))
+
+
+def _fill(name: str, entry: dict, transform: str) -> float | None:
+    """The public constant of a numeric column's empty cells, a value as a cell would hold it."""
+    value = entry.get("fill")
+    if value is None:
+        return None
+    what = f"{_WHERE}.features.{name}.fill"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{what} must be a finite number (a public constant, never a statistic of the file)")
+    if transform != "identity" and value < 0:
+        raise ConfigError(f"{what} must be >= 0: it is a cell value, and transform {transform} takes values >= 0")
+    return float(value)
 
 
 def _categorical(name: str, entry: dict) -> CsvFeature:
     what = f"{_WHERE}.features.{name}"
-    if "transform" in entry:
-        raise ConfigError(f"{what}.transform applies to numeric columns (range: [lower, upper]) only")
+    for key in ("transform", "fill"):
+        if key in entry:
+            raise ConfigError(f"{what}.{key} applies to numeric columns (range: [lower, upper]) only")
     unknown, missing = entry.get("unknown", "error"), entry.get("missing")
     if unknown not in UNKNOWN_POLICIES:
         raise ConfigError(f"{what}.unknown must be one of {', '.join(UNKNOWN_POLICIES)}, got {unknown!r}")
@@ -165,7 +182,7 @@ def _feature(name: Any, entry: Any) -> CsvFeature:
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"{_WHERE}.features: {name!r} is not a column name")
     what = f"features.{name}"
-    entry = _mapping(what, entry, ("range", "categories", "unknown", "transform", "missing"))
+    entry = _mapping(what, entry, ("range", "categories", "unknown", "transform", "missing", "fill"))
     if ("range" in entry) == ("categories" in entry):
         raise ConfigError(
             f"{_WHERE}.{what} needs exactly one of range: [lower, upper] (a numeric column) or "
