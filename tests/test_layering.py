@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "privopt"
 # Lowest first. Modules of one layer may not import each other across packages either, except where
 # a layer is a list of independent leaves (layer 0's helpers all stand on privopt.errors alone).
 LAYERS: list[set[str]] = [
-    {"errors"},
+    {"errors", "lazy"},
     {"validation", "registry", "rng", "quiet", "checkpoint", "config", "cliargs", "cores"},
     {"plugins"},  # imports the user's code named by a config (privopt.config) before any name is looked up
     {"privacy"},

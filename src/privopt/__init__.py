@@ -7,6 +7,8 @@ one call), ``privopt.load_run`` (a finished run's released model, to predict wit
 See ``docs/api.md``.
 """
 
+from privopt.lazy import lazy_exports
+
 __version__ = "0.1.0"
 
 _LAZY = dict.fromkeys(("PrivacyEngine", "compare_runs", "fit", "load_run"), "privopt.api")
@@ -14,13 +16,4 @@ _LAZY = dict.fromkeys(("PrivacyEngine", "compare_runs", "fit", "load_run"), "pri
 __all__ = ["PrivacyEngine", "__version__", "compare_runs", "fit", "load_run"]
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'privopt' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_LAZY))
+__getattr__, __dir__ = lazy_exports("privopt", _LAZY, globals())

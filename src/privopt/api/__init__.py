@@ -14,31 +14,22 @@ and never loads torch.
 See ``docs/api.md``.
 """
 
+from privopt.lazy import lazy_exports
+
 _LAZY = {
-    "DPOptimizer": "optimizer",
-    "PoissonLoader": "loader",
-    "PrivacyEngine": "engine",
-    "ReleasedRun": "runs",
-    "RunTable": "run_table",
-    "compare_runs": "run_table",
-    "fit": "fitting",  # not fit.py: importing privopt.api.fit (the module) would rebind the name
-    "load_run": "runs",
-    "per_sample_loss": "losses",
-    "training_data": "loader",
+    "DPOptimizer": "privopt.api.optimizer",
+    "PoissonLoader": "privopt.api.loader",
+    "PrivacyEngine": "privopt.api.engine",
+    "ReleasedRun": "privopt.api.runs",
+    "RunTable": "privopt.api.run_table",
+    "compare_runs": "privopt.api.run_table",
+    "fit": "privopt.api.fitting",  # not fit.py: importing privopt.api.fit (the module) would rebind the name
+    "load_run": "privopt.api.runs",
+    "per_sample_loss": "privopt.api.losses",
+    "training_data": "privopt.api.loader",
 }
 
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(f"privopt.api.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'privopt.api' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_LAZY))
+__getattr__, __dir__ = lazy_exports("privopt.api", _LAZY, globals())

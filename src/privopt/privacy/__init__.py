@@ -4,7 +4,7 @@ Nothing in this package imports torch; it is a thin layer over Google's ``dp_acc
 See docs/accounting.md.
 """
 
-import importlib
+from privopt.lazy import lazy_exports
 
 # Where each public name lives: loaded on first use (see __getattr__).
 _SUBMODULES = {
@@ -29,7 +29,7 @@ _SUBMODULES = {
     "parallel": "ParallelLedger ledger_from_dict make_ledger",
     "translate": "dp_relation_for to_dp_event",
 }
-_LAZY = {name: module for module, names in _SUBMODULES.items() for name in names.split()}
+_LAZY = {name: f"privopt.privacy.{module}" for module, names in _SUBMODULES.items() for name in names.split()}
 
 __all__ = [
     # events
@@ -96,15 +96,6 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # The events (imported by the sampling and data code) must not pull in dp_accounting and scipy,
-    # about a second, before anything is accounted.
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"privopt.privacy.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'privopt.privacy' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+# The events (imported by the sampling and data code) must not pull in dp_accounting and scipy,
+# about a second, before anything is accounted.
+__getattr__, __dir__ = lazy_exports("privopt.privacy", _LAZY, globals())
