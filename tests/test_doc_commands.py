@@ -20,10 +20,12 @@ import io
 import itertools
 import re
 import shlex
+import sys
 from typing import NamedTuple
 
 import pytest
 
+from privopt.plugins import FILE_MODULE_PREFIX
 from test_readme import FENCE, REPO, doc_pages
 
 SHELL_TAGS = {"bash", "sh", "shell", "console", ""}  # untagged blocks hold commands and outputs
@@ -38,6 +40,8 @@ NOT_COMMANDS = {
     ("docs/algorithms/dro.md", "~/.cache/privopt"): "a folder (the feature cache), not the program",
 }
 # Subcommands a sibling branch adds: skipped while this CLI lacks them (they parse once it has them).
+# What a `--plugin` shown with a placeholder value imports (privopt reproduce imports it while it parses).
+EXAMPLE_PLUGIN = "examples/my_experiment.py"
 PENDING_SUBCOMMANDS = {"predict": "`privopt predict` is added on another branch (src/privopt/cli_predict.py)"}
 
 
@@ -146,7 +150,9 @@ def _takes_value(parser, option: str) -> bool:
 
 
 def _sample(action) -> str:
-    """A valid value for an option shown with a placeholder value."""
+    """A valid value for an option shown with a placeholder value (a plugin: the docs' example one)."""
+    if "--plugin" in action.option_strings:
+        return EXAMPLE_PLUGIN
     return str(action.choices[0]) if action.choices else "1"
 
 
@@ -181,14 +187,27 @@ def resolve(args: list[str], *, mention: bool = False):
 
 
 def parse(parser, args: list[str]):
-    """(namespace or None, argparse's error line or None); ``--help`` parses to (None, None)."""
-    err = io.StringIO()
+    """(namespace or None, argparse's error line or None); ``--help`` parses to (None, None).
+    From the repository's root (``privopt reproduce --plugin FILE`` imports the file while it parses);
+    what a plugin registered is forgotten afterwards."""
+    from privopt.errors import PrivoptError
+    from privopt.experiments import _EXPERIMENTS
+
+    err, experiments, modules = io.StringIO(), dict(_EXPERIMENTS._entries), set(sys.modules)
     try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.chdir(REPO), contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             return parser.parse_args(args), None
+    except PrivoptError as e:  # a plugin not found, or failing
+        return None, str(e)
     except SystemExit as e:
         lines = err.getvalue().strip().splitlines()
         return None, None if e.code == 0 else (lines[-1] if lines else f"exit {e.code}")
+    finally:
+        _EXPERIMENTS._entries.clear()
+        _EXPERIMENTS._entries.update(experiments)
+        for name in set(sys.modules) - modules:
+            if name.startswith(FILE_MODULE_PREFIX):
+                del sys.modules[name]
 
 
 def _config_problems(ns) -> list[str]:

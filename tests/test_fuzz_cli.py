@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from privopt.cli import _ExperimentParser, build_parser, main
+from privopt.cli import build_parser, main
+from privopt.cli_reproduce import ExperimentParser
 
 
 def run(capsys, argv):
@@ -29,7 +30,7 @@ def run(capsys, argv):
 
 def subparsers(parser: argparse.ArgumentParser, path=()):
     """Every (command path, parser) below ``parser``, experiment parsers loaded."""
-    if isinstance(parser, _ExperimentParser):
+    if isinstance(parser, ExperimentParser):
         parser._load()
     yield path, parser
     for action in parser._actions:
@@ -123,6 +124,11 @@ BAD_ARGS = [
     ["runs", "TMP", "--plot", "OUT", "--markdown", "TMP/list.yaml"],
     ["reproduce"],
     ["reproduce", "nope"],
+    ["reproduce", "--plugin", "TMP/nope.py", "dro-table3", "--dataset", "digits-st", "--out", "OUT"],
+    ["reproduce", "--plugin", "TMP/list.yaml", "dro-table3", "--dataset", "digits-st", "--out", "OUT"],
+    ["reproduce", "--plugin", "", "sosp", "--out", "OUT"],
+    ["reproduce", "--plugin"],
+    ["reproduce", "sosp", "--plugin", "TMP/nope.py", "--out", "OUT"],
     ["reproduce", "dro-table3", "--dataset", "digits-st", "--seeds", "0", "--out", "OUT"],
     ["reproduce", "dro-table3", "--dataset", "digits-st", "--seeds", "-1", "--out", "OUT"],
     ["reproduce", "dro-table3", "--dataset", "digits-st", "--epsilons", ",", "--out", "OUT"],

@@ -29,7 +29,7 @@ LAYERS: list[set[str]] = [
     {"bench_procs"},  # its timing processes run privopt.bench, which it never imports
     {"api", "experiments", "audit", "bench", "bench_profile"},
     {"bench_e2e"},
-    {"cli_account", "cli_audit", "cli_bench", "cli_list", "cli_predict", "cli_runs"},
+    {"cli_account", "cli_audit", "cli_bench", "cli_list", "cli_predict", "cli_reproduce", "cli_runs"},
     {"cli"},
     {"__main__", "__init__"},
 ]

@@ -12,6 +12,7 @@ import torch
 from privopt import cli
 from privopt.config import load_config
 from privopt.errors import ConfigError
+from privopt.experiments import Experiment
 from privopt.plugins import FILE_MODULE_PREFIX
 from privopt.registry import Registry
 from privopt.training import train
@@ -31,7 +32,8 @@ def _forget_plugins() -> None:
     modules = [m for n, m in list(sys.modules.items()) if n.startswith("privopt") and m is not None]
     for reg in {id(v): v for m in modules for v in vars(m).values() if isinstance(v, Registry)}.values():
         for name, obj in list(reg._entries.items()):
-            if str(getattr(obj, "__module__", "")).startswith((FILE_MODULE_PREFIX, "plugin_mod_")):
+            module = obj.module if isinstance(obj, Experiment) else getattr(obj, "__module__", "")
+            if str(module).startswith((FILE_MODULE_PREFIX, "plugin_mod_")):
                 del reg._entries[name]
     for name in [n for n in sys.modules if n.startswith((FILE_MODULE_PREFIX, "plugin_mod_"))]:
         del sys.modules[name]
@@ -230,20 +232,21 @@ def _tiny_dro_budget(monkeypatch) -> None:
 
 
 def test_reproduce_imports_its_plugins_first_and_in_every_worker(project, monkeypatch, capsys):
-    """`reproduce dro-mia --plugin`: --methods and --model name what the plugins register; the --jobs 2
+    """`reproduce [--plugin] dro-mia --plugin`: --methods and --model name what the plugins register; the --jobs 2
     workers (which look the names up before a run trains) import them too; every run's record and the
     summary state them as given."""
     root, name = project
     _tiny_dro_budget(monkeypatch)
     model = "net-" + root.name.lower()
     Path("models.py").write_text(MODELS.format(name=model))
-    argv = ["reproduce", "dro-mia", "--dataset", "digits-st", "--methods", f"{name},dp-sgd", "--model", model,
+    argv = ["dro-mia", "--dataset", "digits-st", "--methods", f"{name},dp-sgd", "--model", model,
             "--epsilons", "1", "--seeds", "1", "--insecure-seed", "3", "--quiet"]  # fmt: skip
-    assert _main(*argv, "--out", "r") == 2 and "unknown model" in capsys.readouterr().err  # not without them
+    assert _main("reproduce", *argv, "--out", "r") == 2 and "unknown model" in capsys.readouterr().err
     plugins = ["../conf/algo.py", "models.py"]
-    assert _main(*argv, "--plugin", plugins[0], "--plugin", plugins[1], "--jobs", "2", "--out", "r") == 0, (
-        capsys.readouterr()
-    )
+    # One given to `reproduce`, one to dro-mia, the first again (spelt otherwise): each imported and stated once.
+    again = ["--plugin", "../start/../conf/algo.py", "--plugin", plugins[1]]
+    rc = _main("reproduce", "--plugin", plugins[0], *argv, *again, "--jobs", "2", "--out", "r")
+    assert rc == 0, capsys.readouterr()
     records = {
         str(p.parent.relative_to("r/runs")): json.loads(p.read_text()) for p in Path("r/runs").rglob("record.json")
     }
@@ -288,3 +291,75 @@ def test_a_worker_imports_the_plugins_before_its_first_call_and_names_one_it_can
     with pytest.raises(ConfigError, match=r"plugin '.*here\.py' failed while it was imported: RuntimeError") as e:
         list(run_ordered(echo_or_fail, calls, jobs=2, plugins=["here.py"]))
     assert "secret" not in str(e.value)
+
+
+EXPERIMENT = """import json
+from pathlib import Path
+
+from privopt.experiments import register_experiment
+
+
+def add_arguments(parser):
+    parser.add_argument("--scale", type=float, default=1.0, help="a number (default 1)")
+    parser.add_argument("--out", required=True, help="output directory (new)")
+
+
+def main(args):
+    Path(args.out).mkdir(parents=True)
+    (Path(args.out) / "summary.json").write_text(json.dumps({{"scale": args.scale, "plugins": args.plugin}}))
+    return 0
+
+
+register_experiment({name!r}, __name__, "my own reproduction")
+"""
+
+
+def test_reproduce_runs_an_experiment_a_plugin_registers(project, capsys):
+    """`privopt reproduce --plugin exp.py NAME`: the plugin is imported before the name is looked up; the
+    experiment gets the plugins as args.plugin; `privopt list --plugin` shows it."""
+    name = "exp-" + project[0].name.lower()
+    Path("exp.py").write_text(EXPERIMENT.format(name=name))
+    with pytest.raises(SystemExit) as e:  # the list of experiments in the help shows it
+        _main("reproduce", "--plugin", "exp.py", "--help")
+    shown = " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0 and f"{name} my own reproduction [plugin exp.py]" in shown
+    _forget_plugins()
+    assert _main("list", "--plugin", "exp.py") == 0
+    assert any(line.split() == [name, "my", "own", "reproduction", "[plugin", "exp.py]"]
+               for line in capsys.readouterr().out.splitlines())  # fmt: skip
+    _forget_plugins()
+    assert _main("reproduce", "--plugin", "exp.py", "--plugin=./exp.py", name, "--scale", "2", "--out", "r") == 0
+    assert json.loads(Path("r/summary.json").read_text()) == {"scale": 2.0, "plugins": ["exp.py"]}
+
+
+@pytest.mark.parametrize("before", [[], ["--plugin=exp.py"]])
+def test_an_unknown_experiment_names_the_available_ones_and_the_plugin_option(project, capsys, before):
+    """Unknown without its plugin, or with the plugin after the name (there it is the experiment's option)."""
+    name = "exp-" + project[0].name.lower()
+    Path("exp.py").write_text(EXPERIMENT.format(name=name))
+    with pytest.raises(SystemExit) as e:
+        _main("reproduce", *before, name + "x", "--plugin", "exp.py", "--out", "r")
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and f"unknown experiment '{name}x'" in err and "dro-table3, " in err
+    assert "privopt reproduce --plugin MODULE_OR_FILE NAME" in err and not Path("r").exists()
+    assert ("did you mean" in err) is bool(before)
+
+
+@pytest.mark.parametrize(
+    "plugin, said",
+    [
+        ("missing.py", "file .*missing.py \\(from the current directory\\) does not exist"),
+        ("bad.py", "plugin 'bad.py' failed while it was imported: ValueError in "),
+        ("nomain.py", "experiment 'broken': its module .*nomain.py has no main\\(\\)"),
+        ("nomodule.py", "experiment 'broken': no module named 'plugin_mod_not_there'"),
+    ],
+)
+def test_reproduce_with_a_broken_plugin_stops_with_one_line_and_writes_nothing(project, capsys, plugin, said):
+    Path("bad.py").write_text('raise ValueError("secret record 42")\n')
+    Path("nomain.py").write_text(EXPERIMENT.format(name="broken").replace("def main(", "def run("))
+    # a plugin_mod_ module name: the registration is forgotten after the test
+    Path("nomodule.py").write_text(EXPERIMENT.format(name="broken").replace("__name__", "'plugin_mod_not_there'"))
+    assert _main("reproduce", "--plugin", plugin, "broken", "--out", "r") == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and re.search(said, err) and "secret" not in err, err
+    assert not Path("r").exists()

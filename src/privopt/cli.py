@@ -17,6 +17,7 @@ from privopt.cli_audit import add_audit_parser
 from privopt.cli_bench import add_bench_parser
 from privopt.cli_list import add_list_parser
 from privopt.cli_predict import add_predict_parser
+from privopt.cli_reproduce import add_reproduce_parser
 from privopt.cli_runs import add_runs_parser
 from privopt.cliargs import (
     DEVICES,
@@ -208,51 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_cmd_demo)
 
     add_bench_parser(sub)
-    _add_reproduce_parser(sub)
+    add_reproduce_parser(sub)
     return negative_values(exact_options(p))
-
-
-class _ExperimentParser(argparse.ArgumentParser):
-    """The parser of one ``privopt reproduce NAME``: its options are added (and its module
-    imported) only when that command is parsed or its help is shown, so building the CLI does
-    not import every experiment."""
-
-    def __init__(self, *args, experiment=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._experiment = experiment
-
-    def _load(self) -> None:
-        exp, self._experiment = self._experiment, None
-        if exp is None:
-            return
-        module = exp.load()
-        module.add_arguments(self)
-
-        def run(args) -> int:
-            from privopt.experiments.outdir import reproduction_output
-
-            exp.check_requirements()  # before any work: e.g. Opacus for dpsgd-vs-opacus
-            with reproduction_output(getattr(args, "out", None)):  # a user error leaves no empty --out behind
-                return module.main(args)
-
-        self.set_defaults(func=run)
-
-    def parse_known_args(self, args=None, namespace=None):
-        self._load()
-        return super().parse_known_args(args, namespace)
-
-    def format_help(self) -> str:
-        self._load()
-        return super().format_help()
-
-
-def _add_reproduce_parser(sub) -> None:
-    from privopt.experiments import experiment_entries
-
-    r = sub.add_parser("reproduce", help="paper reproductions", description="Reproduce a paper's tables and figures.")
-    rsub = r.add_subparsers(dest="experiment", required=True, parser_class=_ExperimentParser, metavar="EXPERIMENT")
-    for name, exp in experiment_entries().items():
-        rsub.add_parser(name, help=exp.help_text, description=exp.help_text, experiment=exp)
 
 
 DESCRIPTION = (

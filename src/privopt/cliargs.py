@@ -129,9 +129,11 @@ def add_plugin_option(
     what: str = "the config can name",
     kinds: str = "an algorithm, model, dataset...",
     stated: str = "config key `plugins`",
+    dest: str = "plugin",
 ) -> None:
     """``--plugin MODULE_OR_FILE``, repeatable: your code to import first (:mod:`privopt.plugins`);
-    ``what`` names it, ``kinds`` says which of its registrations, ``stated`` where the run states it.
+    ``what`` names it, ``kinds`` says which of its registrations, ``stated`` where the run states it;
+    the entries go to ``args.<dest>``.
 
     Example:
         >>> p = argparse.ArgumentParser(prog="x")
@@ -140,7 +142,7 @@ def add_plugin_option(
         ['mypkg.ext', 'ext.py']
     """
     parser.add_argument(
-        "--plugin", action="append", default=[], metavar="MODULE_OR_FILE",
+        "--plugin", action="append", default=[], metavar="MODULE_OR_FILE", dest=dest,
         help=f"import this module (mypkg.ext) or Python file (ext.py, from the current directory) first, so {what} "
         f"what it registers ({kinds}); repeatable; {stated}. It runs as your code",
     )  # fmt: skip

@@ -28,7 +28,15 @@ class Experiment:
     requires: dict[str, str] = field(default_factory=dict)
 
     def load(self) -> ModuleType:
-        return importlib.import_module(self.module)
+        try:
+            return importlib.import_module(self.module)
+        except ModuleNotFoundError as e:  # a plugin's registration naming a module that is not there
+            if not (e.name and (self.module == e.name or self.module.startswith(e.name + "."))):
+                raise
+            raise ConfigError(
+                f"experiment {self.name!r}: no module named {self.module!r} (register_experiment names the module "
+                "that provides add_arguments(parser) and main(args); in a plugin file, its __name__)"
+            ) from None
 
     def check_requirements(self) -> None:
         """Raise :class:`ConfigError` naming what to install when an optional dependency is missing."""
@@ -45,6 +53,10 @@ _EXPERIMENTS: Registry[Experiment] = Registry("experiment")
 
 
 def register_experiment(name: str, module: str, help_text: str, *, requires: dict[str, str] | None = None) -> None:
+    """Make ``privopt reproduce NAME`` run ``module`` (a module name, imported when the command runs:
+    its ``add_arguments(parser)`` adds the options and ``main(args) -> int`` runs it); a plugin file
+    registers itself with ``__name__`` and is named with ``privopt reproduce --plugin FILE NAME``.
+    ``requires`` maps optional import names to what to install, checked before any work."""
     _EXPERIMENTS.add(name, Experiment(name, module, help_text, dict(requires or {})))
 
 
