@@ -35,6 +35,22 @@ def test_a_suggestion_comes_from_the_sub_command_it_was_given_to(capsys):
     assert "unrecognized arguments: --datase x" in err and "did you mean" not in err
 
 
+@pytest.mark.parametrize("given", [["--run", "runs/x"], ["--run=runs/x"]])
+def test_audit_given_a_run_folder_says_it_takes_the_runs_config(given, capsys):
+    """Not "did you mean '--runs'": that is a count of trainings, and audit takes a config, not a run."""
+    with pytest.raises(SystemExit) as ex:
+        main(["audit", *given])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ex.value.code == 2 and f"unrecognized arguments: {' '.join(given)} (privopt audit takes no run" in err
+    assert "the config the run was trained with, --config FILE" in err and "did you mean" not in err
+    with pytest.raises(SystemExit):  # the close name of audit's other options, and of --run elsewhere, as before
+        main(["audit", "--canary", "5"])
+    assert "(did you mean '--canaries'?)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["predict", "--run", "r", "--input", "i.csv", "--out", "o.csv", "--runs", "2"])
+    assert "(did you mean '--run'?)" in capsys.readouterr().err
+
+
 ACCOUNT = ["account", "--dataset-size", "1000", "--batch-size", "10", "--steps", "5", "--delta", "1e-5"]
 NEGATIVE = [  # a value that starts with '-' (a negative number, a list led by one) is the option's value, not an option
     ([*ACCOUNT, "--epsilon", "-1,2"], "--epsilon: '-1' is not > 0"),

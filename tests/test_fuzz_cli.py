@@ -129,6 +129,7 @@ BAD_ARGS = [
     ["reproduce", "--plugin", "", "sosp", "--out", "OUT"],
     ["reproduce", "--plugin"],
     ["reproduce", "sosp", "--plugin", "TMP/nope.py", "--out", "OUT"],
+    ["audit", "--run", "TMP"],
     ["reproduce", "dro-table3", "--dataset", "digits-st", "--seeds", "0", "--out", "OUT"],
     ["reproduce", "dro-table3", "--dataset", "digits-st", "--seeds", "-1", "--out", "OUT"],
     ["reproduce", "dro-table3", "--dataset", "digits-st", "--epsilons", ",", "--out", "OUT"],

@@ -191,9 +191,17 @@ def negative_values(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+# (command, option) -> what to say instead of the close name, where that name means something else.
+WRONG_OPTION_HINTS = {
+    ("audit", "--run"): "privopt audit takes no run folder: it trains its own runs from the config the run was "
+    "trained with, --config FILE; --runs is how many trainings a many-run audit makes",
+}
+
+
 def parse_with_hints(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     """``parser.parse_args(argv)``, but an unrecognised option is reported with the close name among
-    the options of the sub-command it was given to.
+    the options of the sub-command it was given to (or, where that name means something else, with
+    what :data:`WRONG_OPTION_HINTS` says).
 
     Example:
         >>> p = argparse.ArgumentParser(prog="x")
@@ -210,7 +218,9 @@ def parse_with_hints(parser: argparse.ArgumentParser, argv: list[str] | None) ->
     if extra:
         hint = ""
         if extra[0].startswith("--"):
-            hint = close_name(extra[0].split("=", 1)[0], _option_strings(parser, args))
+            option = extra[0].split("=", 1)[0]
+            said = WRONG_OPTION_HINTS.get((getattr(args, "command", None), option))
+            hint = f" ({said})" if said else close_name(option, _option_strings(parser, args))
         parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     return args
 
