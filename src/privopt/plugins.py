@@ -2,7 +2,8 @@
 (an algorithm, a model, a dataset, a loss, an engine, a run metric...) can be named in a config.
 
 A config's ``plugins: [mypkg.ext, ext.py]`` and the command line's ``--plugin MODULE_OR_FILE``
-(``privopt train``, ``audit``, ``list``, ``predict``, ``reproduce dro-table3``/``dro-mia``) name them:
+(``privopt train``, ``audit``, ``list``, ``predict``, ``reproduce dro-table3``/``dro-mia``, and
+``reproduce --plugin FILE NAME`` for an experiment a plugin registers) name them:
 a module name is imported as Python imports it (an installed package or one on ``PYTHONPATH``); a
 path ending in ``.py`` is run as a module of its own. A relative path read from a config file is
 relative to that file's folder; one given with ``--plugin``, ``--set`` or the Python API, to the current
