@@ -159,12 +159,18 @@ def exact_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         >>> exact_options(p).parse_known_args(["--batch-size", "8"])[1]
         ['--batch-size', '8']
     """
-    parser.allow_abbrev = False
+    for each in _with_subcommands(parser):
+        each.allow_abbrev = False
+    return parser
+
+
+def _with_subcommands(parser: argparse.ArgumentParser):
+    """``parser`` and every sub-command parser below it, depth first."""
+    yield parser
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
-                exact_options(sub)
-    return parser
+                yield from _with_subcommands(sub)
 
 
 # A token that starts like a number (-1,2  -1e-5  -.5  -inf): argparse's own test (-1, -0.5 only) reads
@@ -183,11 +189,8 @@ def negative_values(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         >>> negative_values(p).parse_args(["--epsilons", "-1,2"]).epsilons
         '-1,2'
     """
-    parser._negative_number_matcher = _NUMBER_LIKE
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                negative_values(sub)
+    for each in _with_subcommands(parser):
+        each._negative_number_matcher = _NUMBER_LIKE
     return parser
 
 
