@@ -355,3 +355,20 @@ def test_train_with_an_insecure_seed_says_not_private_where_it_states_epsilon(ca
     assert code == 0 and json.loads(out.splitlines()[-1])["randomness"]["insecure_seed"] == 4
     code, out, _ = run(capsys, "train", *QUICK, "--out", str(tmp_path / "s"))
     assert code == 0 and "NOT private" not in out
+
+
+def test_train_refuses_a_written_privacy_target_for_a_non_private_algorithm(capsys, tmp_path):
+    """A config that asks for ε = 1 and names a non-private algorithm would give a model with no
+    guarantee: refused before anything is written. The defaults' ε alone is no request."""
+    cfg = tmp_path / "dp.yaml"
+    cfg.write_text("algorithm: dp-sgd\nmodel: logreg\nprivacy: {epsilon: 1.0, delta: 1.0e-5}\n")
+    out = tmp_path / "r"
+    code, _, err = run(capsys, "train", "--config", str(cfg), *QUICK, "--set", "algorithm=sgd", "--out", str(out))
+    assert code == 2 and one_line_error(err) and not out.exists()
+    assert "'sgd' is not private" in err and "privacy.epsilon=1.0" in err and "privacy.epsilon=null" in err
+    written = ["--set", "algorithm=sgd", "--set", "privacy.epsilon=2"]  # by --set, on the default config
+    code, _, err = run(capsys, "train", *QUICK, *written, "--out", str(out))
+    assert code == 2 and "privacy.epsilon=2" in err and not out.exists()
+    argv = ["train", "--config", str(cfg), *QUICK, "--set", "algorithm=sgd", "--set", "privacy.epsilon=null"]
+    code, out_text, _ = run(capsys, *argv, "--out", str(out), "--quiet", "--json")
+    assert code == 0 and json.loads(out_text)["privacy"]["epsilon_spent"] is None

@@ -92,6 +92,7 @@ def _cmd_train(args) -> int:
         if args.insecure_seed is not None:
             overrides.append(f"insecure_seed={args.insecure_seed}")
         cfg, out = load_config(args.config, overrides, plugins=args.plugin), args.out
+        _refuse_ignored_privacy_target(cfg, args.config, overrides)
     allow = args.allow_version_change
     try:
         record = train(cfg, out_dir=out, resume=bool(args.resume), progress=not args.quiet, allow_version_change=allow)
@@ -103,6 +104,26 @@ def _cmd_train(args) -> int:
         return 0
     _print_train_result(args, record, out)
     return 0
+
+
+def _refuse_ignored_privacy_target(cfg, path: str | None, overrides: list[str]) -> None:
+    """A non-private algorithm with a privacy target *written* in the config file or a ``--set``:
+    the user asked for a guarantee the run would not give (``privopt.fit`` refuses it too). The
+    defaults' ε alone is not a request."""
+    from privopt.algorithms import available_algorithms
+    from privopt.config import apply_overrides, yaml_load
+
+    algo = available_algorithms().get(cfg.algorithm)
+    if algo is None or algo.private or cfg.privacy.epsilon is None:
+        return
+    written = (yaml_load(Path(path).read_text(encoding="utf-8")) or {}) if path else {}  # load_config read it already
+    target = apply_overrides(written, overrides).get("privacy")
+    if isinstance(target, dict) and target.get("epsilon") is not None:
+        raise PrivoptError(
+            f"algorithm {cfg.algorithm!r} is not private, but the config sets privacy.epsilon={target['epsilon']}: "
+            "nothing this run writes would be private. Add --set privacy.epsilon=null to train without "
+            "privacy, or choose a private algorithm (privopt list)"
+        )
 
 
 def _record_status(out: str) -> str | None:
