@@ -113,7 +113,7 @@ def _refuse_ignored_privacy_target(cfg, path: str | None, overrides: list[str]) 
     from privopt.algorithms import available_algorithms
     from privopt.config import apply_overrides, yaml_load
 
-    algo = available_algorithms().get(cfg.algorithm)
+    algo = available_algorithms().get(cfg.algorithm) if isinstance(cfg.algorithm, str) else None  # else refused later
     if algo is None or algo.private or cfg.privacy.epsilon is None:
         return
     written = (yaml_load(Path(path).read_text(encoding="utf-8")) or {}) if path else {}  # load_config read it already
