@@ -27,7 +27,9 @@ LAYERS: list[set[str]] = [
     {"eval", "plots"},
     {"training"},
     {"bench_procs"},  # its timing processes run privopt.bench, which it never imports
-    {"api", "experiments", "audit", "bench", "bench_profile"},
+    {"api", "experiments", "audit", "bench_profile", "bench_opacus"},
+    {"bench_breakdown"},
+    {"bench"},
     {"bench_e2e"},
     {"cli_account", "cli_audit", "cli_bench", "cli_list", "cli_predict", "cli_reproduce", "cli_runs"},
     {"cli"},

@@ -49,6 +49,8 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import nn
 
+from privopt.bench_breakdown import nonprivate_backward, nonprivate_forward, step_breakdowns
+from privopt.bench_opacus import opacus_step
 from privopt.config import resolve_device
 from privopt.errors import ConfigError
 from privopt.grads.alloc import retain_freed_memory
@@ -133,8 +135,8 @@ def _noise_source(method: str):
 
 def _make_step(method: str, base: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None] | None:
     """A closure performing one step of ``method`` on a private copy of ``base`` (None: unavailable)."""
-    from privopt.grads import get_engine
-    from privopt.grads.release import draw_gaussian_noise
+    # the noise draw is looked up in its module per step, so that --breakdown can time it
+    from privopt.grads import get_engine, release
 
     model = copy.deepcopy(base)
     B = x.shape[0]
@@ -143,7 +145,7 @@ def _make_step(method: str, base: nn.Module, x: torch.Tensor, y: torch.Tensor) -
 
         def step():
             opt.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(model(x), y).backward()
+            nonprivate_backward(nonprivate_forward(model, x, y))
             opt.step()
 
         return step
@@ -161,7 +163,7 @@ def _make_step(method: str, base: nn.Module, x: torch.Tensor, y: torch.Tensor) -
 
         def step():
             res = engine.clipped_sum(model, _per_sample_ce, x, y, clip=_CLIP, params_prev=prev)
-            noise = draw_gaussian_noise(update.dim, std=_SIGMA * _CLIP, rng=rng, device=x.device)
+            noise = release.draw_gaussian_noise(update.dim, std=_SIGMA * _CLIP, rng=rng, device=x.device)
             update(res.total.add_(noise), _LR / B)
 
         return step
@@ -169,56 +171,17 @@ def _make_step(method: str, base: nn.Module, x: torch.Tensor, y: torch.Tensor) -
         rng = _noise_source(method)
 
         def step():
-            update(draw_gaussian_noise(update.dim, std=_SIGMA * _CLIP, rng=rng, device=x.device), _LR / B)
+            update(release.draw_gaussian_noise(update.dim, std=_SIGMA * _CLIP, rng=rng, device=x.device), _LR / B)
 
         return step
     if method in ("opacus-hooks", "opacus-ghost"):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                return _opacus_step(method, model, x, y)
+                return opacus_step(method, model, x, y, lr=_LR, clip=_CLIP, sigma=_SIGMA)
         except ImportError:
             return None
     raise ConfigError(f"unknown benchmark method {method!r}; choose from {', '.join(METHODS)}")
-
-
-def _opacus_step(method, model, x, y):
-    from opacus import GradSampleModule
-    from opacus.grad_sample import GradSampleModuleFastGradientClipping
-    from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
-    from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
-
-    B = x.shape[0]
-    if method == "opacus-hooks":
-        gsm = GradSampleModule(model)
-        opt = DPOptimizer(
-            torch.optim.SGD(gsm.parameters(), lr=_LR),
-            noise_multiplier=_SIGMA,
-            max_grad_norm=_CLIP,
-            expected_batch_size=B,
-        )
-
-        def step():
-            opt.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(gsm(x), y).backward()
-            opt.step()
-
-        return step
-    gsm = GradSampleModuleFastGradientClipping(model, max_grad_norm=_CLIP, use_ghost_clipping=True)
-    opt = DPOptimizerFastGradientClipping(
-        torch.optim.SGD(gsm.parameters(), lr=_LR),
-        noise_multiplier=_SIGMA,
-        max_grad_norm=_CLIP,
-        expected_batch_size=B,
-    )
-    crit = DPLossFastGradientClipping(gsm, opt, nn.CrossEntropyLoss(), loss_reduction="mean")
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        crit(gsm(x), y).backward()
-        opt.step()
-
-    return step
 
 
 def _data(name: str, batch_size: int):
@@ -341,6 +304,7 @@ def run_bench(
     memory: bool = True,
     device: str = "cpu",
     processes: int = 1,
+    breakdown: bool = False,
 ) -> list[dict]:
     """Time one optimiser step of each method (median of ``repeats``) and measure its peak memory.
 
@@ -355,6 +319,8 @@ def run_bench(
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (model, batch and noise on that device).
         processes: time each (model, batch size) in this many fresh processes, one after the other
             (:mod:`privopt.bench_procs`): the median of their ratios, and ``ratio_range``.
+        breakdown: also time each method's step by component in this process (``repeats`` more
+            rounds; :mod:`privopt.bench_breakdown`): each row gets ``breakdown``, seconds per step.
 
     Returns:
         One dict per (model, batch size, method): ``model``, ``batch_size``, ``method``, ``mode`` ("step"),
@@ -372,13 +338,11 @@ def run_bench(
     _check_args(models=models, batch_sizes=batch_sizes, repeats=repeats, threads=threads, methods=methods)
     _check_count(processes, "processes")
     methods = [*([] if "nonprivate" in methods else ["nonprivate"]), *methods]  # every ratio needs the baseline
-    old_threads = torch.get_num_threads()
+    old_threads, rows, load0 = torch.get_num_threads(), [], os.getloadavg()[0]
     if threads:
         torch.set_num_threads(int(threads))
-    rows: list[dict] = []
-    load0 = os.getloadavg()[0]
     try:
-        kw = dict(repeats=repeats, memory=memory, dev=dev, processes=processes)
+        kw = dict(repeats=repeats, memory=memory, dev=dev, processes=processes, breakdown=breakdown)
         for name, bs in itertools.product(models, batch_sizes):
             block = _bench_block(name, int(bs), methods, **kw)
             if progress:
@@ -387,13 +351,12 @@ def run_bench(
     finally:
         torch.set_num_threads(old_threads)
     load = [load0, os.getloadavg()[0]]  # 1-minute load average before and after: how busy the machine was
-    for row in rows:
-        row["load_avg"] = load
-    return rows
+    return [{**row, "load_avg": load} for row in rows]
 
 
-def _time_steps(name: str, bs: int, methods: list[str], *, repeats: int, dev) -> dict[str, list[float]]:
-    """Per-method step times, the methods interleaved round by round (a load change hits them all)."""
+def _time_steps(name: str, bs: int, methods: list[str], *, repeats: int, dev, breakdown=False) -> tuple[dict, dict]:
+    """Per-method step times, the methods interleaved round by round (a load change hits them all),
+    and with ``breakdown`` each method's median seconds per step by component."""
     retain_freed_memory()  # the same allocator policy as privopt's training runs (docs/engines.md)
     base = build_bench_model(name).to(dev)
     x, y = (t.to(dev) for t in _data(name, bs))
@@ -409,13 +372,15 @@ def _time_steps(name: str, bs: int, methods: list[str], *, repeats: int, dev) ->
                 t0 = time.perf_counter()
                 steps[m]()
                 ts.append(time.perf_counter() - t0)
-    return times
+        parts = step_breakdowns({m: steps[m] for m in times}, repeats=repeats) if breakdown else {}
+    return times, parts
 
 
-def _bench_block(name: str, bs: int, methods: list[str], *, repeats: int, memory: bool, dev, processes=1) -> list[dict]:
+def _bench_block(name, bs, methods, *, repeats: int, memory: bool, dev, processes=1, breakdown=False) -> list[dict]:
     """The rows of one (model, batch size); ratios against the first method (non-private). With
     ``processes > 1`` timed in that many fresh processes (:mod:`privopt.bench_procs`)."""
     ratios: dict[str, list[float]] = {}
+    parts: dict[str, dict[str, float]] = {}
     if processes > 1:
         from privopt.bench_procs import times_in_processes
 
@@ -423,8 +388,9 @@ def _bench_block(name: str, bs: int, methods: list[str], *, repeats: int, memory
         times, ratios = times_in_processes(
             name, bs, methods, repeats=repeats, processes=processes, threads=threads, device=str(dev)
         )
-    else:
-        times = _time_steps(name, bs, methods, repeats=repeats, dev=dev)
+    if processes == 1 or breakdown:
+        got, parts = _time_steps(name, bs, methods, repeats=repeats, dev=dev, breakdown=breakdown)
+        times = got if processes == 1 else times
     block = []
     for m in methods:
         row = {
@@ -442,6 +408,7 @@ def _bench_block(name: str, bs: int, methods: list[str], *, repeats: int, memory
             "note": "",
             "processes": processes,
             "ratio_range": [min(ratios[m]), max(ratios[m])] if m in ratios else None,
+            "breakdown": parts.get(m),
         }
         if m not in times:
             row["note"] = "opacus not importable (pip install 'privopt[bench]', or make bench)"

@@ -25,7 +25,7 @@ _CHILD = (
     "from privopt.bench import _time_steps\n"
     "from privopt.config import resolve_device\n"
     "if {threads!r}: torch.set_num_threads({threads!r})\n"
-    "times = _time_steps({name!r}, {bs!r}, {methods!r}, repeats={repeats!r}, dev=resolve_device({device!r}))\n"
+    "times, _ = _time_steps({name!r}, {bs!r}, {methods!r}, repeats={repeats!r}, dev=resolve_device({device!r}))\n"
     "print(json.dumps(times))\n"
 )
 

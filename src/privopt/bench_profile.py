@@ -97,7 +97,10 @@ class Breakdown:
     in a difference query, whatever the number of passes an engine takes for it) and
     ``counts["sampled"]`` (records drawn by the samplers)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, targets=None, components=COMPONENTS, loop: bool = True) -> None:
+        """``targets``: ``(component, absorbing, [(module, attribute path)])`` entries (default: a
+        training run's); ``components``: their report order; ``loop``: wrap the training loop's step."""
+        self.targets, self.components, self.loop = _TARGETS if targets is None else targets, components, loop
         self.times: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
         self.counts: dict[str, int] = defaultdict(int)
@@ -198,12 +201,13 @@ class Breakdown:
     def __enter__(self) -> Breakdown:
         for mod in ("privopt.training", "privopt.algorithms", "privopt.grads.ghost", "privopt.training.run"):
             importlib.import_module(mod)
-        for component, absorbing, targets in _TARGETS:
+        for component, absorbing, targets in self.targets:
             for module_name, path in targets:
                 self._patch(module_name, path, component, absorbing)
-        run_mod = importlib.import_module("privopt.training.run")
-        original_loop = run_mod.run_loop
-        self._set(run_mod, "run_loop", lambda step, *a, **k: original_loop(self.wrap_step(step), *a, **k))
+        if self.loop:
+            run_mod = importlib.import_module("privopt.training.run")
+            original_loop = run_mod.run_loop
+            self._set(run_mod, "run_loop", lambda step, *a, **k: original_loop(self.wrap_step(step), *a, **k))
         self._t0 = time.perf_counter()
         return self
 
@@ -215,5 +219,5 @@ class Breakdown:
         self.times["other"] = max(0.0, self.wall_s - sum(v for k, v in self.times.items() if k != "other"))
 
     def as_dict(self) -> dict[str, float]:
-        """``{component: seconds}`` for every component (0.0 when unused), in :data:`COMPONENTS` order."""
-        return {c: float(self.times.get(c, 0.0)) for c in COMPONENTS}
+        """``{component: seconds}`` for every component (0.0 when unused), in report order."""
+        return {c: float(self.times.get(c, 0.0)) for c in self.components}

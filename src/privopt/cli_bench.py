@@ -36,9 +36,16 @@ def _cmd_bench(args) -> int:
     methods = METHODS if args.methods is None else tuple(args.methods)
     rows = run_bench(
         **common, batch_sizes=tuple(args.batch_sizes), device=args.device, methods=methods,
-        memory=not args.no_memory, processes=args.processes,
+        memory=not args.no_memory, processes=args.processes, breakdown=args.breakdown,
     )  # fmt: skip
-    print(json.dumps(rows) if args.json else format_table(rows))
+    if args.json:
+        print(json.dumps(rows))
+    elif args.breakdown:
+        from privopt.bench_breakdown import format_breakdown
+
+        print(format_table(rows) + "\n\n" + format_breakdown(rows))
+    else:
+        print(format_table(rows))
     return 0
 
 
@@ -91,15 +98,26 @@ def add_bench_parser(sub) -> None:
         "clipped-difference, dp-sgd-secure, dp-sgd-sync, opacus-hooks, opacus-ghost, noise-only, "
         "noise-only-secure); nonprivate is always included",
     )
-    b.add_argument(
-        "--no-memory", action="store_true", help="skip the peak-memory probe (one subprocess per row) to save time"
-    )
-    b.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
-    b.add_argument("--quiet", action="store_true", help="no progress line per finished row")
+    _add_output_options(b)
     _add_end_to_end_options(
         b.add_argument_group("end-to-end mode (--end-to-end): whole training runs with a time breakdown")
     )
     b.set_defaults(func=_cmd_bench)
+
+
+def _add_output_options(b) -> None:
+    b.add_argument(
+        "--no-memory", action="store_true", help="skip the peak-memory probe (one subprocess per row) to save time"
+    )
+    b.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also time each step by component (forward, backward, the engine's per-layer work, norms, "
+        "sums, noise, update; --repeats more rounds) and print where the time goes "
+        "(--end-to-end always prints its own)",
+    )
+    b.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    b.add_argument("--quiet", action="store_true", help="no progress line per finished row")
 
 
 def _add_end_to_end_options(e) -> None:
