@@ -90,7 +90,8 @@ def test_privopt_runs_reads_and_writes_its_tables_without_torch(tmp_path):
     """Listing runs reads JSON records: it loads no heavy library (torch alone costs ~1 s)."""
     run = tmp_path / "sweep" / "eps1"
     run.mkdir(parents=True)
-    record = {"algorithm": "dp-sgd", "model": {"name": "mlp"}, "dataset": {"name": "digits"}, "status": "finished"}
+    # running: its status now is looked up in the folder's lock (privopt.runlock), without torch too
+    record = {"algorithm": "dp-sgd", "model": {"name": "mlp"}, "dataset": {"name": "digits"}, "status": "running"}
     (run / "record.json").write_text(json.dumps(record))
     csv, md = tmp_path / "t.csv", tmp_path / "t.md"
     code = RUNS.format(root=str(tmp_path / "sweep"), csv=str(csv), md=str(md), heavy=HEAVY)

@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "privopt"
 # a layer is a list of independent leaves (layer 0's helpers all stand on privopt.errors alone).
 LAYERS: list[set[str]] = [
     {"errors", "lazy"},
-    {"validation", "registry", "rng", "quiet", "checkpoint", "config", "cliargs", "cores"},
+    {"validation", "registry", "rng", "quiet", "checkpoint", "config", "cliargs", "cores", "runlock"},
     {"plugins"},  # imports the user's code named by a config (privopt.config) before any name is looked up
     {"privacy"},
     {"sampling", "group_sampling", "distributed"},

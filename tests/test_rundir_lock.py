@@ -1,9 +1,13 @@
 """The run directory's lock file: held while a run owns the directory, gone when the run ends."""
 
+import errno
+import fcntl
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -13,6 +17,7 @@ from _run_helpers import cfg
 from privopt.cli import main
 from privopt.data import Dataset
 from privopt.errors import ConfigError
+from privopt.runlock import parse_owner
 from privopt.training import RunDiverged, train
 from privopt.training.rundir import LOCK_NAME, RunDirLock
 
@@ -72,7 +77,8 @@ def test_another_process_owning_the_directory_refuses_a_run_until_it_dies(tmp_pa
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    assert (run / LOCK_NAME).read_text() == f"{holder.pid}\n"  # a killed owner leaves its file...
+    owner = parse_owner((run / LOCK_NAME).read_bytes())  # a killed owner leaves its file...
+    assert (owner["pid"], owner["host"]) == (holder.pid, socket.gethostname())
     rec = train(cfg(algorithm_params={"epochs": 1}), out_dir=run, progress=False, max_steps=2)
     assert rec["status"] == "paused" and not (run / LOCK_NAME).exists()  # ...which the next run takes over
 
@@ -98,8 +104,43 @@ def test_a_lock_taken_on_a_file_its_owner_just_removed_is_taken_again(tmp_path, 
 
     monkeypatch.setattr(RunDirLock, "_open_and_lock", open_stale_first)
     with RunDirLock(run):
-        assert len(opened) == 2 and (run / LOCK_NAME).read_text() == f"{os.getpid()}\n"
+        assert len(opened) == 2 and parse_owner((run / LOCK_NAME).read_bytes())["pid"] == os.getpid()
         monkeypatch.setattr(RunDirLock, "_open_and_lock", real)
         with pytest.raises(ConfigError, match="in use"), RunDirLock(run):
             pass
     assert not (run / LOCK_NAME).exists()
+
+
+def test_the_lock_file_names_the_owner_and_nothing_of_the_data(tmp_path):
+    with RunDirLock(tmp_path / "r"):
+        owner = parse_owner((tmp_path / "r" / LOCK_NAME).read_bytes())
+    assert owner["pid"] == os.getpid() and owner["host"] == socket.gethostname()
+    assert parse_owner(b"1234\n") == {"pid": 1234, "host": None, "boot_id": None}  # an earlier privopt's
+    assert parse_owner(b"") == parse_owner(b"[1]") == {"pid": None, "host": None, "boot_id": None}
+
+
+def test_a_run_waits_out_the_instant_privopt_runs_looks_at_its_lock(tmp_path):
+    """`privopt runs` holds a shared lock for an instant to see whether a run lives: a run or resume
+    starting then must not be refused as 'in use'."""
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / LOCK_NAME).write_text("")
+    fd = os.open(run / LOCK_NAME, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    timer = threading.Timer(0.1, os.close, [fd])  # closing the file releases the lock
+    timer.start()
+    try:
+        with RunDirLock(run):
+            assert parse_owner((run / LOCK_NAME).read_bytes())["pid"] == os.getpid()
+    finally:
+        timer.join()
+
+
+def test_a_file_system_without_locks_is_named_not_taken_for_another_run(tmp_path, monkeypatch):
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.raises(ConfigError, match="cannot lock the run directory .*No locks available.*file locks") as err:
+        RunDirLock(tmp_path / "r").__enter__()
+    assert "in use" not in str(err.value)

@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import csv
+import errno
+import fcntl
 import io
 import json
+import os
 import re
 import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
 
 import pytest
 
-from privopt.api import compare_runs
+from privopt.api import compare_runs, load_run
 from privopt.cli import main
+from privopt.errors import ConfigError
+from privopt.runlock import ENDED, LOCK_NAME, OwnerState
+from privopt.training import train
+from privopt.training.rundir import RunDirLock
 
 SWEEP = {"eps1": (1.0, 0.1), "eps4": (4.0, 0.4), "eps2": (2.0, 0.2)}  # name: (epsilon, lr)
 
@@ -43,7 +55,7 @@ def table_rows(out):
     names, starts = lines[0].split(), [m.start() for m in re.finditer(r"\S+", lines[0])]
     rows = []
     for line in lines[1:]:
-        if line.startswith("* "):  # the footnote
+        if line.startswith("* ") or not line:  # the footnote, the hints after the table
             break
         rows.append({n: line[a:b].strip() for n, a, b in zip(names, starts, [*starts[1:], None])})
     return rows
@@ -264,3 +276,146 @@ def test_a_config_setting_set_in_one_run_and_unset_in_another_gets_a_column(tmp_
     assert "seed" not in table.columns and "lr" not in table.columns and "feature_centering" not in table.columns
     assert not any(c.startswith("dataset_params") for c in table.columns)  # the csv runs' own, alike in both
     assert "_cfg" not in rows["plain"]
+
+
+# ------------------------------------------------------------------ a run's status now, not only as recorded
+
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+# Owns a run directory as a run does (privopt.runlock alone: no torch), until killed.
+OWNER = """
+import fcntl, os, sys, time
+from privopt.runlock import owner_text
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.pwrite(fd, owner_text().encode(), 0)
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+def recorded(sweep, folder, status="running", checkpoint=True):
+    """A run folder whose record says ``status`` (a copy of a sweep run's), with a checkpoint.pt or not."""
+    folder.mkdir(parents=True)
+    record = json.loads((sweep / "eps1" / "record.json").read_text())
+    (folder / "record.json").write_text(json.dumps({**record, "status": status}))
+    if checkpoint:
+        (folder / "checkpoint.pt").write_bytes(b"")  # only whether it exists is looked at
+    return folder
+
+
+def row(folder):
+    return compare_runs([folder]).rows[0]
+
+
+def test_a_train_killed_mid_run_is_shown_interrupted_with_how_to_resume(tmp_path, capsys):
+    """A real `privopt train`, SIGKILLed while it trains: its record says running for ever."""
+    out = tmp_path / "r"
+    argv = [sys.executable, "-m", "privopt", "train", "--out", str(out), "--insecure-seed", "0", "--quiet"]
+    argv += ["--set", "model=logreg", "--set", "algorithm_params.epochs=2000", "--set", "plots=false"]
+    proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "record.json").exists():  # the first commit, before the first step
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.05)
+        live = json.loads(run(capsys, [out, "--json"])[1])[0]
+        assert (live["status"], live["record_status"], live["resume"], live["host"]) == (
+            "running", "running", None, socket.gethostname()
+        )  # fmt: skip
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL and json.loads((out / "record.json").read_text())["status"] == "running"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    code, out_text, err = run(capsys, [out])
+    assert code == 0 and err == "" and table_rows(out_text)[0]["status"] == "interrupted"
+    hint = "r (interrupted): its process ended while its record said running (killed, out of memory or a reboot?)"
+    assert out_text.splitlines()[-1] == f"{hint}; resume with: privopt train --resume {out}"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # a listing: nothing written
+    with pytest.raises(ConfigError, match=r"status 'running', interrupted now.*resume it with privopt train --resume"):
+        load_run(out)
+    assert train(None, out_dir=out, resume=True, progress=False, max_steps=1)["status"] == "paused"  # as the hint says
+
+
+def test_a_live_owner_is_running_and_a_killed_one_interrupted(sweep, tmp_path):
+    folder = recorded(sweep, tmp_path / "r")
+    with RunDirLock(folder):  # this process owns the folder: the run lives
+        assert (row(folder)["status"], row(folder)["host"]) == ("running", socket.gethostname())
+        with pytest.raises(ConfigError, match=r"status 'running', step .*: it has no released model yet; wait for"):
+            load_run(folder)
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(folder / LOCK_NAME)], env=ENV, stdout=subprocess.PIPE)
+    try:
+        assert owner.stdout.readline().strip() == b"locked" and row(folder)["status"] == "running"
+    finally:
+        owner.kill()
+        owner.wait()
+    r = row(folder)
+    assert (r["status"], r["record_status"]) == ("interrupted", "running")
+    assert r["resume"] == f"privopt train --resume {folder}"
+    table = compare_runs([folder])
+    assert "interrupted" in table.markdown() and "resume" not in table.markdown() + table.csv()  # no local paths
+    assert socket.gethostname() not in table.markdown() + table.csv()
+
+
+def test_a_running_record_with_no_lock_file_is_interrupted(sweep, tmp_path):
+    """The owner makes its lock file before the first record and removes it after the last: without
+    one no process owns the folder (e.g. the last write failed); without a checkpoint: no resume."""
+    r = row(recorded(sweep, tmp_path / "r", checkpoint=False))
+    assert (r["status"], r["resume"], r["host"]) == ("interrupted", None, None)
+    assert r["status_note"].startswith("no process owns its folder while its record says running")
+
+
+@pytest.mark.parametrize("case", ["other host", "earlier privopt", "no locks"])
+def test_a_run_this_machine_cannot_check_is_unknown_never_interrupted(sweep, tmp_path, monkeypatch, capsys, case):
+    folder = recorded(sweep, tmp_path / "r")
+    owner = {"pid": 1, "host": socket.gethostname(), "boot_id": None}
+    if case == "other host":  # a shared folder seen from another machine: its lock may not be seen here
+        owner = {"pid": 1, "host": "node-elsewhere", "boot_id": "another-kernel"}
+    (folder / LOCK_NAME).write_text("1234\n" if case == "earlier privopt" else json.dumps(owner))
+    if case == "no locks":
+
+        def no_locks(fd, op):
+            raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+        monkeypatch.setattr(fcntl, "flock", no_locks)
+    r = row(folder)
+    assert (r["status"], r["record_status"], r["resume"]) == ("unknown", "running", None)
+    why = {"other host": "it ran on host node-elsewhere", "earlier privopt": "names no host", "no locks": "lock files"}
+    assert why[case] in r["status_note"]
+    code, out, _ = run(capsys, [folder])
+    assert code == 0 and table_rows(out)[0]["status"] == "unknown" and f"r (unknown): {r['status_note']}" in out
+
+
+def test_a_paused_run_being_resumed_is_running(sweep, tmp_path):
+    folder = recorded(sweep, tmp_path / "p", status="paused")
+    r = row(folder)
+    assert (r["status"], r["resume"]) == ("paused", f"privopt train --resume {folder}")
+    with RunDirLock(folder):  # a resume owns it: its record says paused until its first commit
+        assert (row(folder)["status"], row(folder)["resume"]) == ("running", None)
+
+
+def test_a_run_that_ends_or_starts_while_it_is_looked_at_is_not_called_interrupted(sweep, tmp_path, monkeypatch):
+    """No owner at the first look, then a record read again (a run that just ended wrote its final one)
+    and a second look (a resume that just started owns the folder)."""
+    import privopt.api.run_status as run_status
+
+    folder = recorded(sweep, tmp_path / "r")
+    real = run_status.owner_state
+
+    def finishes(path):
+        record = json.loads((folder / "record.json").read_text())
+        (folder / "record.json").write_text(json.dumps({**record, "status": "finished"}))
+        return OwnerState(ENDED)
+
+    monkeypatch.setattr(run_status, "owner_state", finishes)
+    assert (row(folder)["status"], row(folder)["host"]) == ("finished", None)
+    folder = recorded(sweep, tmp_path / "s")
+    looks = []
+
+    def starts(path):
+        looks.append(path)
+        return OwnerState(ENDED) if len(looks) == 1 else real(path)
+
+    monkeypatch.setattr(run_status, "owner_state", starts)
+    with RunDirLock(folder):
+        assert row(folder)["status"] == "running" and len(looks) == 2

@@ -1,10 +1,12 @@
 """The ``privopt runs`` command: the runs of a sweep side by side (:func:`privopt.api.compare_runs`).
 
 One row per run folder: algorithm, model, dataset, ε (the guarantee; ``*`` marks a run seeded by
-``--insecure-seed``), δ, status, the hyper-parameters that differ between the runs, the test metrics,
-the wall time. Reads ONLY each run's public ``record.json``: never ``checkpoint.pt`` (SECRET) nor
-``diagnostics.NOT_PRIVATE.json``. ``--csv``/``--markdown``/``--plot`` files are written atomically and
-an existing file is never replaced (as ``privopt predict --out``)."""
+``--insecure-seed``), δ, status (the run's now: a killed run whose record says running is
+``interrupted``, :mod:`privopt.api.run_status`), the hyper-parameters that differ between the runs,
+the test metrics, the wall time; then how to resume each paused or interrupted run. Reads ONLY each
+run's public ``record.json`` (and a record not final, its folder's lock file): never
+``checkpoint.pt`` (SECRET) nor ``diagnostics.NOT_PRIVATE.json``. ``--csv``/``--markdown``/``--plot``
+files are written atomically and an existing file is never replaced (as ``privopt predict --out``)."""
 
 from __future__ import annotations
 
@@ -66,8 +68,11 @@ def add_runs_parser(sub) -> None:
         description="Tabulate the record.json of run folders (privopt train --out), given directly or found one "
         "or two levels down the folders given: algorithm, model, dataset, epsilon (* seeded by --insecure-seed: "
         "NOT private), delta, status, the hyper-parameters that differ between the runs, the test metrics and "
-        "the wall time. Reads only the public record.json of each run (never checkpoint.pt or "
-        "diagnostics.NOT_PRIVATE.json).",
+        "the wall time; then how to resume each paused or interrupted run. The status is the run's now: a run "
+        "whose record says running but whose process is gone (killed, out of memory, a reboot) is shown "
+        "interrupted, one this machine cannot check (run on another host) unknown. Reads only the public "
+        "record.json of each run, and for a record not final its folder's lock file (never checkpoint.pt or "
+        "diagnostics.NOT_PRIVATE.json); writes nothing but the files asked for.",
     )
     r.add_argument("paths", nargs="+", metavar="DIR", help="run folders, or folders holding run folders")
     r.add_argument("--sort", metavar="KEY", help="order the rows by this column, e.g. epsilon (default: as found)")

@@ -2,8 +2,10 @@
 
 It reads ONLY each run's ``record.json``, the public record (settings, ledger, final (ε, δ), the
 released model's metrics on the test split): never the SECRET ``checkpoint.pt`` nor
-``diagnostics.NOT_PRIVATE.json``. Its table, CSV, Markdown and plot hold nothing the records do not.
-Guide: ``docs/api.md``, "Comparing runs".
+``diagnostics.NOT_PRIVATE.json``. For a run whose record is not final (running, paused, interrupted)
+it also looks at the run directory's lock, ``.privopt.lock``, to show the status the run has now
+(a killed run is ``interrupted``; :mod:`privopt.api.run_status`). Its table, CSV, Markdown and plot
+hold nothing the records do not. Guide: ``docs/api.md``, "Comparing runs".
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from privopt.api.run_status import RESUMABLE, current_status, resume_command
 from privopt.errors import ConfigError, DataError, PrivoptError
 
 __all__ = ["RunTable", "compare_runs"]
@@ -32,8 +35,12 @@ class RunTable:
 
     Attributes:
         rows: one dict per run, in table order: the ``columns`` plus every ``test_*`` metric of the
-            record, ``path``, ``private``, ``insecure_seed``, ``reason`` (why a run failed) and
-            ``privopt_version``.
+            record, ``path``, ``private``, ``insecure_seed``, ``reason`` (why a run failed),
+            ``privopt_version``, ``record_status`` (the status the record says; ``status`` is the one
+            the run has now: ``interrupted`` for a ``running`` record no process owns any more,
+            ``unknown`` when this machine cannot tell), ``host`` (the host the run's lock file names, for
+            a record not final), ``status_note`` (why it is interrupted or unknown) and ``resume`` (the
+            command that continues a paused or interrupted run; ``None`` without a checkpoint).
         columns: the keys the table shows: run, algorithm, model, dataset, epsilon (the guarantee;
             ``None`` for a non-private run), delta, status, the hyper-parameters whose values differ
             between the runs, the test metrics present, wall_time_s (and privopt_version when it differs).
@@ -47,11 +54,22 @@ class RunTable:
     unreadable: dict[Path, str] = field(default_factory=dict)
 
     def text(self) -> str:
-        """The table as aligned plain text (with a footnote when a run was seeded)."""
+        """The table as aligned plain text (with a footnote when a run was seeded), then, after a blank
+        line, how to resume each paused or interrupted run and why a status is unknown."""
         cells = [list(self.columns)] + [[_cell(r, c) for c in self.columns] for r in self.rows]
         widths = [max(len(row[i]) for row in cells) for i in range(len(self.columns))]
         lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
-        return "\n".join(lines + self._notes()) + "\n"
+        hints = self._hints()
+        return "\n".join(lines + self._notes() + ([""] + hints if hints else [])) + "\n"
+
+    def _hints(self) -> list[str]:
+        """For the terminal only: they name local paths and hosts, which the files written do not."""
+        out = []
+        for r in self.rows:
+            parts = [r.get("status_note"), f"resume with: {r['resume']}" if r.get("resume") else None]
+            if any(parts):
+                out.append(f"{r['run']} ({r['status']}): " + "; ".join(p for p in parts if p))
+        return out
 
     def markdown(self) -> str:
         """The table as a Markdown (GitHub) pipe table."""
@@ -181,9 +199,21 @@ def _section(record: dict[str, Any], key: str) -> dict[str, Any]:
     return record[key] if isinstance(record.get(key), dict) else {}
 
 
-def _row(name: str, record_path: Path, record: dict[str, Any]) -> dict[str, Any]:
+def _status_note(record: dict[str, Any], status: str, owner: Any) -> str | None:
+    if status == "interrupted" and record.get("status") == "running":
+        note = "its process ended while its record said running (killed, out of memory or a reboot?)"
+        if not (owner and owner.host):  # no lock file: whatever wrote the record is gone
+            note = "no process owns its folder while its record says running (killed, or its last write failed?)"
+        return note
+    if status == "unknown":
+        return f"its record says running, but this machine cannot tell whether it still does: {owner.why}"
+    return None
+
+
+def _row(name: str, record_path: Path, record: dict[str, Any], status: Any, owner: Any) -> dict[str, Any]:
     priv, metrics, seed = (_section(record, k) for k in ("privacy", "metrics", "randomness"))
     private = priv.get("private") is True
+    resume = resume_command(record_path.parent, record) if status in RESUMABLE else None
     return {
         "run": name,
         "algorithm": record.get("algorithm"),
@@ -191,7 +221,7 @@ def _row(name: str, record_path: Path, record: dict[str, Any]) -> dict[str, Any]
         "dataset": record["dataset"].get("name"),
         "epsilon": priv.get("epsilon_guarantee", priv.get("epsilon_spent")) if private else None,
         "delta": priv.get("delta"),
-        "status": record.get("status"),
+        "status": status,
         **{k: v for k, v in metrics.items() if k.startswith("test_")},
         "wall_time_s": record.get("wall_time_s"),
         "path": str(record_path.parent),
@@ -199,10 +229,18 @@ def _row(name: str, record_path: Path, record: dict[str, Any]) -> dict[str, Any]
         "insecure_seed": seed.get("insecure_seed"),
         "reason": record.get("reason"),
         "privopt_version": record.get("privopt_version"),
+        "record_status": record.get("status"),
+        "host": owner.host if owner is not None else None,
+        "status_note": _status_note(record, status, owner),
+        "resume": resume,
         "_hp": {**_settings(_section(record, "config")), **_section(record, "hyperparameters")},
         "_cfg": set(_settings(_section(record, "config"))),
     }
 
+
+# The rows' keys beside the columns (a hyper-parameter of one of these names is shown as hp.NAME).
+_EXTRA = ("path", "private", "insecure_seed", "reason", "privopt_version")
+_EXTRA += ("record_status", "host", "status_note", "resume")  # the run's state now (privopt.api.run_status)
 
 # Config keys the fixed columns show already, or that say how a run was carried out, not what it trained.
 _SHOWN = {"algorithm", "algorithm_params", "dataset", "model", "privacy.epsilon", "privacy.delta", "insecure_seed"}
@@ -250,7 +288,7 @@ def _differing(rows: list[dict[str, Any]]) -> list[str]:
 
 def _columns(rows: list[dict[str, Any]], metric: str | None) -> list[str]:
     hps = _differing(rows)
-    taken = set(FIRST) | set(SCORES) | set(LAST) | {"path", "private", "insecure_seed", "reason", "privopt_version"}
+    taken = set(FIRST) | set(SCORES) | set(LAST) | set(_EXTRA)
     named = {k: (f"hp.{k}" if k in taken or k.startswith("test_") else k) for k in hps}
     for r in rows:
         hp = r.pop("_hp")
@@ -280,7 +318,9 @@ def compare_runs(
     paths: list[str | Path], *, sort: str | None = None, reverse: bool = False, metric: str | None = None
 ) -> RunTable:
     """Tabulate the run records of ``paths``: run folders, their ``record.json``, or folders holding
-    runs one or two levels down (searched in name order). Reads only ``record.json`` (public).
+    runs one or two levels down (searched in name order). Reads only ``record.json`` (public), and for
+    a record not final the folder's lock file, to show ``interrupted`` for a run whose process was
+    killed (:mod:`privopt.api.run_status`; nothing is written).
 
     Args:
         paths: where the runs are.
@@ -302,7 +342,8 @@ def compare_runs(
     rows, unreadable = [], {}
     for name, record_path in runs:
         try:
-            rows.append(_row(name, record_path, _read(record_path)))
+            record, status, owner = current_status(record_path, _read(record_path), _read)
+            rows.append(_row(name, record_path, record, status, owner))
         except PrivoptError as e:
             unreadable[record_path] = str(e)
     if not rows:

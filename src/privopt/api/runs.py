@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from privopt.checkpoint import CHECKPOINT_NAME
 from privopt.errors import ConfigError, DataError
 
 __all__ = ["ReleasedRun", "load_run"]
@@ -45,24 +46,29 @@ def _read_record(folder: Path) -> dict[str, Any]:
 
 
 def _check_finished(folder: Path, record: dict[str, Any]) -> None:
+    from privopt.api.run_status import current_status, resume_command
+    from privopt.training.outputs import RECORD_NAME
+
     status = record.get("status")
     if status == "failed":
         raise ConfigError(
             f"run {folder} failed ({record.get('reason') or 'no reason recorded'}): it released no model; "
             "start a new run"
         )
-    if status != "finished":
-        api = [k for k in ("dataset", "model") if (record.get(k) or {}).get("source") == "api"]
-        how = (
-            f"privopt train --resume {folder}"
-            if not api
-            else f"privopt.training.train(None, out_dir={str(folder)!r}, resume=True, ...) with the same "
-            + ", ".join(api)
-        )
-        raise ConfigError(
-            f"run {folder} has not finished (status {status!r}, step {record.get('steps_done')} of "
-            f"{record.get('total_steps')}): it has no released model yet; resume it with {how}, then load it"
-        )
+    if status == "finished":
+        return
+    # A record saying running may be a live run's or a killed one's: the folder's lock tells.
+    _, now, _ = current_status(folder / RECORD_NAME, record, lambda path: _read_record(path.parent))
+    how = resume_command(folder, record)
+    if now in ("running", "finished", "failed"):
+        todo = "wait for it to end" if now == "running" else "load it again"
+    else:
+        todo = f"resume it with {how}, then load it" if how else f"it holds no {CHECKPOINT_NAME} to resume from"
+    said = f"status {status!r}" + (f", {now} now" if now != status else "")
+    raise ConfigError(
+        f"run {folder} has not finished ({said}, step {record.get('steps_done')} of "
+        f"{record.get('total_steps')}): it has no released model yet; {todo}"
+    )
 
 
 def _check_rebuildable(folder: Path, record: dict[str, Any]) -> None:
@@ -150,8 +156,8 @@ def load_run(path: str | Path, *, device: str = "cpu") -> ReleasedRun:
 
     Raises:
         ConfigError: an unknown ``device`` or one this machine does not have (checked first); the
-            run has not finished (paused, interrupted: the message says how to resume;
-            failed), or its model was passed as a Python object (rebuild it yourself), or its
+            run has not finished (still running; paused, interrupted or killed: the message says
+            how to resume; failed), or its model was passed as a Python object (rebuild it yourself), or its
             predictions need a statistic its record does not hold.
         DataError: no run folder, or a corrupt ``record.json`` / ``model.pt``.
 

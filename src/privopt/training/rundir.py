@@ -6,18 +6,22 @@ holds a run (``record.json`` / ``checkpoint.pt``) or any other file. While a run
 writes into it, it holds an exclusive ``flock`` on ``.privopt.lock``: a second run into the same
 directory fails at once with a clear message. The owner removes the file when it is done (finished,
 paused or failed); the kernel releases the lock when a process dies, even by SIGKILL, so the file a
-crashed run leaves is taken over by the next run or resume, never blocks it.
+crashed run leaves is taken over by the next run or resume, never blocks it. What the owner writes in
+it, and how ``privopt runs`` tells a live run from a killed one by it: :mod:`privopt.runlock`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import tempfile
+import time
 from pathlib import Path
 
 from privopt.checkpoint import CHECKPOINT_NAME
 from privopt.errors import ConfigError
+from privopt.runlock import LOCK_NAME, owner_text, parse_owner
 
 try:
     import fcntl
@@ -26,7 +30,6 @@ except ImportError:  # pragma: no cover - not POSIX: no locking
 
 __all__ = ["LOCK_NAME", "RunDirLock", "check_new_run_dir", "check_resume_dir", "is_leftover"]
 
-LOCK_NAME = ".privopt.lock"
 RECORD_NAME = "record.json"
 
 
@@ -121,7 +124,7 @@ class RunDirLock:
         else:  # pragma: no cover - another process keeps replacing the file
             raise ConfigError(f"run directory {self.out} is in use by another privopt run")
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, owner_text().encode(), 0)
         self._fd = fd
         for leftover in self.out.glob(".*.tmp"):
             leftover.unlink(missing_ok=True)
@@ -134,13 +137,21 @@ class RunDirLock:
             raise ConfigError(f"cannot create the run directory {self.out}: {e.strerror or e}") from None
         if fcntl is not None:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                _lock_exclusive(fd)
+            except BlockingIOError:
+                owner = parse_owner(os.pread(fd, 4096, 0))
+                os.close(fd)
+                elsewhere = owner["host"] not in (None, socket.gethostname())
+                who = f"pid {owner['pid'] or '?'}" + (f" on host {owner['host']}" if elsewhere else "")
+                raise ConfigError(
+                    f"run directory {self.out} is in use by another privopt run ({who}); "
+                    "wait for it to end or choose another output directory"
+                ) from None
+            except OSError as e:
                 os.close(fd)
                 raise ConfigError(
-                    f"run directory {self.out} is in use by another privopt run (pid {owner}); "
-                    "wait for it to end or choose another output directory"
+                    f"cannot lock the run directory {self.out}: {e.strerror or e} (its file system may not support "
+                    "file locks); choose an output directory on another file system, e.g. a local disk"
                 ) from None
         return fd
 
@@ -163,3 +174,16 @@ class RunDirLock:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+def _lock_exclusive(fd: int, *, tries: int = 50) -> None:
+    """``flock(LOCK_EX)`` without waiting for an owner, but for ``privopt runs``: it holds a shared lock
+    for an instant while it checks whether a run still lives (``BlockingIOError`` once held for 0.5 s)."""
+    for attempt in range(tries):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.01)
