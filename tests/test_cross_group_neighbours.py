@@ -3,8 +3,8 @@
 Under ``neighbouring: replace_one`` a record of group A may be replaced by a record of group B: A loses
 a record, B gains one, both group sizes change. Each test runs a private run on D (noise calibrated
 for replace-one, its ledger of that relation), replays the neighbour D' on D's transcript
-(``xgroup_helpers``: every release of D' receives D's value, so both worlds take the same path) and
-checks, release family by release family, that the pre-noise statistics move by no more than the
+(``xgroup_helpers``, ``replay_helpers``: every release of D' receives D's value, so both worlds take
+the same path) and checks, release family by release family, that the pre-noise statistics move by no more than the
 ledger charged for (read from its recorded dp_accounting events), that the noise each release drew
 is the same in both worlds (no data-dependent scale: the group sizes the algorithms normalise by
 are the released ones) and that the accounting is the same. Replaced records are adversarial:
@@ -17,8 +17,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from replay_helpers import charged, moved, spent
 from wg_helpers import tiny_groups
-from xgroup_helpers import charged, moved, private_algo, run_world, spent
+from xgroup_helpers import private_algo, run_world
 
 PHASED = dict(phases=2, eta=0.05, radius=0.3, feature_norm=1.0, count_noise=2.0)
 
