@@ -159,8 +159,9 @@ def test_private_selection_gradient_and_curvature_move_by_at_most_their_clips(me
     """``sel-grad`` (per-record gradients clipped at ``grad_clip``) and ``sel-curv`` (per-record
     Hessians clipped in Frobenius norm, released as the √2-weighted upper triangle, or
     Hessian-vector products) on held-out data with and without one large-norm mislabelled record.
-    One Lanczos step: later ones query vectors built from earlier releases, which are the same for
-    both neighbours in a private run but not in this noiseless replay."""
+    One Lanczos step here, in a noiseless run of each world: later steps query vectors built from
+    earlier noisy releases, so they are checked with the neighbour replayed on the first world's
+    transcript, every step of every candidate (``tests/test_selection_neighbours.py``)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 2))
     g = torch.Generator().manual_seed(1)
