@@ -3,7 +3,9 @@ is refused with its message and a witness, every built-in passes, the check runs
 parameters, and a run naming a bad divergence stops before anything is written."""
 
 import math
+import re
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -422,3 +424,15 @@ def test_a_config_naming_a_bad_divergence_fails_before_anything_is_written(tmp_p
         privopt.fit(model="logreg", dataset="digits", algorithm="dp-double-spider", epsilon=1.0, delta=1e-5,
                     divergence="shifted_chi2", out_dir=tmp_path / "runs" / "b", progress=False)  # fmt: skip
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_docs_example_divergence_passes_for_several_alphas():
+    """docs/api.md's capped χ² ("Extending privopt"): the contract's own example passes, kinks and all."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text(encoding="utf-8")
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "capped-chi2-example" in b)
+    namespace = {"__name__": "docs_example_divergence"}
+    exec(compile(block.split("\n\nobjective = ")[0], "docs/api.md", "exec"), namespace)
+    for alpha in (0.01, 0.25, 0.5, 0.99):
+        check_divergence(namespace["CappedChi2"](alpha=alpha))
+    with pytest.raises(ConfigError, match=r"psi\(1\) = inf, must be 0"):
+        check_divergence(namespace["CappedChi2"](alpha=2.0))
