@@ -13,6 +13,7 @@ from privopt.objectives.divergences import (
     Divergence,
     KLRegularizedCVaR,
     available_divergences,
+    check_divergence,
     get_divergence,
     register_divergence,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "KLCompositional",
     "KLRegularizedCVaR",
     "available_divergences",
+    "check_divergence",
     "get_divergence",
     "register_divergence",
 ]

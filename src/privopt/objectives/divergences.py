@@ -37,6 +37,7 @@ from typing import Any, ClassVar, Union
 import torch
 
 from privopt.errors import ConfigError
+from privopt.objectives.divergence_check import check_divergence
 from privopt.registry import Registry
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "register_divergence",
     "DIVERGENCES",
     "as_float64",
+    "check_divergence",
 ]
 
 TensorLike = Union[torch.Tensor, float, int]
@@ -75,7 +77,10 @@ class Divergence(abc.ABC):
 
     Every ψ here has ``ψ(1) = 0`` and ``(ψ*)'(0) = 1`` (the uniform distribution is the
     unpenalised optimum); :class:`privopt.objectives.dual.DualObjective` relies on the second fact
-    to bracket the optimal dual variable.
+    to bracket the optimal dual variable. :func:`get_divergence` checks these, the conjugacy of
+    ψ* and ψ, the derivatives and the smoothness constant numerically before a divergence is used
+    (:func:`~privopt.objectives.divergence_check.check_divergence`; the contract is in
+    ``docs/api.md``, "Extending privopt").
     """
 
     name: ClassVar[str] = "abstract"
@@ -419,8 +424,12 @@ def get_divergence(name: str, **params: Any) -> Divergence:
         **params: constructor parameters (``variant`` for chi2, ``alpha`` for kl_cvar/cvar,
             ``k`` for cressie_read).
 
+    The divergence (a registered one, or an instance given as ``name``) is checked against the
+    ψ-divergence contract once per class and parameters (:func:`check_divergence`).
+
     Raises:
-        ConfigError: unknown name, unknown parameter, or a parameter out of range.
+        ConfigError: unknown name, unknown parameter, a parameter out of range, or a divergence that
+            fails :func:`check_divergence` (the message names the property and a witness point).
 
     Example:
         >>> get_divergence("kl_cvar", alpha=0.1)
@@ -431,7 +440,7 @@ def get_divergence(name: str, **params: Any) -> Divergence:
     if isinstance(name, Divergence):
         if params:
             raise ConfigError(f"parameters {sorted(params)} given together with a Divergence instance")
-        return name
+        return _checked(name)
     key = _key(str(name))
     fixed: dict[str, Any] = {}
     if key in _ALIASES:
@@ -442,6 +451,22 @@ def get_divergence(name: str, **params: Any) -> Divergence:
     if clash:
         raise ConfigError(f"divergence {name!r} fixes {sorted(clash)}; do not pass them")
     try:
-        return DIVERGENCES.lookup(key)(**fixed, **params)
+        div = DIVERGENCES.lookup(key)(**fixed, **params)
     except TypeError as exc:
         raise ConfigError(f"bad parameters for divergence {name!r}: {sorted(params)} ({exc})") from None
+    return _checked(div)
+
+
+# (class, parameters, attributes) of the divergences that passed check_divergence, once per process.
+_CHECKED: set[tuple[type, str, str]] = set()
+
+
+def _checked(div: Divergence) -> Divergence:
+    """``div`` after :func:`check_divergence`, run once per class and parameters."""
+    # The attributes too: a user's class may keep constructor arguments without listing them in params.
+    attributes = getattr(div, "__dict__", {})
+    key = (type(div), *(repr(sorted((str(k), repr(v)) for k, v in d.items())) for d in (div.params, attributes)))
+    if key not in _CHECKED:
+        check_divergence(div)
+        _CHECKED.add(key)
+    return div
