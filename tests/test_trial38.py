@@ -58,3 +58,33 @@ def test_ghost_norms_count_a_parameter_also_used_outside_its_layer(make):
         got = GHOST.clipped_sum(model, ce, x, y, clip=0.5)
     assert torch.allclose(got.norms, ref, rtol=1e-9)
     assert torch.allclose(got.total, VMAP.clipped_sum(model, ce, x, y, clip=0.5).total, rtol=1e-9)
+
+
+def _make_private(**data):
+    import privopt
+
+    model = nn.Linear(4, 2)
+    return privopt.PrivacyEngine().make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), batch_size=16, epochs=1,
+        epsilon=1.0, delta=1e-4, max_grad_norm=1.0, **data,
+    )  # fmt: skip
+
+
+def test_a_data_loaders_own_sampler_is_not_replaced_silently():
+    # A user balancing a rare class with a WeightedRandomSampler would otherwise train unbalanced unawares.
+    import warnings
+
+    from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler
+
+    from privopt.errors import PrivoptWarning
+
+    x, y = torch.rand(100, 4), (torch.arange(100) % 5 == 0).long()
+    records = TensorDataset(x, y)
+    weighted = DataLoader(records, batch_size=16, sampler=WeightedRandomSampler(torch.ones(100), 100))
+    with pytest.warns(PrivoptWarning, match=r"WeightedRandomSampler is not used.*Poisson.*weight=") as caught:
+        _make_private(data_loader=weighted)
+    assert "0.2" not in str(caught[0].message)  # nothing of the data (the rare class's share)
+    for plain in (DataLoader(records, batch_size=16), DataLoader(records, batch_size=16, shuffle=True)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", PrivoptWarning)  # batch size and shuffling: replaced as documented
+            _make_private(data_loader=plain)
