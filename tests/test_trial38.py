@@ -88,3 +88,12 @@ def test_a_data_loaders_own_sampler_is_not_replaced_silently():
         with warnings.catch_warnings():
             warnings.simplefilter("error", PrivoptWarning)  # batch size and shuffling: replaced as documented
             _make_private(data_loader=plain)
+
+
+def test_float64_inputs_for_a_float32_model_get_a_hint():
+    from privopt.errors import ModelError
+
+    x, y = torch.rand(100, 4, dtype=torch.float64), (torch.arange(100) % 2).long()  # e.g. torch.tensor(numpy array)
+    hint = r"inputs are torch.float64 and the model's parameters torch.float32: pass x.to\("
+    with pytest.raises(ModelError, match=hint):
+        _make_private(dataset=(x, y))
