@@ -11,6 +11,7 @@ See ``docs/api.md``.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from torch.utils.data import Dataset as TorchDataset
 
 from privopt.data.dataset import Dataset
-from privopt.errors import DataError
+from privopt.errors import DataError, PrivoptWarning
 from privopt.sampling import PoissonSampler
 
 __all__ = ["PoissonLoader", "TrainingData", "training_data"]
@@ -127,6 +128,7 @@ def training_data(*, dataset: Any = None, data_loader: Any = None) -> TrainingDa
     if data_loader is not None:
         if not isinstance(data_loader, DataLoader):
             raise DataError(f"data_loader must be a torch DataLoader, got {type(data_loader).__name__}")
+        _warn_own_sampler(data_loader)
         dataset, collate, what = data_loader.dataset, data_loader.collate_fn, "data_loader.dataset"
     else:
         what = "dataset"
@@ -150,6 +152,24 @@ def training_data(*, dataset: Any = None, data_loader: Any = None) -> TrainingDa
             f"Dataset, got {type(dataset).__name__}"
         )
     return _collated(dataset, collate, what)
+
+
+def _warn_own_sampler(loader: DataLoader) -> None:
+    """Batch size and shuffling are replaced as documented; a sampler of the user's own (e.g. a
+    ``WeightedRandomSampler`` balancing a rare class) changes what is trained, so it is named."""
+    from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+
+    own = [type(loader.sampler).__name__] if type(loader.sampler) not in (SequentialSampler, RandomSampler) else []
+    if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
+        own.append(type(loader.batch_sampler).__name__)
+    if own:
+        warnings.warn(
+            f"data_loader's {' and '.join(own)} is not used: the private loader draws Poisson batches (every "
+            "record with probability q), the sampling the noise is calibrated for; to weight records (e.g. a "
+            "rare class), weight the loss instead, e.g. criterion=nn.CrossEntropyLoss(weight=...)",
+            PrivoptWarning,
+            stacklevel=4,
+        )
 
 
 class PoissonLoader:

@@ -46,7 +46,7 @@ def check_model_fits(
         hint = "; integer inputs reach the model as they are (token ids): convert numeric ones with x.float()"
         raise ModelError(
             f"the model cannot take {what} (one example: shape {tuple(x.shape[1:])}, {x.dtype}): {problem}"
-            + (hint if ids else "")
+            + (hint if ids else _float_hint(model, x))
         )
     width = out.shape[1] if isinstance(out, torch.Tensor) and out.dim() == 2 else num_classes
     # A binary model may output the logit of class 1 only (loss: logistic).
@@ -72,6 +72,15 @@ def check_model_fits(
         raise ModelError(f"the loss must return one value per example (reduction='none'), got shape {shape}")
     if engine is not None:
         check_engine_fits(engine, model, loss_fn, x, y, what=what)
+
+
+def _float_hint(model: nn.Module, x: torch.Tensor) -> str:
+    """Floating inputs of another precision than the model's (e.g. float64 from NumPy, a float32 model)."""
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if not x.is_floating_point() or len(dtypes) != 1 or x.dtype in dtypes:
+        return ""
+    (dtype,) = dtypes
+    return f"; the inputs are {x.dtype} and the model's parameters {dtype}: pass x.to({dtype}) (NumPy gives float64)"
 
 
 _PROBE_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, AttributeError)

@@ -17,9 +17,10 @@ responsibility:
 
 How it all works, and why it is safe in floating point: ``docs/engines.md``.
 
-Limitations: a parameter must be used only inside the ``forward`` of the module that owns it (a
-use outside an owning module that is *also* called, e.g. ``F.linear(h, self.embed.weight)`` in a
-parent while ``self.embed`` runs too, cannot be detected cheaply and would be missed); with dropout
+Limitations: a parameter used outside the ``forward`` of every module owning it (tied weights,
+e.g. ``F.linear(h, self.embed.weight)`` in a parent while ``self.embed`` runs too) sends the model
+to the vmap engine (:mod:`~privopt.grads.ghost.escape`), but a tensor a module derives from its
+parameter and hands out is not followed; with dropout
 in train mode the two points of a difference query draw different masks (as with any two forward
 passes).
 """

@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_flatten
 
 from privopt.errors import ConfigError, ModelError
 from privopt.grads.engine import flat_param_names, resolve_weights, vmap_grads
+from privopt.grads.ghost.escape import escaped_parameters
 from privopt.grads.ghost.fallback import layer_vmap_grads, rng_states, unchanged_randomness
 from privopt.grads.ghost.keep import Keep, condense
 from privopt.grads.ghost.layout import CallLayout, probe_layout
@@ -61,6 +62,7 @@ class Structure:
                 self.modules.append(mod)
         self.buffers = [(f"{mn}.{k}" if mn else k, m, k) for mn, m in model.named_modules() for k in m._buffers]
         self._layouts: dict[tuple, list[CallLayout] | None] = {}
+        self._escaped: dict[tuple, list[str]] = {}
         # Why the ghost path failed, per layout key: later queries go to the vmap engine at once
         # instead of paying a capture that fails again (e.g. nn.MultiheadAttention's out_proj).
         self.unsupported: dict[tuple, str] = {}
@@ -95,6 +97,14 @@ class Structure:
         if key not in self._layouts:
             self._layouts[key] = probe_layout(model, self.modules, inputs, params)
         return self._layouts[key]
+
+    def escaped(self, model: nn.Module, inputs: torch.Tensor, params: dict | None) -> list[str]:
+        """Parameters used outside their owning modules' forward (:mod:`~privopt.grads.ghost.escape`)."""
+        key = self.key(model, inputs)
+        if key not in self._escaped:
+            rows = inputs[torch.arange(2, device=inputs.device) % inputs.shape[0]] if inputs.shape[0] else inputs
+            self._escaped[key] = escaped_parameters(model, self.local_map, self.names, rows, params)
+        return self._escaped[key]
 
 
 _STRUCTURES: weakref.WeakKeyDictionary[nn.Module, Structure] = weakref.WeakKeyDictionary()
@@ -277,6 +287,10 @@ class Capture:
         """Per-sample losses ``[B]`` and ``{parameter name: pieces}`` (condensed ones in ``keep``)."""
         B = inputs.shape[0]
         layouts = self.st.layout(self.model, inputs, self.params)
+        escaped = self.st.escaped(self.model, inputs, self.params)
+        if escaped:  # its layer calls miss a term of its gradient: their norms would be too small
+            name = escaped[0]
+            raise Unsupported(f"parameter {name!r} is used outside its module's forward{_user_hint(self.model, name)}")
         calls, losses = self._forward(loss_fn, inputs, targets, layouts)
         # Weights are known once the losses are: pieces are scaled (and negated) as they arrive.
         scale = _point_scale(weights, losses, sign)
