@@ -22,12 +22,22 @@ from privopt.errors import ConfigError, close_name
 __all__ = ["fit"]
 
 
-def _config(*, model: Any, dataset: Any, algorithm: str, privacy: dict, params: dict, options: dict):
+# fit's arguments that are RunConfig options of the same name.
+_OPTIONS = ("engine", "seed", "insecure_seed", "data_dir", "model_params", "logit_adjustment", "dataset_params")
+_OPTIONS += ("metrics", "non_private_diagnostics")
+
+
+def _config(model: Any, dataset: Any, algorithm: str, privacy: dict, params: dict, options: dict):
+    """fit's RunConfig (validated) and whether the algorithm is private."""
     from privopt.config import RunConfig
 
+    private = _check_algorithm(algorithm, epsilon=privacy["epsilon"], delta=privacy["delta"])
     if not isinstance(algorithm, str):
         raise ConfigError(f"algorithm must be a registered name (privopt list), got {algorithm!r}")
-    return RunConfig.from_dict(
+    for key in ("logit_adjustment", "dataset_params"):
+        options[key] = dict(options[key] or {})
+    options["metrics"] = _names(options["metrics"])
+    cfg = RunConfig.from_dict(
         {
             "algorithm": algorithm,
             "algorithm_params": params,
@@ -38,6 +48,7 @@ def _config(*, model: Any, dataset: Any, algorithm: str, privacy: dict, params: 
             **options,
         }
     )
+    return cfg, private
 
 
 def _model_params(model: Any, params: dict[str, Any] | None) -> dict[str, Any]:
@@ -46,6 +57,13 @@ def _model_params(model: Any, params: dict[str, Any] | None) -> dict[str, Any]:
             "model_params configure a registered model (model='name'); build your nn.Module with its options"
         )
     return dict(params or {})
+
+
+def _names(metrics: Any) -> Any:
+    """A list of names as RunConfig takes them (a tuple too); anything else is left for its check to refuse."""
+    if metrics is None:
+        return []
+    return list(metrics) if isinstance(metrics, tuple) else metrics
 
 
 def _check_algorithm(algorithm: Any, *, epsilon: Any, delta: Any) -> bool:
@@ -102,6 +120,8 @@ def fit(
     logit_adjustment: dict[str, Any] | None = None,
     model_params: dict[str, Any] | None = None,
     dataset_params: dict[str, Any] | None = None,
+    metrics: list[str] | None = None,
+    non_private_diagnostics: bool = False,
     **params: Any,
 ) -> dict[str, Any]:
     """Train ``model`` on ``dataset`` with a privopt algorithm; returns the run record.
@@ -110,8 +130,7 @@ def fit(
         model, model_params: your ``nn.Module`` (trained in place), or a registered model name and its options.
         dataset, dataset_params, data_dir: a ``Dataset`` with a (public) test split, or a registered name, loaded
             with ``dataset_params`` (e.g. ``dataset="csv"``: its file and schema, docs/data.md; files in data_dir).
-        loss: ``None`` (cross-entropy), ``"logistic"`` (one logit, labels 0/1: the linear ERM algorithms), a
-            torch loss module (``reduction="none"``) or a per-example callable.
+        loss: ``None`` (cross-entropy), ``"logistic"`` (one logit, labels 0/1), a torch loss module or a function.
         algorithm: a registered algorithm name, e.g. ``"dp-sgd"``, ``"dp-double-spider"`` (docs/algorithms/).
         epsilon, delta: the target; required for a private algorithm, δ below 1/n (or ``allow_large_delta``).
         out_dir: where the run's outputs go; default: a temporary folder, deleted when ``fit`` returns.
@@ -119,6 +138,8 @@ def fit(
         seed, insecure_seed: public seed (model init, data selection); noise/sampling seed (NOT private).
         progress: ``None`` (auto): a bar if stderr is a terminal and training lasts 3 s; ``True``/``False``: on/off.
         logit_adjustment: e.g. ``{"noise_ratio": 10.0}``: predict with ``logits − log π`` (docs/data.md).
+        metrics, non_private_diagnostics: run metrics by name, as in a config; one reading the training data
+            (``"mia"``) needs this flag and ``out_dir``: its values go only to ``diagnostics.NOT_PRIVATE.json``.
         **params: the algorithm's hyper-parameters (``lr``, ``epochs``, ``clip``, ...; unknown names are refused).
 
     Returns the run record (``record.json``: ε spent, metrics, calibration, ledger). Raises ConfigError, DataError,
@@ -127,21 +148,17 @@ def fit(
     Example:
         >>> import privopt, torch
         >>> from privopt.data import Dataset
-        >>> g = torch.Generator().manual_seed(0)
-        >>> x = torch.rand(600, 4, generator=g)
+        >>> x = torch.rand(600, 4, generator=torch.Generator().manual_seed(0))
         >>> y = (x[:, 0] > 0.5).long()
         >>> data = Dataset.from_tensors(x[:500], y[:500], x_test=x[500:], y_test=y[500:], num_classes=2)
-        >>> record = privopt.fit(model=torch.nn.Linear(4, 2), dataset=data, algorithm="dp-double-spider",
-        ...                      epsilon=1.0, delta=1e-4, accountant="rdp",
-        ...                      epochs=1, q=4, N1=250, N2=50, N3=250, N4=50)
+        >>> record = privopt.fit(model=torch.nn.Linear(4, 2), dataset=data, algorithm="dp-double-spider", epsilon=1.0,
+        ...                      delta=1e-4, accountant="rdp", epochs=1, q=4, N1=250, N2=50, N3=250, N4=50)
         >>> record["status"], record["privacy"]["epsilon_spent"] <= 1.0
         ('finished', True)
     """
-    private = _check_algorithm(algorithm, epsilon=epsilon, delta=delta)
-    privacy = {"epsilon": epsilon, "delta": delta, "allow_large_delta": allow_large_delta, "accountant": accountant}
-    options = dict(engine=engine, seed=seed, insecure_seed=insecure_seed, data_dir=data_dir, model_params=model_params)
-    options.update(logit_adjustment=dict(logit_adjustment or {}), dataset_params=dict(dataset_params or {}))
-    cfg = _config(model=model, dataset=dataset, algorithm=algorithm, privacy=privacy, params=params, options=options)
+    given = dict(locals())  # the arguments by name (first: nothing else is bound yet)
+    privacy = {k: given[k] for k in ("epsilon", "delta", "allow_large_delta", "accountant")}
+    cfg, private = _config(model, dataset, algorithm, privacy, params, {k: given[k] for k in _OPTIONS})
     return _claimed_run(cfg, private, model, out_dir=out_dir, progress=progress, dataset=dataset, loss=loss)
 
 
@@ -155,6 +172,8 @@ def _train(cfg, *, out_dir, progress: bool | None, model: Any, dataset: Any, los
     }
     if out_dir is not None:
         return train(cfg, out_dir=out_dir, progress=progress, **objects)
+    if cfg.non_private_diagnostics:  # the file would be deleted with the temporary folder, unread
+        raise ConfigError("non_private_diagnostics=True writes diagnostics.NOT_PRIVATE.json to out_dir: pass out_dir=")
     cfg.plots = False  # nobody would see them
     with tempfile.TemporaryDirectory(prefix="privopt-fit-") as tmp:
         return train(cfg, out_dir=Path(tmp) / "run", progress=progress, **objects)
