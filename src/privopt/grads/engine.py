@@ -32,7 +32,7 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Callable, Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -258,6 +258,12 @@ class GradEngine(abc.ABC):
             params_prev=params_prev,
             weights_prev=s_prev.to(dtype),
         )
+
+    def fallback(self) -> dict[str, Any] | None:
+        """Where this instance sent queries it could not answer itself: ``{"to": engine name,
+        "reasons": [public, structural reasons]}``, or ``None`` (it answered every one). A run's record
+        states it as ``engine_fallback``; nothing in it may depend on the data (e.g. no counts)."""
+        return None
 
 
 class VmapEngine(GradEngine):

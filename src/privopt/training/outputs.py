@@ -52,6 +52,7 @@ __all__ = [
     "diagnostics_header",
     "load_diagnostics",
     "privacy_section",
+    "with_engine_fallback",
     "write_outputs",
 ]
 
@@ -239,6 +240,24 @@ def base_record(run: Run) -> dict[str, Any]:
             "epsilon_planned": run.calibration.epsilon,
             "accountant": run.calibration.accountant,
         }
+    return rec
+
+
+def with_engine_fallback(base: dict[str, Any], engine: Any, earlier: dict[str, Any] | None) -> dict[str, Any]:
+    """A copy of the record ``base`` with ``engine_fallback: {"to": ..., "reasons": [...]}`` after its
+    ``engine`` when ``engine`` sent queries to another engine (e.g. ghost to vmap for tied weights) in
+    this run, or before a resume (``earlier``: that record's field). Structural reasons only, no counts:
+    how many queries fell back is a function of the secret batch sizes (``GradEngine.fallback``)."""
+    now = engine.fallback()
+    if not now and not earlier:
+        return dict(base)
+    reasons = set((now or {}).get("reasons", [])) | set((earlier or {}).get("reasons", []))
+    field = {"to": (now or earlier)["to"], "reasons": sorted(reasons)}
+    rec: dict[str, Any] = {}
+    for key, value in base.items():
+        rec[key] = value
+        if key == "engine":
+            rec["engine_fallback"] = field
     return rec
 
 

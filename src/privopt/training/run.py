@@ -27,7 +27,13 @@ from privopt.training.builder import Run, build_run, stated_config
 from privopt.training.callbacks import AlgorithmDone, DivergenceGuard, ProgressCallback, RunDiverged, SignalGuard
 from privopt.training.loop import Every, LoopState, StepLimit, run_loop
 from privopt.training.metrics import compute_run_metrics, evaluate
-from privopt.training.outputs import base_record, diagnostics_header, privacy_section, write_outputs
+from privopt.training.outputs import (
+    base_record,
+    diagnostics_header,
+    privacy_section,
+    with_engine_fallback,
+    write_outputs,
+)
 from privopt.training.resume import (
     CHECKPOINT_FORMAT,
     check_versions,
@@ -84,6 +90,7 @@ class _Session:
         # process's versions.
         self.provenance = dict(ckpt["provenance"], versions=versions()) if ckpt else provenance(run)
         self.diag_header = diagnostics_header(run) if run.cfg.non_private_diagnostics else None
+        self.earlier_fallback = ckpt["record"].get("engine_fallback") if ckpt else None  # kept by a resume
 
     # ------------------------------------------------------------------ measuring
     def _spent_bound(self) -> EpsilonResult | None:
@@ -172,7 +179,7 @@ class _Session:
         # A running run's checkpoint reports the cheap bound on its ε (nothing reads it back: the budget
         # guard and a resume use the ledger's counts); every other record, the exact ε.
         spent = self._spent_bound() if status == "running" else None
-        rec = dict(self.base)
+        rec = with_engine_fallback(self.base, self.run.ctx.engine, self.earlier_fallback)
         rec.update(
             status=status,
             reason=reason,

@@ -65,7 +65,7 @@ class Structure:
         self._escaped: dict[tuple, list[str]] = {}
         # Why the ghost path failed, per layout key: later queries go to the vmap engine at once
         # instead of paying a capture that fails again (e.g. nn.MultiheadAttention's out_proj).
-        self.unsupported: dict[tuple, str] = {}
+        self.unsupported: dict[tuple, tuple[str, str]] = {}  # failure key -> (message, public reason)
 
     @staticmethod
     def signature_of(model: nn.Module):
@@ -290,7 +290,7 @@ class Capture:
         escaped = self.st.escaped(self.model, inputs, self.params)
         if escaped:  # its layer calls miss a term of its gradient: their norms would be too small
             name = escaped[0]
-            raise Unsupported(f"parameter {name!r} is used outside its module's forward{_user_hint(self.model, name)}")
+            raise _escaped(self.model, name)
         calls, losses = self._forward(loss_fn, inputs, targets, layouts)
         # Weights are known once the losses are: pieces are scaled (and negated) as they arrive.
         scale = _point_scale(weights, losses, sign)
@@ -322,7 +322,7 @@ class Capture:
                 return
             k = len(calls)
             if layouts is None or k >= len(layouts) or layouts[k].module_id != id(module):
-                raise Unsupported("the model's layer calls differ from those of the layout probe")
+                raise Unsupported(_CALLS_DIFFER, reason=_CALLS_DIFFER)
             calls.append(_Call(module, args, kwargs, output, layouts[k], B))
 
         handles = [m.register_forward_hook(hook, with_kwargs=True) for m in self.st.modules]
@@ -339,7 +339,7 @@ class Capture:
             got = f"{losses.dim()}-D tensor" if isinstance(losses, torch.Tensor) else type(losses).__name__
             raise ConfigError(f"loss_fn must return per-sample losses (1-D, one per example of the batch), got {got}")
         if layouts is not None and len(calls) != len(layouts):
-            raise Unsupported("the model's layer calls differ from those of the layout probe")
+            raise Unsupported(_CALLS_DIFFER, reason=_CALLS_DIFFER)
         _check_forward_side_effects(self.st, calls, buffers)
         return calls, losses
 
@@ -373,10 +373,16 @@ class Capture:
             seen.add(fn)
             var = getattr(fn, "variable", None)
             if var is not None and id(var) in leaves:
-                name = leaves[id(var)]
-                hint = _user_hint(self.model, name)
-                raise Unsupported(f"parameter {name!r} is used outside its module's forward{hint}")
+                raise _escaped(self.model, leaves[id(var)])
             stack.extend(nf for nf, _ in fn.next_functions)
+
+
+_CALLS_DIFFER = "the model's layer calls differ from those of the layout probe"
+
+
+def _escaped(model: nn.Module, name: str) -> Unsupported:
+    what = f"parameter {name!r} is used outside its module's forward"  # a name of the architecture: public
+    return Unsupported(what + _user_hint(model, name), reason=what)
 
 
 def _user_hint(model: nn.Module, name: str) -> str:

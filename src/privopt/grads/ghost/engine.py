@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Any
 
 import torch
 
@@ -85,6 +86,20 @@ class GhostEngine(GradEngine):
 
     name = "ghost"
 
+    def __init__(self) -> None:
+        # Why queries of this engine (one per run: get_engine) went to the vmap engine: public reasons
+        # only (Unsupported.reason), as a set: how often is a function of the secret batch sizes.
+        self._fallback_reasons: set[str] = set()
+
+    def fallback(self) -> dict[str, Any] | None:
+        if not self._fallback_reasons:
+            return None
+        return {"to": VmapEngine.name, "reasons": sorted(self._fallback_reasons)}
+
+    def _fell_back(self, e: Unsupported) -> None:
+        self._fallback_reasons.add(e.reason)
+        warnings.warn(f"ghost engine: {e}; answering with the vmap engine instead", PrivoptRuntimeWarning, stacklevel=3)
+
     @staticmethod
     def _params(st: Structure, params):
         if params is None:
@@ -104,7 +119,8 @@ class GhostEngine(GradEngine):
         st = structure(model)
         key = st.failure_key(model, inputs)
         if key in st.unsupported:  # failed before on this structure: skip straight to the fallback
-            raise Unsupported(st.unsupported[key])  # a fresh one: a re-raised one's traceback would grow
+            message, reason = st.unsupported[key]
+            raise Unsupported(message, reason=reason)  # a fresh one: a re-raised one's traceback would grow
         losses, pieces, n_points = [], {}, n_points or len(points)
         for params, weights, sign in points:
             with torch.enable_grad():  # the capture needs a graph even if the caller is in no_grad
@@ -114,7 +130,7 @@ class GhostEngine(GradEngine):
                         loss_fn, inputs, targets, weights=weights, sign=sign, keep=keep, n_points=n_points
                     )
                 except Unsupported as e:
-                    st.unsupported[key] = str(e)
+                    st.unsupported[key] = (str(e), e.reason)
                     raise
             losses.append(got_losses)
             for n, lst in got.items():
@@ -125,7 +141,7 @@ class GhostEngine(GradEngine):
         try:
             st, (losses,), pieces = self._collect(model, loss_fn, inputs, targets, [(params, None, +1)])
         except Unsupported as e:
-            _warn(e)
+            self._fell_back(e)
             return VmapEngine().per_sample_grads(model, loss_fn, inputs, targets, params=params)
         B = inputs.shape[0]
         cols = [sum_dense(pieces[n]) if pieces.get(n) else losses.new_zeros(B, st.numels[n]) for n in st.names]
@@ -193,7 +209,7 @@ class GhostEngine(GradEngine):
                 st, (losses,), pieces = self._collect(model, loss_fn, inputs, targets, [(params, None, +1)], keep, 2)
                 per_point.append((losses, pieces, keep))
         except Unsupported as e:
-            _warn(e)
+            self._fell_back(e)
             return None
         with torch.no_grad():
             norms = []
@@ -226,7 +242,7 @@ class GhostEngine(GradEngine):
         try:
             st, losses, pieces = self._collect(model, loss_fn, inputs, targets, points, keep)
         except Unsupported as e:
-            _warn(e)
+            self._fell_back(e)
             return None
         B = inputs.shape[0]
         keep.after_backward()
@@ -272,7 +288,3 @@ def _difference_term(name: str, sides, keep: Keep, B: int, built: dict[str, Term
             pc.scale = sc
             lst.append(pc)
     return build_term(name, lst, keep, B, built)
-
-
-def _warn(e: Exception) -> None:
-    warnings.warn(f"ghost engine: {e}; answering with the vmap engine instead", PrivoptRuntimeWarning, stacklevel=3)

@@ -38,7 +38,8 @@ def unchanged_randomness(before: list[torch.Tensor], what: str) -> None:
     if len(after) != len(before) or any(not torch.equal(a, b) for a, b in zip(after, before)):
         raise Unsupported(
             f"{what} draws random numbers (e.g. dropout in training mode), which its per-sample re-run "
-            "would not reproduce"
+            "would not reproduce",
+            reason=f"{what} draws random numbers",
         )
 
 

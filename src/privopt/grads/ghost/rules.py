@@ -47,8 +47,20 @@ __all__ = ["LayerRule", "Unsupported", "register_layer_rule", "rule_for", "rules
 RuleFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], dict[str, "Piece | torch.Tensor"]]
 
 
+UNSUPPORTED_LAYER_CALL = "a layer call the ghost engine cannot attribute to samples"
+
+
 class Unsupported(Exception):
-    """A capture cannot be attributed to samples; the query is answered by the vmap engine."""
+    """A capture cannot be attributed to samples; the query is answered by the vmap engine.
+
+    ``reason`` goes into the run record (``engine_fallback``): it must be structural (layer types,
+    parameter names), never a shape (the batch size is secret under Poisson sampling); the default is
+    a fixed category, so a layer rule of a plugin that raises with its own message writes no more.
+    """
+
+    def __init__(self, message: str, *, reason: str = UNSUPPORTED_LAYER_CALL):
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -138,7 +150,9 @@ def _linear(m: nn.Linear, x, gout):
 def _conv(m: nn.modules.conv._ConvNd, x, gout):
     dim = m.weight.dim() - 2
     if x.dim() != dim + 2:
-        raise Unsupported(f"{type(m).__name__}: unbatched input of shape {tuple(x.shape)}")
+        # Not the shape: its first dimension may be the (secret) batch size.
+        what = f"{type(m).__name__}: unbatched input"
+        raise Unsupported(f"{what} ({x.dim()}-D, expected {dim + 2}-D: batch, channels, ...)", reason=what)
     if m.padding_mode != "zeros" or isinstance(m.padding, str):
         # Pad explicitly, as _ConvNd does for these modes ('same' may pad asymmetrically), then
         # treat the layer as an unpadded convolution.
