@@ -103,6 +103,34 @@ def test_a_fit_with_a_loss_module_interrupted_by_ctrl_c_resumes_as_documented(tm
     assert rec["privacy"]["epsilon_spent"] <= 1.0
 
 
+def test_the_resume_call_a_fit_names_prints_what_fit_printed(tmp_path, ctrl_c_at_step_2, capsys):
+    """fit's progress is auto (None: nothing on a stream that is not a terminal); train's default is
+    True (lines). The hinted call passes progress=None, so, run as written, it prints nothing either."""
+    data, model, run = grouped_data(), nn.Linear(3, 2), tmp_path / "run"
+    kw = dict(algorithm="dp-sgd", epsilon=1.0, delta=1e-4, accountant="rdp", epochs=1, batch_size=100)
+    with pytest.raises(KeyboardInterrupt) as err:
+        privopt.fit(model=model, dataset=data, out_dir=run, **kw)
+    call = re.search(r"resume with: (privopt\.training\.train\(.*\)) with the same dataset, model$", str(err.value))
+    assert call and call.group(1).endswith("dataset=..., model=..., progress=None)")
+    ctrl_c_at_step_2.undo()
+    capsys.readouterr()
+    rec = eval(call.group(1).replace("dataset=...", "dataset=data").replace("model=...", "model=model"))
+    assert rec["status"] == "finished" and "dp-sgd: step" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("progress", "shown"), [(True, ""), (False, ", progress=False")])
+def test_a_train_call_interrupted_names_its_own_progress(tmp_path, ctrl_c_at_step_2, progress, shown):
+    from privopt.config import RunConfig
+
+    cfg = RunConfig.from_dict(
+        {"algorithm": "sgd", "plots": False, "algorithm_params": {"epochs": 1, "batch_size": 100}}
+    )
+    with pytest.raises(
+        KeyboardInterrupt, match=re.escape(f"resume=True, dataset=...{shown}) with the same dataset") + "$"
+    ):
+        train(cfg, out_dir=tmp_path / "run", progress=progress, dataset=grouped_data())
+
+
 def test_a_config_run_interrupted_by_ctrl_c_is_resumed_by_the_cli(tmp_path, ctrl_c_at_step_2):
     from privopt.config import RunConfig
 

@@ -271,7 +271,7 @@ class _Session:
                     self._on_eval(self.state, self.state.logs)
                 if self.state.stop == "interrupted":
                     self.commit("interrupted")
-                    how = _resume_hint(run, self.out)
+                    how = _resume_hint(run, self.out, progress)
                     raise RunInterrupted(f"run interrupted at step {self.state.step}/{run.total}; resume with: {how}")
                 if self.state.stop == "paused":
                     return self.commit("paused")
@@ -306,14 +306,17 @@ def _group_metrics(run: Run, split: str, logits: Any, y: Any, index: Any = None)
     return out
 
 
-def _resume_hint(run: Run, out: Path) -> str:
+def _resume_hint(run: Run, out: Path, progress: bool | None) -> str:
     """How to resume: the CLI rebuilds what the config names; objects passed through the Python API
-    (a dataset, model or loss) cannot be rebuilt from it and must be passed again."""
+    (a dataset, model or loss) cannot be rebuilt from it and must be passed again. The call keeps
+    this one's ``progress`` when it is not train's default (``privopt.fit``'s auto: ``None``), so the
+    resumed run prints what the interrupted one did."""
     own = [part for part in ("dataset", "model", "loss") if run.provenance.get(part) == "api"]
     if not own:
         return f"privopt train --resume {out}"
-    objects = ", ".join(f"{part}=..." for part in own)
-    return f"privopt.training.train(None, out_dir={str(out)!r}, resume=True, {objects}) with the same {', '.join(own)}"
+    args = [f"{part}=..." for part in own] + ([] if progress is True else [f"progress={progress!r}"])
+    call = f"privopt.training.train(None, out_dir={str(out)!r}, resume=True, {', '.join(args)})"
+    return f"{call} with the same {', '.join(own)}"
 
 
 class _RecordView(Mapping):
