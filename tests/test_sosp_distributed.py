@@ -2,12 +2,15 @@
 and in the single-process simulator, for the same (insecure) seed."""
 
 import json
+import os
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+import privopt
 from _run_helpers import torchrun
 from privopt.config import RunConfig
 from privopt.errors import ConfigError
@@ -64,3 +67,24 @@ def test_a_run_launched_with_the_wrong_number_of_processes_is_refused(monkeypatc
     comm.world_size = 3  # as if torchrun had started 3 processes for a 2-client run
     with pytest.raises(ConfigError, match="nproc_per_node=2"):
         build_run(RunConfig.from_dict(_config("gauss-psgd-local")), comm=comm)
+
+
+@pytest.mark.slow
+def test_ranks_given_different_configs_are_refused_before_anything_is_written(tmp_path):
+    # rank 1 is given another ε: it would noise its messages for ε = 8 under a record saying ε = 2
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(_config("gauss-psgd-local")))
+    launcher = tmp_path / "launch.py"
+    launcher.write_text(
+        "import os, sys\nfrom privopt.cli import main\n"
+        "extra = ['--set', 'privacy.epsilon=8'] if os.environ['RANK'] == '1' else []\n"
+        "sys.exit(main(sys.argv[1:] + extra))\n"
+    )
+    cmd = [torchrun(), "--standalone", "--nproc_per_node=2", str(launcher), "train",
+           "--config", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "run"), "--quiet"]  # fmt: skip
+    src = str(Path(privopt.__file__).resolve().parents[1])  # this checkout's privopt in every rank
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert proc.returncode == 1
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("privopt: ")]
+    assert lines and all("were given different configs: rank(s) 1 differ from rank 0" in ln for ln in lines), lines
+    assert not (tmp_path / "run").exists()  # refused before rank 0 wrote a record

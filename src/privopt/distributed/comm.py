@@ -22,6 +22,7 @@ import abc
 import atexit
 import contextlib
 import datetime
+import hashlib
 import os
 
 import torch
@@ -102,6 +103,22 @@ class TorchComm(Communicator):
                 f"client process {self.rank}: the {what} {PEER_FAILED}: another process failed, was "
                 "stopped or did not answer in time (that process's own error says why)"
             ) from e
+
+    def check_same(self, text: str, *, what: str) -> None:
+        """Refuse to go on unless every process was given the same ``text`` (e.g. its config): a
+        rank with another seed, ε or step size would send messages the server's record does not
+        describe. Every rank raises the same :class:`ConfigError`, before anything is written."""
+        mine = torch.tensor(list(hashlib.sha256(text.encode()).digest()), dtype=torch.int32)
+        every = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        self._collective("comparison of configs", lambda: self._dist.all_gather(every, mine))
+        differ = [r for r, d in enumerate(every) if not torch.equal(d, every[0])]
+        if differ:
+            ranks = ", ".join(map(str, differ))
+            raise ConfigError(
+                f"the {self.world_size} processes of this torchrun launch were given different {what}s: "
+                f"rank(s) {ranks} differ from rank 0; give every process the same {what} and options "
+                "(--config, --set, --insecure-seed, --plugin)"
+            )
 
     def leave_at_once(self) -> None:
         """This process failed: at exit it leaves without waiting for the others, which may be blocked

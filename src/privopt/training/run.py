@@ -409,6 +409,8 @@ def _fresh(
     if cfg is None:
         raise ConfigError("train() needs a RunConfig (cfg=None is only for resume=True)")
     try:
+        if comm is not None:  # before anything is written: a rank given another config is refused on every rank
+            comm.check_same(json.dumps(cfg.to_dict(), sort_keys=True, default=str), what="config")
         if comm is not None and not comm.is_server:
             return _follow(cfg, comm, dataset=dataset, model=model, loss=loss)
         check_new_run_dir(out)  # before any work: a file, an unwritable folder or another run fail now
