@@ -57,6 +57,14 @@ def test_torchrun_and_the_simulator_give_the_same_model(case, tmp_path):
     assert record["privacy"]["epsilon_spent"] == simulated["privacy"]["epsilon_spent"] <= 2.0
     assert record["history"] == simulated["history"]  # every logged value, evaluation and ε alike
     assert not (tmp_path / "torchrun" / "checkpoint.pt").exists()  # one process's secrets only: none written
+    # ...and the record does not claim one, says how it was launched, and a resume says why it cannot
+    assert record["files"]["checkpoint"] is None and simulated["files"]["checkpoint"].startswith("checkpoint.pt")
+    assert record["launch"] == {"launcher": "torchrun", "processes": 2, "resumable": False}
+    assert "launch" not in simulated
+    with pytest.raises(ConfigError, match="launched by torchrun .* cannot be resumed"):
+        train(None, out_dir=tmp_path / "torchrun", resume=True)
+    with pytest.raises(ConfigError, match=r"already holds a run \(record.json\); choose another output directory$"):
+        train(RunConfig.from_dict(cfg), out_dir=tmp_path / "torchrun", progress=False)
 
 
 def test_a_run_launched_with_the_wrong_number_of_processes_is_refused(monkeypatch, tmp_path):

@@ -182,13 +182,15 @@ def privacy_section(cfg: Any, ledger: PrivacyLedger | None, data: Any = None, *,
     return out
 
 
-def _files(cfg: Any) -> dict[str, Any]:
+def _files(cfg: Any, *, checkpoint: bool) -> dict[str, Any]:
     return {
         "record": RECORD_NAME,
         "metrics": METRICS_NAME,
         "curves": CURVES_NAME if cfg.plots else None,
         "model": f"{MODEL_NAME} (the released model, written when the run finishes)",
-        "checkpoint": f"{CHECKPOINT_NAME} (SECRET, mode 0600: holds the noise/sampling generator keys)",
+        "checkpoint": f"{CHECKPOINT_NAME} (SECRET, mode 0600: holds the noise/sampling generator keys)"
+        if checkpoint
+        else None,
         "diagnostics": f"{DIAGNOSTICS_NAME} (NOT PRIVATE)" if cfg.non_private_diagnostics else None,
     }
 
@@ -196,6 +198,7 @@ def _files(cfg: Any) -> dict[str, Any]:
 def base_record(run: Run) -> dict[str, Any]:
     """The parts of a record that do not change during a run: public facts only."""
     cfg, data = run.cfg, run.data
+    comm = run.ctx.extra.get("comm")
     rec: dict[str, Any] = {
         "privopt_version": privopt.__version__,
         "config": cfg.to_dict(),
@@ -223,8 +226,10 @@ def base_record(run: Run) -> dict[str, Any]:
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
         },
-        "files": _files(cfg),
+        "files": _files(cfg, checkpoint=comm is None),
     }
+    if comm is not None:  # one process per client: none holds every client's secrets, so none checkpoints
+        rec["launch"] = {"launcher": "torchrun", "processes": comm.world_size, "resumable": False}
     for key in ("class_names", "group_names"):  # public names: which group test_group<i>_accuracy is
         if data.public_meta.get(key) and (key == "class_names" or data.g_train is not None):
             rec["dataset"][key] = [str(v) for v in data.public_meta[key]]
