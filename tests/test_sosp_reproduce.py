@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from privopt.algorithms import get_algorithm
@@ -137,3 +138,16 @@ def test_a_tiny_reproduction_with_one_process_per_client(shared_data, tmp_path):
     assert json.loads(record_path.read_text())["status"] == "finished"
     assert record_path.parent.with_suffix(".yaml").is_file()  # the config torchrun's processes read
     assert not (record_path.parent / "checkpoint.pt").exists()  # one process's secrets only: none written
+
+
+def test_the_curve_starts_at_the_first_evaluation_not_at_a_made_up_epoch_0():
+    from privopt.experiments.sosp import _curve
+    from privopt.experiments.sosp_report import _mean_curve
+
+    history = [{"step": 24, "epochs_used": 1.28, "test_accuracy": 0.75, "test_loss": 0.8},
+               {"step": 47, "epochs_used": 2.56, "test_accuracy": 0.81, "test_loss": 0.7}]  # fmt: skip
+    curve = _curve(history)
+    assert curve == [[1.28, 0.75, 0.8], [2.56, 0.81, 0.7]]  # no [0.0, 0.75, ...]: the initial model was not measured
+    grid = np.array([0.0, 1.28, 2.56])
+    mean = _mean_curve([curve, [[1.28, 0.7, 1.0], [2.56, 0.79, 0.7]]], grid, 1)
+    assert np.isnan(mean[0]) and mean[1:].tolist() == pytest.approx([(0.75 + 0.7) / 2, 0.8])

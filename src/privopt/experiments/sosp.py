@@ -92,6 +92,12 @@ def _diagnostics(cfg: dict[str, Any], out: Path, *, records: int, tol: float) ->
     return sosp_report(model, build_loss("cross_entropy"), x, y, tol=tol, ncv=16, maxiter=12)
 
 
+def _curve(history: list[dict[str, Any]]) -> list[list[float]]:
+    """``[epochs, test accuracy, test loss]`` at each evaluation of a run's history. It starts at the
+    first evaluation: no point at epoch 0 is made up (the initial model was not evaluated)."""
+    return [[h["epochs_used"], h["test_accuracy"], h["test_loss"]] for h in history if "epochs_used" in h]
+
+
 def run_one(job: dict[str, Any]) -> dict[str, Any]:
     """One run (in a worker process): train, read its record, measure the diagnostics; a results row."""
     import torch
@@ -104,8 +110,7 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     diag = _diagnostics(cfg, out, records=job["diag_records"], tol=job["diag_tol"])
     hist = rec["history"]
     last = hist[-1] if hist else {}
-    curve = [[0.0, h["test_accuracy"], h["test_loss"]] for h in hist[:1]]
-    curve += [[h["epochs_used"], h["test_accuracy"], h["test_loss"]] for h in hist if "epochs_used" in h]
+    curve = _curve(hist)
     return {
         "method": cfg["algorithm"],
         "clients": cfg["algorithm_params"]["clients"],
