@@ -77,6 +77,19 @@ def test_a_run_launched_with_the_wrong_number_of_processes_is_refused(monkeypatc
         build_run(RunConfig.from_dict(_config("gauss-psgd-local")), comm=comm)
 
 
+def test_an_algorithm_without_clients_is_refused_under_torchrun(tmp_path):
+    from privopt.distributed import LocalComm
+    from privopt.training import build_run
+
+    comm = LocalComm()
+    comm.world_size = 2  # torchrun --nproc_per_node=2 on DP-SGD: two independent runs, rank 1's thrown away
+    cfg = {"algorithm": "dp-sgd", "algorithm_params": {"epochs": 1}, "dataset": "digits", "model": "logreg",
+           "privacy": {"epsilon": 1.0, "delta": 1e-5}}  # fmt: skip
+    with pytest.raises(ConfigError, match="'dp-sgd' has no clients: torchrun with 2 processes"):
+        build_run(RunConfig.from_dict(cfg), comm=comm)
+    build_run(RunConfig.from_dict(cfg), comm=None)  # one process: fine
+
+
 @pytest.mark.slow
 def test_ranks_given_different_configs_are_refused_before_anything_is_written(tmp_path):
     # rank 1 is given another ε: it would noise its messages for ε = 8 under a record saying ε = 2
