@@ -109,3 +109,25 @@ def test_ranks_given_different_configs_are_refused_before_anything_is_written(tm
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("privopt: ")]
     assert lines and all("were given different configs: rank(s) 1 differ from rank 0" in ln for ln in lines), lines
     assert not (tmp_path / "run").exists()  # refused before rank 0 wrote a record
+
+
+@pytest.mark.parametrize(("device", "backend"), [("cpu", "gloo"), ("cuda", "nccl")])
+def test_the_backend_follows_the_run_s_device_not_the_machine(monkeypatch, device, backend):
+    # a CPU run on a machine with a GPU: NCCL cannot sum the CPU tensors the clients send
+    import torch.distributed as dist
+
+    from privopt.distributed import torchrun_comm
+
+    chosen = []
+
+    def init(*, backend, timeout):
+        chosen.append(backend)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", init)
+    with pytest.raises(RuntimeError, match="stop here"):
+        torchrun_comm(device=device)
+    assert chosen == [backend]

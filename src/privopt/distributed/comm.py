@@ -134,11 +134,12 @@ def torchrun_world_size() -> int:
         raise ConfigError(f"WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} is not an integer") from None
 
 
-def torchrun_comm(*, timeout_s: float = DEFAULT_TIMEOUT_S) -> TorchComm | None:
+def torchrun_comm(*, device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) -> TorchComm | None:
     """The communicator of a ``torchrun`` launch with several processes (``None`` otherwise).
 
-    Initialises the default process group from torchrun's environment (gloo on CPU, NCCL when
-    CUDA is available) and gives each process an equal share of the CPU threads.
+    Initialises the default process group from torchrun's environment (gloo for a run on the CPU,
+    NCCL for one on CUDA: the backend follows where the messages live, not whether the machine has
+    a GPU) and gives each process an equal share of the CPU threads.
     """
     world = torchrun_world_size()
     if world <= 1:
@@ -146,7 +147,7 @@ def torchrun_comm(*, timeout_s: float = DEFAULT_TIMEOUT_S) -> TorchComm | None:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = "nccl" if str(device).startswith("cuda") and torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
         atexit.register(_destroy_process_group)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))

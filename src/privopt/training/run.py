@@ -382,7 +382,7 @@ def train(
     """
     out = Path(out_dir)
     loss = _per_example(loss)
-    comm = torchrun_comm()
+    comm = torchrun_comm(device=getattr(cfg, "device", None) or "cpu")  # a resume (cfg None) is refused below
     if resume:
         if comm is not None:
             raise ConfigError("runs launched by torchrun are not resumable (each process holds one client's secrets)")
