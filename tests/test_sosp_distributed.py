@@ -131,3 +131,32 @@ def test_the_backend_follows_the_run_s_device_not_the_machine(monkeypatch, devic
     with pytest.raises(RuntimeError, match="stop here"):
         torchrun_comm(device=device)
     assert chosen == [backend]
+
+
+def test_an_interrupted_torchrun_run_does_not_say_to_resume_it(tmp_path):
+    # Ctrl-C on torchrun: rank 0 said "resume with: privopt train --resume OUT", which cannot work (no checkpoint)
+    import os
+    import signal
+    import threading
+
+    from privopt.training import build_run
+    from privopt.training.run import RunInterrupted, _Session
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers need the main thread")
+    cfg = dict(
+        _config("gauss-psgd-local"), algorithm_params={**_config("gauss-psgd-local")["algorithm_params"], "clients": 1}
+    )
+    for checkpoints, expected in ((False, "launched by torchrun writes no checkpoint and cannot be resumed"),
+                                  (True, "resume with: privopt train --resume")):  # fmt: skip
+        run = build_run(RunConfig.from_dict(cfg))
+        step = run.algo.step
+
+        def interrupted(*a, step=step, **k):
+            os.kill(os.getpid(), signal.SIGINT)  # as torchrun forwards a Ctrl-C
+            return step(*a, **k)
+
+        run.algo.step = interrupted
+        session = _Session(run, tmp_path / str(checkpoints), checkpoints=checkpoints)
+        with pytest.raises(RunInterrupted, match=expected):
+            session.execute(fresh=True, progress=False, max_steps=None)

@@ -264,8 +264,12 @@ class _Session:
                     self._on_eval(self.state, self.state.logs)
                 if self.state.stop == "interrupted":
                     self.commit("interrupted")
-                    how = _resume_hint(run, self.out)
-                    raise RunInterrupted(f"run interrupted at step {self.state.step}/{run.total}; resume with: {how}")
+                    how = (
+                        f"resume with: {_resume_hint(run, self.out)}"
+                        if self.checkpoints
+                        else "a run launched by torchrun writes no checkpoint and cannot be resumed: start it again"
+                    )
+                    raise RunInterrupted(f"run interrupted at step {self.state.step}/{run.total}; {how}")
                 if self.state.stop == "paused":
                     return self.commit("paused")
                 run.algo.finalize()
