@@ -137,6 +137,23 @@ def client_split_note(cfg: Any) -> str | None:
     )
 
 
+def trust_note(cfg: Any) -> str | None:
+    """Whom a federated run with central noise trusts (``None`` otherwise): its ε is not against them."""
+    params = getattr(cfg, "algorithm_params", None) or {}
+    if (
+        not isinstance(params.get("clients", 1), int)
+        or params.get("clients", 1) <= 1
+        or params.get("trust") != "central"
+    ):
+        return None
+    return (
+        "trust 'central': the aggregator (the server, with client 0) receives every client's clipped sum without "
+        "noise and adds the noise once; the guarantee is against what it releases, not against the aggregator nor, "
+        "under torchrun, any client's process (the all-reduce passes partial sums through them) "
+        "(docs/algorithms/sosp.md, 'Distributed runs')"
+    )
+
+
 SPENT_BOUND_METHOD = (
     "upper bound: the smaller of the RDP epsilon of the steps executed so far and the exact epsilon of the "
     "whole plan (a checkpoint of a running run; the final record is exact; docs/accounting.md, 'Caching')"
@@ -175,6 +192,7 @@ def privacy_section(cfg: Any, ledger: PrivacyLedger | None, data: Any = None, *,
         "hyperparameter_tuning": getattr(cfg, "hyperparameter_tuning", None),  # this run, not how it was chosen
         "preprocessing": preprocessing_note(data),  # like an insecure seed: an opt-in that voids part of it
         "client_split": client_split_note(cfg),
+        "trust": trust_note(cfg),
         "selection": replace_one_selection_note(cfg, data),
     }
     if any(notes.values()):
