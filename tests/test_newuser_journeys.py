@@ -225,3 +225,23 @@ def test_a_missing_value_read_as_nan_says_what_to_do_without_its_record():
     message = str(err.value)
     assert "the train split has NaN or infinite feature values" in message and "public constant" in message
     assert not re.search(r"\b7\b|row|line", message), message  # which record is not said
+
+
+def test_an_interrupted_run_does_not_claim_the_outputs_of_a_run_already_in_its_folder(capsys, tmp_path, monkeypatch):
+    """torchrun into a folder holding a finished run: rank 0 refused it, torchrun stopped rank 1, and
+    rank 1 said 'interrupted after the run finished: its outputs are complete' of the old run."""
+    import privopt.training
+    from privopt.cli import main
+
+    out = tmp_path / "old"
+    out.mkdir()
+    (out / "record.json").write_text(json.dumps({"status": "finished"}))
+
+    def stopped(*a, **kw):
+        raise KeyboardInterrupt  # SIGTERM while the run was being built
+
+    monkeypatch.setattr(privopt.training, "train", stopped)
+    argv = ["train", "--set", "algorithm=sgd", "--set", "dataset=breast-cancer", "--set", "model=logreg"]
+    code = main([*argv, "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 130 and "outputs are complete" not in err, err

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from privopt.algorithms import get_algorithm
@@ -137,3 +138,38 @@ def test_a_tiny_reproduction_with_one_process_per_client(shared_data, tmp_path):
     assert json.loads(record_path.read_text())["status"] == "finished"
     assert record_path.parent.with_suffix(".yaml").is_file()  # the config torchrun's processes read
     assert not (record_path.parent / "checkpoint.pt").exists()  # one process's secrets only: none written
+
+
+def test_the_curve_starts_at_the_first_evaluation_not_at_a_made_up_epoch_0():
+    from privopt.experiments.sosp import _curve
+    from privopt.experiments.sosp_report import _mean_curve
+
+    history = [{"step": 24, "epochs_used": 1.28, "test_accuracy": 0.75, "test_loss": 0.8},
+               {"step": 47, "epochs_used": 2.56, "test_accuracy": 0.81, "test_loss": 0.7}]  # fmt: skip
+    curve = _curve(history)
+    assert curve == [[1.28, 0.75, 0.8], [2.56, 0.81, 0.7]]  # no [0.0, 0.75, ...]: the initial model was not measured
+    grid = np.array([0.0, 1.28, 2.56])
+    mean = _mean_curve([curve, [[1.28, 0.7, 1.0], [2.56, 0.79, 0.7]]], grid, 1)
+    assert np.isnan(mean[0]) and mean[1:].tolist() == pytest.approx([(0.75 + 0.7) / 2, 0.8])
+
+
+def test_a_torchrun_run_killed_on_one_rank_names_that_rank_and_its_signal(monkeypatch, tmp_path):
+    # rank 1 killed (SIGKILL): rank 0's own line only says "another process failed"; which one, and how, is
+    # in torchrun's report (public: a rank and an exit code), which the harness did not quote
+    import subprocess
+
+    import privopt.experiments.sosp as sosp
+    from privopt.errors import ConfigError
+
+    stderr = (
+        "privopt: run failed: client process 0: the sum with the other client processes failed: another process "
+        "failed, was stopped or did not answer in time (that process's own error says why)\n"
+        "Failures:\n[1]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 6914)  (SIGTERM)\n"
+        "Root Cause (first observed failure):\n[0]:\n  time      : 2026-11-25_15:47:26\n"
+        "  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 6915)  (SIGKILL)\n  error_file: <N/A>\n"
+    )
+    monkeypatch.setattr(sosp.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1, "", stderr))
+    with pytest.raises(
+        ConfigError, match=r"another process .*; torchrun: process 1 failed first, exit code -9 \(SIGKILL\)$"
+    ):
+        sosp._train({"algorithm_params": {"clients": 2}}, tmp_path / "run", "torchrun")

@@ -94,10 +94,13 @@ def _cmd_train(args) -> int:
         cfg, out = load_config(args.config, overrides, plugins=args.plugin), args.out
         _refuse_ignored_privacy_target(cfg, args.config, overrides)
     allow = args.allow_version_change
+    # A fresh run into a folder that holds a finished run is refused: that run's outputs are not this
+    # one's (e.g. a torchrun rank stopped while rank 0 refused the folder).
+    finished_before = not args.resume and _record_status(out) == "finished"
     try:
         record = train(cfg, out_dir=out, resume=bool(args.resume), progress=not args.quiet, allow_version_change=allow)
     except KeyboardInterrupt as e:  # a signal deferred while a finished run wrote its outputs comes back here
-        if str(e) or _record_status(out) != "finished":  # a RunInterrupted says how to resume
+        if str(e) or finished_before or _record_status(out) != "finished":  # a RunInterrupted says how to resume
             raise
         raise KeyboardInterrupt(f"interrupted after the run finished: its outputs are complete in {out}") from None
     if record.get("role") == "client":  # a torchrun process other than rank 0: rank 0 reports

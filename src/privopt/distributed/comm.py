@@ -22,6 +22,7 @@ import abc
 import atexit
 import contextlib
 import datetime
+import hashlib
 import os
 
 import torch
@@ -103,6 +104,22 @@ class TorchComm(Communicator):
                 "stopped or did not answer in time (that process's own error says why)"
             ) from e
 
+    def check_same(self, text: str, *, what: str) -> None:
+        """Refuse to go on unless every process was given the same ``text`` (e.g. its config): a
+        rank with another seed, ε or step size would send messages the server's record does not
+        describe. Every rank raises the same :class:`ConfigError`, before anything is written."""
+        mine = torch.tensor(list(hashlib.sha256(text.encode()).digest()), dtype=torch.int32)
+        every = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        self._collective("comparison of configs", lambda: self._dist.all_gather(every, mine))
+        differ = [r for r, d in enumerate(every) if not torch.equal(d, every[0])]
+        if differ:
+            ranks = ", ".join(map(str, differ))
+            raise ConfigError(
+                f"the {self.world_size} processes of this torchrun launch were given different {what}s: "
+                f"rank(s) {ranks} differ from rank 0; give every process the same {what} and options "
+                "(--config, --set, --insecure-seed, --plugin)"
+            )
+
     def leave_at_once(self) -> None:
         """This process failed: at exit it leaves without waiting for the others, which may be blocked
         in a collective it will never join (they fail as soon as its connections close)."""
@@ -117,11 +134,12 @@ def torchrun_world_size() -> int:
         raise ConfigError(f"WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} is not an integer") from None
 
 
-def torchrun_comm(*, timeout_s: float = DEFAULT_TIMEOUT_S) -> TorchComm | None:
+def torchrun_comm(*, device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) -> TorchComm | None:
     """The communicator of a ``torchrun`` launch with several processes (``None`` otherwise).
 
-    Initialises the default process group from torchrun's environment (gloo on CPU, NCCL when
-    CUDA is available) and gives each process an equal share of the CPU threads.
+    Initialises the default process group from torchrun's environment (gloo for a run on the CPU,
+    NCCL for one on CUDA: the backend follows where the messages live, not whether the machine has
+    a GPU) and gives each process an equal share of the CPU threads.
     """
     world = torchrun_world_size()
     if world <= 1:
@@ -129,7 +147,7 @@ def torchrun_comm(*, timeout_s: float = DEFAULT_TIMEOUT_S) -> TorchComm | None:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = "nccl" if str(device).startswith("cuda") and torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
         atexit.register(_destroy_process_group)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))

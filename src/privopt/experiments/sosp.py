@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -73,8 +74,22 @@ def _train(cfg: dict[str, Any], out: Path, launcher: str) -> dict[str, Any]:
     if proc.returncode != 0:
         if not (out / "record.json").exists():  # the run never started: its config file is not an output
             cfg_path.unlink(missing_ok=True)
-        raise ConfigError(f"torchrun run failed ({out}): {public_tail(proc.stderr)}")  # its text may quote data
+        tail = public_tail(proc.stderr)  # its text may quote data
+        raise ConfigError(f"torchrun run failed ({out}): {tail}{_root_cause(proc.stderr)}")
     return json.loads((out / "record.json").read_text())
+
+
+def _root_cause(stderr: str) -> str:
+    """torchrun's first observed failure, as a rank and its exit code or signal (public): the one
+    process-level fact to add when the quoted line only says that another process failed."""
+    cause = stderr.rpartition("Root Cause (first observed failure):")[2]
+    found = re.search(
+        r"rank\s+: (\d+) \(local_rank: \d+\)\s+exitcode\s+: (-?\d+)[^\n]*?(\((SIG[A-Z]+)\))?$", cause, re.M
+    )
+    if found is None:
+        return ""
+    signal = f" ({found.group(4)})" if found.group(4) else ""
+    return f"; torchrun: process {found.group(1)} failed first, exit code {found.group(2)}{signal}"
 
 
 def _diagnostics(cfg: dict[str, Any], out: Path, *, records: int, tol: float) -> dict[str, float]:
@@ -92,6 +107,12 @@ def _diagnostics(cfg: dict[str, Any], out: Path, *, records: int, tol: float) ->
     return sosp_report(model, build_loss("cross_entropy"), x, y, tol=tol, ncv=16, maxiter=12)
 
 
+def _curve(history: list[dict[str, Any]]) -> list[list[float]]:
+    """``[epochs, test accuracy, test loss]`` at each evaluation of a run's history. It starts at the
+    first evaluation: no point at epoch 0 is made up (the initial model was not evaluated)."""
+    return [[h["epochs_used"], h["test_accuracy"], h["test_loss"]] for h in history if "epochs_used" in h]
+
+
 def run_one(job: dict[str, Any]) -> dict[str, Any]:
     """One run (in a worker process): train, read its record, measure the diagnostics; a results row."""
     import torch
@@ -104,8 +125,7 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     diag = _diagnostics(cfg, out, records=job["diag_records"], tol=job["diag_tol"])
     hist = rec["history"]
     last = hist[-1] if hist else {}
-    curve = [[0.0, h["test_accuracy"], h["test_loss"]] for h in hist[:1]]
-    curve += [[h["epochs_used"], h["test_accuracy"], h["test_loss"]] for h in hist if "epochs_used" in h]
+    curve = _curve(hist)
     return {
         "method": cfg["algorithm"],
         "clients": cfg["algorithm_params"]["clients"],

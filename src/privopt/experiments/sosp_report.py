@@ -172,7 +172,8 @@ def _mean_curve(curves: list[list[list[float]]], grid: np.ndarray, col: int) -> 
         arr = np.asarray(c, dtype=float)
         if arr.size:
             ys.append(np.interp(grid, arr[:, 0], arr[:, col], left=np.nan, right=arr[-1, col]))
-    return np.nanmean(np.vstack(ys), axis=0) if ys else np.full_like(grid, np.nan)
+    # NaN (no line) before a seed's first evaluation: the mean is over the same seeds everywhere
+    return np.vstack(ys).mean(axis=0) if ys else np.full_like(grid, np.nan)
 
 
 def plot_curves(rows: list[dict[str, Any]], out_dir: Path, *, dataset: str) -> list[Path]:

@@ -338,6 +338,16 @@ def _provenance(**given: Any) -> dict[str, str]:
     return {k: "config" if v is None else "api" for k, v in given.items()}
 
 
+def _check_launch(cfg: RunConfig, algo: Algorithm, comm: Any) -> None:
+    """Several torchrun processes are one client each: an algorithm without clients is refused (every
+    process would train the whole run alone, and only rank 0's outputs be kept)."""
+    if comm is not None and comm.world_size > 1 and "clients" not in algo.hyperparameters():
+        raise ConfigError(
+            f"algorithm {cfg.algorithm!r} has no clients: torchrun with {comm.world_size} processes would run it "
+            "once per process; launch it without torchrun (one process)"
+        )
+
+
 def build_run(
     cfg: RunConfig,
     *,
@@ -362,6 +372,7 @@ def build_run(
     imported = load_plugins(cfg, plugins) if isinstance(cfg, RunConfig) else []
     cfg = stated_config(cfg, loss=loss, dataset=dataset)
     algo = get_algorithm(cfg.algorithm, **cfg.algorithm_params)
+    _check_launch(cfg, algo, comm)
     engine = get_engine(cfg.engine)  # a bad name fails before any data is loaded
     plan = plan_pretraining(cfg, comm)
     if algo.private and cfg.privacy.epsilon is None:

@@ -138,6 +138,23 @@ def client_split_note(cfg: Any) -> str | None:
     )
 
 
+def trust_note(cfg: Any) -> str | None:
+    """Whom a federated run with central noise trusts (``None`` otherwise): its ε is not against them."""
+    params = getattr(cfg, "algorithm_params", None) or {}
+    if (
+        not isinstance(params.get("clients", 1), int)
+        or params.get("clients", 1) <= 1
+        or params.get("trust") != "central"
+    ):
+        return None
+    return (
+        "trust 'central': the aggregator (the server, with client 0) receives every client's clipped sum without "
+        "noise and adds the noise once; the guarantee is against what it releases, not against the aggregator nor, "
+        "under torchrun, any client's process (the all-reduce passes partial sums through them) "
+        "(docs/algorithms/sosp.md, 'Distributed runs')"
+    )
+
+
 SPENT_BOUND_METHOD = (
     "upper bound: the smaller of the RDP epsilon of the steps executed so far and the exact epsilon of the "
     "whole plan (a checkpoint of a running run; the final record is exact; docs/accounting.md, 'Caching')"
@@ -176,6 +193,7 @@ def privacy_section(cfg: Any, ledger: PrivacyLedger | None, data: Any = None, *,
         "hyperparameter_tuning": getattr(cfg, "hyperparameter_tuning", None),  # this run, not how it was chosen
         "preprocessing": preprocessing_note(data),  # like an insecure seed: an opt-in that voids part of it
         "client_split": client_split_note(cfg),
+        "trust": trust_note(cfg),
         "selection": replace_one_selection_note(cfg, data),
     }
     if any(notes.values()):
@@ -183,13 +201,15 @@ def privacy_section(cfg: Any, ledger: PrivacyLedger | None, data: Any = None, *,
     return out
 
 
-def _files(cfg: Any) -> dict[str, Any]:
+def _files(cfg: Any, *, checkpoint: bool) -> dict[str, Any]:
     return {
         "record": RECORD_NAME,
         "metrics": METRICS_NAME,
         "curves": CURVES_NAME if cfg.plots else None,
         "model": f"{MODEL_NAME} (the released model, written when the run finishes)",
-        "checkpoint": f"{CHECKPOINT_NAME} (SECRET, mode 0600: holds the noise/sampling generator keys)",
+        "checkpoint": f"{CHECKPOINT_NAME} (SECRET, mode 0600: holds the noise/sampling generator keys)"
+        if checkpoint
+        else None,
         "diagnostics": f"{DIAGNOSTICS_NAME} (NOT PRIVATE)" if cfg.non_private_diagnostics else None,
     }
 
@@ -197,6 +217,7 @@ def _files(cfg: Any) -> dict[str, Any]:
 def base_record(run: Run) -> dict[str, Any]:
     """The parts of a record that do not change during a run: public facts only."""
     cfg, data = run.cfg, run.data
+    comm = run.ctx.extra.get("comm")
     rec: dict[str, Any] = {
         "privopt_version": privopt.__version__,
         "config": cfg.to_dict(),
@@ -224,8 +245,10 @@ def base_record(run: Run) -> dict[str, Any]:
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
         },
-        "files": _files(cfg),
+        "files": _files(cfg, checkpoint=comm is None),
     }
+    if comm is not None:  # one process per client: none holds every client's secrets, so none checkpoints
+        rec["launch"] = {"launcher": "torchrun", "processes": comm.world_size, "resumable": False}
     for key in ("class_names", "group_names"):  # public names: which group test_group<i>_accuracy is
         if data.public_meta.get(key) and (key == "class_names" or data.g_train is not None):
             rec["dataset"][key] = [str(v) for v in data.public_meta[key]]

@@ -271,8 +271,12 @@ class _Session:
                     self._on_eval(self.state, self.state.logs)
                 if self.state.stop == "interrupted":
                     self.commit("interrupted")
-                    how = _resume_hint(run, self.out, progress)
-                    raise RunInterrupted(f"run interrupted at step {self.state.step}/{run.total}; resume with: {how}")
+                    how = (
+                        f"resume with: {_resume_hint(run, self.out, progress)}"
+                        if self.checkpoints
+                        else "a run launched by torchrun writes no checkpoint and cannot be resumed: start it again"
+                    )
+                    raise RunInterrupted(f"run interrupted at step {self.state.step}/{run.total}; {how}")
                 if self.state.stop == "paused":
                     return self.commit("paused")
                 run.algo.finalize()
@@ -392,7 +396,7 @@ def train(
     """
     out = Path(out_dir)
     loss = _per_example(loss)
-    comm = torchrun_comm()
+    comm = torchrun_comm(device=getattr(cfg, "device", None) or "cpu")  # a resume (cfg None) is refused below
     if resume:
         if comm is not None:
             raise ConfigError("runs launched by torchrun are not resumable (each process holds one client's secrets)")
@@ -419,6 +423,8 @@ def _fresh(
     if cfg is None:
         raise ConfigError("train() needs a RunConfig (cfg=None is only for resume=True)")
     try:
+        if comm is not None:  # before anything is written: a rank given another config is refused on every rank
+            comm.check_same(json.dumps(cfg.to_dict(), sort_keys=True, default=str), what="config")
         if comm is not None and not comm.is_server:
             return _follow(cfg, comm, dataset=dataset, model=model, loss=loss)
         check_new_run_dir(out)  # before any work: a file, an unwritable folder or another run fail now

@@ -13,6 +13,7 @@ it, and how ``privopt runs`` tells a live run from a killed one by it: :mod:`pri
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import tempfile
@@ -61,14 +62,25 @@ def _check_reusable(out: Path) -> None:
     names = sorted(p.name for p in out.iterdir())
     runs = [n for n in names if n in (RECORD_NAME, CHECKPOINT_NAME)]
     if runs:
+        hint = (
+            f", or continue that run with --resume {out} (from Python: train(None, out_dir=..., resume=True))"
+            if CHECKPOINT_NAME in runs
+            else ""
+        )
         raise ConfigError(
-            f"output directory {out} already holds a run ({', '.join(runs)}); choose another output directory, "
-            f"or continue that run with --resume {out} (from Python: train(None, out_dir=..., resume=True))"
+            f"output directory {out} already holds a run ({', '.join(runs)}); choose another output directory{hint}"
         )
     foreign = [n for n in names if not is_leftover(n)]
     if foreign:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise ConfigError(f"output directory {out} already holds files ({shown}); choose another or empty it")
+
+
+def _launched_by_torchrun(out: Path) -> bool:
+    try:
+        return json.loads((out / RECORD_NAME).read_text()).get("launch", {}).get("launcher") == "torchrun"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def check_new_run_dir(out: Path) -> None:
@@ -91,6 +103,12 @@ def check_resume_dir(out: Path) -> None:
     foreign = [n for n in names if not is_leftover(n)]
     # A run writes its checkpoint before anything else: without one, other files are not a run's
     # (and locking the folder would leave a lock file in it).
+    if CHECKPOINT_NAME not in names and _launched_by_torchrun(out):
+        raise ConfigError(
+            f"cannot resume: {out} holds a run launched by torchrun (one process per client), which writes no "
+            "checkpoint and cannot be resumed: no process holds every client's secrets; start it again in a "
+            "new output directory"
+        )
     if CHECKPOINT_NAME not in names and foreign:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise ConfigError(
