@@ -239,12 +239,17 @@ def _fd_message(what: str, of: str, x: float, g: float, back: float, fwd: float)
     )
 
 
-def _conj_grad_fd(p: _Probe, v: dict[str, torch.Tensor]) -> str | None:
+def _derivative_on_s_grid(p: _Probe, of: str, value: torch.Tensor, names: tuple[str, str]) -> str | None:
+    """Whether ``value`` (on ``S_GRID``) lies between the one-sided difference quotients of method ``of``."""
     h = FD_STEP * torch.clamp(S_GRID.abs(), min=1.0)
-    i, back, fwd = _bracket(lambda x: p.call("conj", x), S_GRID, v["grad"], h)
+    i, back, fwd = _bracket(lambda x: p.call(of, x), S_GRID, value, h)
     if i is None:
         return None
-    return _fd_message("(psi*)'", "psi*", S_GRID[i], v["grad"][i], back[i], fwd[i])
+    return _fd_message(names[0], names[1], S_GRID[i], value[i], back[i], fwd[i])
+
+
+def _conj_grad_fd(p: _Probe, v: dict[str, torch.Tensor]) -> str | None:
+    return _derivative_on_s_grid(p, "conj", v["grad"], ("(psi*)'", "psi*"))
 
 
 def _keeps_base_smoothness(div: Divergence) -> bool:
@@ -266,11 +271,7 @@ def _conj_hess_shape(p: _Probe, v: dict[str, torch.Tensor]) -> str | None:
 
 
 def _conj_hess_fd(p: _Probe, v: dict[str, torch.Tensor]) -> str | None:
-    h = FD_STEP * torch.clamp(S_GRID.abs(), min=1.0)
-    i, back, fwd = _bracket(lambda x: p.call("conj_grad", x), S_GRID, v["hess"], h)
-    if i is None:
-        return None
-    return _fd_message("(psi*)''", "(psi*)'", S_GRID[i], v["hess"][i], back[i], fwd[i])
+    return _derivative_on_s_grid(p, "conj_grad", v["hess"], ("(psi*)''", "(psi*)'"))
 
 
 def _smoothness_bound(p: _Probe, v: dict[str, torch.Tensor]) -> str | None:
