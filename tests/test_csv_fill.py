@@ -4,10 +4,8 @@ rows to score are filled the same way. Nothing about the file (how many cells we
 
 import numpy as np
 import pytest
-import yaml
 
-import privopt
-from privopt.cli import main
+from csv_helpers import train_csv_logreg
 from privopt.data import load_dataset
 from privopt.errors import ConfigError
 
@@ -71,12 +69,7 @@ def test_predict_fills_new_rows_as_training_did(tmp_path):
             rows.append(f"{hours},{'high' if hours and int(hours) > 45 else 'low'}")
         (tmp_path / name).write_text("\n".join(rows) + "\n")
     params = {"path": "train.csv", "test_path": "test.csv", "label": LABEL, "features": {"hours": HOURS}}
-    cfg = {"algorithm": "dp-sgd", "algorithm_params": {"epochs": 1, "batch_size": 50, "lr": 0.5, "clip": 1.0},
-           "model": "logreg", "privacy": {"epsilon": 2.0, "delta": 1e-4}, "dataset": "csv",
-           "dataset_params": params, "plots": False}  # fmt: skip
-    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
-    assert main(["train", "--config", str(tmp_path / "cfg.yaml"), "--out", str(tmp_path / "run"), "--quiet"]) == 0
-    run = privopt.load_run(tmp_path / "run")
+    run = train_csv_logreg(tmp_path, params)
     assert run.record["dataset"]["n_train"] == 200  # no record dropped
     (tmp_path / "new.csv").write_text("hours,income\n,low\n60,high\n")
     x, y = run.read_csv(tmp_path / "new.csv")

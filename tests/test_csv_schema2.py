@@ -7,10 +7,8 @@ import math
 
 import numpy as np
 import pytest
-import yaml
 
-import privopt
-from privopt.cli import main
+from csv_helpers import train_csv_logreg
 from privopt.data import load_dataset
 from privopt.errors import DEBUG_ENV, ConfigError, DataError
 
@@ -109,12 +107,7 @@ def test_predict_encodes_new_rows_with_the_transform_and_the_missing_slot(tmp_pa
         (tmp_path / name).write_text("\n".join(rows) + "\n")
     params = {"path": str(tmp_path / "train.csv"), "test_path": str(tmp_path / "test.csv"), "label": LABEL,
               "features": {"gain": GAIN, "job": JOB}}  # fmt: skip
-    cfg = {"algorithm": "dp-sgd", "algorithm_params": {"epochs": 1, "batch_size": 50, "lr": 0.5, "clip": 1.0},
-           "model": "logreg", "privacy": {"epsilon": 2.0, "delta": 1e-4}, "dataset": "csv",
-           "dataset_params": params, "plots": False}  # fmt: skip
-    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
-    assert main(["train", "--config", str(tmp_path / "cfg.yaml"), "--out", str(tmp_path / "run"), "--quiet"]) == 0
-    run = privopt.load_run(tmp_path / "run")
+    run = train_csv_logreg(tmp_path, params)
     (tmp_path / "new.csv").write_text("gain,job\n99999,\n0,Gov\n")  # no label; an empty job is its slot
     x, y = run.read_csv(tmp_path / "new.csv")
     assert y is None and x.numpy() == pytest.approx(np.array([[math.log1p(99999) / 11.6, 0, 0, 1], [0, 0, 1, 0]]))

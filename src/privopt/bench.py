@@ -354,9 +354,11 @@ def run_bench(
     return [{**row, "load_avg": load} for row in rows]
 
 
-def _time_steps(name: str, bs: int, methods: list[str], *, repeats: int, dev, breakdown=False) -> tuple[dict, dict]:
-    """Per-method step times, the methods interleaved round by round (a load change hits them all),
-    and with ``breakdown`` each method's median seconds per step by component."""
+def _time_steps(
+    name: str, bs: int, methods: list[str], *, repeats: int, dev, breakdown=False, timed=True
+) -> tuple[dict, dict]:
+    """Per-method step times, the methods interleaved round by round (a load change hits them all;
+    none with ``timed=False``), and with ``breakdown`` each method's median seconds per step by component."""
     retain_freed_memory()  # the same allocator policy as privopt's training runs (docs/engines.md)
     base = build_bench_model(name).to(dev)
     x, y = (t.to(dev) for t in _data(name, bs))
@@ -367,7 +369,7 @@ def _time_steps(name: str, bs: int, methods: list[str], *, repeats: int, dev, br
         for s in steps.values():  # warm-up (lazy init, allocator)
             if s is not None:
                 s()
-        for _ in range(repeats):
+        for _ in range(repeats if timed else 0):
             for m, ts in times.items():
                 t0 = time.perf_counter()
                 steps[m]()
@@ -388,8 +390,8 @@ def _bench_block(name, bs, methods, *, repeats: int, memory: bool, dev, processe
         times, ratios = times_in_processes(
             name, bs, methods, repeats=repeats, processes=processes, threads=threads, device=str(dev)
         )
-    if processes == 1 or breakdown:
-        got, parts = _time_steps(name, bs, methods, repeats=repeats, dev=dev, breakdown=breakdown)
+    if processes == 1 or breakdown:  # with fresh processes, only the breakdown is measured here
+        got, parts = _time_steps(name, bs, methods, repeats=repeats, dev=dev, breakdown=breakdown, timed=processes == 1)
         times = got if processes == 1 else times
     block = []
     for m in methods:

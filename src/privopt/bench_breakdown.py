@@ -29,12 +29,11 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
-from privopt.bench_profile import STEP, Breakdown
+from privopt.bench_profile import ENGINE_QUERIES, STEP, Breakdown
 
 __all__ = ["STEP_COMPONENTS", "format_breakdown", "nonprivate_backward", "nonprivate_forward", "step_breakdowns"]
 
 _GHOST, _CAPTURE = "privopt.grads.ghost.engine", "privopt.grads.ghost.capture"
-_QUERIES = ("clipped_sum", "scaled_sum", "scaled_diff_sum")
 _TARGETS = (
     ("forward (non-private)", True, (("privopt.bench_breakdown", "nonprivate_forward"),)),
     ("backward (non-private)", True, (("privopt.bench_breakdown", "nonprivate_backward"),)),
@@ -42,15 +41,7 @@ _TARGETS = (
     ("engine: per-layer work in the backward pass", True, ((_CAPTURE, "_Collector.process"),)),
     ("engine: backward pass (autograd)", False, ((_CAPTURE, "Capture._backward"),)),
     ("engine: norms and clip factors", True, ((_GHOST, "build_term"), (_GHOST, "clip_terms"))),
-    (
-        "engine: clipped sums and rest",
-        False,
-        tuple(
-            (m, f"{c}.{q}")
-            for m, c in (("privopt.grads.engine", "VmapEngine"), (_GHOST, "GhostEngine"))
-            for q in _QUERIES
-        ),
-    ),
+    ("engine: clipped sums and rest", False, ENGINE_QUERIES),
     ("noise", True, (("privopt.grads.release", "draw_gaussian_noise"),)),
 )
 STEP_COMPONENTS = tuple(c for c, _, _ in _TARGETS) + (STEP,)

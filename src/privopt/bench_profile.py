@@ -34,10 +34,16 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
-__all__ = ["COMPONENTS", "Breakdown"]
+__all__ = ["COMPONENTS", "ENGINE_QUERIES", "Breakdown"]
 
 # The engines' queries: each is timed, and counts its per-record gradients (see Breakdown).
 _QUERIES = ("clipped_sum", "scaled_sum", "scaled_diff_sum")
+# Every engine's queries, as (module, "Class.method") targets.
+ENGINE_QUERIES = tuple(
+    (module, f"{cls}.{query}")
+    for module, cls in (("privopt.grads.engine", "VmapEngine"), ("privopt.grads.ghost.engine", "GhostEngine"))
+    for query in _QUERIES
+)
 
 # (component, absorbing, [(module, attribute path)]): module-level functions are replaced in every
 # privopt module that imported them by name; "Class.method" paths are patched on the class.
@@ -71,15 +77,7 @@ _TARGETS: tuple[tuple[str, bool, tuple[tuple[str, str], ...]], ...] = (
         (("privopt.grads.release", "draw_gaussian_noise"), ("privopt.grads.release", "draw_laplace_noise")),
     ),
     ("forward-only losses", True, (("privopt.grads.sums", "batch_losses"),)),
-    (
-        "engine: rest (vmap, sums)",
-        False,
-        tuple(
-            (module, f"{cls}.{query}")
-            for module, cls in (("privopt.grads.engine", "VmapEngine"), ("privopt.grads.ghost.engine", "GhostEngine"))
-            for query in _QUERIES
-        ),
-    ),
+    ("engine: rest (vmap, sums)", False, ENGINE_QUERIES),
     ("engine: forward+backward", True, (("privopt.grads.ghost.engine", "GhostEngine._collect"),)),
     (
         "engine: norms and clip factors",
